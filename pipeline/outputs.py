@@ -1,0 +1,107 @@
+"""Atomic stage outputs and the manifests that make re-runs no-ops.
+
+Every stage writes into a temporary sibling of its output directory and renames it into place only
+when everything succeeded, so an interrupted run never leaves an output that looks complete. The
+manifest records the stage's inputs (paths with sizes and modification times), its parameters and the
+tool version; a later run with the same fingerprint is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from . import __version__
+from .errors import UserError
+
+MANIFEST = "manifest.json"
+#: Files up to this size get a sha256 in the manifest; larger ones (weights) are recorded by size.
+HASH_LIMIT = 64 << 20
+
+
+def fingerprint_inputs(paths: list[Path]) -> dict[str, dict]:
+    """Size and mtime of every file under the given paths (the cheap, stat-only identity of inputs)."""
+    found: dict[str, dict] = {}
+    for root in paths:
+        root = Path(root).resolve()
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for f in files:
+            st = f.stat()
+            found[str(f)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return found
+
+
+def describe_outputs(directory: Path) -> dict[str, dict]:
+    """Size of every output file, and its sha256 when it is small enough to hash cheaply."""
+    described = {}
+    for f in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        entry: dict = {"size": f.stat().st_size}
+        if entry["size"] <= HASH_LIMIT:
+            entry["sha256"] = hashlib.sha256(f.read_bytes()).hexdigest()
+        described[str(f.relative_to(directory))] = entry
+    return described
+
+
+def read_manifest(directory: Path) -> dict | None:
+    try:
+        return json.loads((Path(directory) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_up_to_date(out: Path, stage: str, inputs: dict, params: dict) -> bool:
+    """True when `out` is a complete output of `stage` made from the same inputs and parameters."""
+    manifest = read_manifest(out)
+    return bool(
+        manifest
+        and manifest.get("stage") == stage
+        and manifest.get("inputs") == inputs
+        and manifest.get("params") == params
+        and manifest.get("tool_version") == __version__
+    )
+
+
+def write_manifest(directory: Path, stage: str, inputs: dict, params: dict, extra: dict | None = None) -> None:
+    manifest = {
+        "stage": stage,
+        "tool_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "inputs": inputs,
+        "params": params,
+        "outputs": describe_outputs(directory),
+        **(extra or {}),
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def check_output_free(out: Path, force: bool) -> None:
+    """Refuse to overwrite an existing output unless --force was given."""
+    if out.exists() and not force:
+        raise UserError(f"output directory {out} already exists (made from other inputs); "
+                        "choose another -o or pass --force to replace it")
+
+
+@contextmanager
+def atomic_output_dir(out: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `out`; on success it replaces `out`, on any failure it is removed."""
+    out = Path(out).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)

