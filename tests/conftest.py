@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny random Llamas, the offline SmolLM2 model and its converted checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+#: Tiny random Llama variants covering the attention layouts and options the converter must handle.
+TINY_VARIANTS: dict[str, dict] = {
+    "mha": dict(num_attention_heads=4, num_key_value_heads=4),
+    "gqa": dict(num_attention_heads=8, num_key_value_heads=2),
+    "mqa": dict(num_attention_heads=4, num_key_value_heads=1),
+    "tied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama3-rope": dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "head-dim": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "mistral": dict(num_attention_heads=4, num_key_value_heads=2, architectures=["MistralForCausalLM"]),
+}
+
+
+def make_tiny_llama(directory: Path, seed: int = 0, **overrides) -> Path:
+    """Save a random Llama (or Mistral) with tiny dimensions as a Hugging Face directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    cfg = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+               tie_word_embeddings=False, torch_dtype="float32", architectures=["LlamaForCausalLM"])
+    cfg.update(overrides)
+    mistral = cfg["architectures"] == ["MistralForCausalLM"]
+    config = (MistralConfig if mistral else LlamaConfig)(**cfg)
+    torch.manual_seed(seed)
+    model = (MistralForCausalLM if mistral else LlamaForCausalLM)(config).eval()
+    with torch.no_grad():  # make norms non-trivial so a mis-mapped norm shows in the logits
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(directory, safe_serialization=True)
+    return Path(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """Factory: tiny_llama("gqa") -> HF directory of that variant (made once per session)."""
+    made: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in made:
+            made[variant] = make_tiny_llama(tmp_path_factory.mktemp(f"hf-{variant}"), **TINY_VARIANTS[variant])
+        return made[variant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_dir() -> Path:
+    """SmolLM2-135M-Instruct dequantized from the offline GGUF into a float32 HF directory (cached)."""
+    from pipeline.sources import resolve_model
+
+    return resolve_model("smollm2-135m").hf_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(smollm2_hf_dir, tmp_path_factory) -> Path:
+    """SmolLM2 converted to a float32 tp=1 TensorRT-LLM checkpoint, once per session."""
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    out = tmp_path_factory.mktemp("smollm2") / "checkpoint"
+    return convert_model(resolve_model(str(smollm2_hf_dir)), out, dtype="float32", progress=False).path
