@@ -11,6 +11,7 @@ file is streamed to disk, so peak memory follows the largest tensor, not the mod
 
 from __future__ import annotations
 
+import ctypes
 import json
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from .arch import ModelArch
 from .errors import UserError
 from .outputs import (atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date,
                       write_manifest)
-from .safetensors_stream import LazyWeights, SafetensorsWriter, TensorSpec
+from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec
 from .sources import ModelSource, read_hf_arch
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -98,6 +99,7 @@ def convert_model(source: ModelSource, out: Path, *, dtype: str | None = None, t
     check_output_free(out, force)
 
     start = time.perf_counter()
+    return_freed_tensor_memory()
     weights = LazyWeights(hf_dir)
     check_source_tensors(weights, arch, hf_dir)
     config = checkpoint_config(arch, dtype, tp, pp)
@@ -112,6 +114,19 @@ def convert_model(source: ModelSource, out: Path, *, dtype: str | None = None, t
         copy_tokenizer_files(hf_dir, tmp)
         write_manifest(tmp, STAGE, inputs, params, {"source": source.spec, "trtllm_version": TRTLLM_VERSION})
     return ConvertResult(out, config, False, time.perf_counter() - start, total)
+
+
+def return_freed_tensor_memory() -> None:
+    """Make glibc give each tensor-sized buffer back to the OS when it is freed.
+
+    glibc raises its mmap threshold after large frees, so later tensor buffers come from the heap and
+    stay resident after being freed; over a model's worth of tensors peak RSS grew to ~6x the largest
+    tensor. Pinning the threshold at 1 MiB keeps peak RSS near one tensor (see bench_convert.py).
+    """
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
 
 def check_parallelism(arch: ModelArch, tp: int, pp: int) -> None:
@@ -205,7 +220,17 @@ def checkpoint_config(arch: ModelArch, dtype: str, tp: int, pp: int) -> dict:
     }
 
 
-Producer = Callable[[], torch.Tensor]
+Producer = Callable[[], "torch.Tensor | SourceRows | list[SourceRows]"]
+
+
+def as_output(data, dtype: torch.dtype) -> torch.Tensor | list[SourceRows]:
+    """Source rows already in the output dtype are copied byte for byte; anything else is cast."""
+    if isinstance(data, torch.Tensor):
+        return data.to(dtype)
+    pieces = [data] if isinstance(data, SourceRows) else data
+    if all(p.dtype == dtype for p in pieces):
+        return pieces
+    return torch.cat([p.load().to(dtype) for p in pieces])
 
 
 def rank_jobs(arch: ModelArch, weights: LazyWeights, pos: RankPosition,
@@ -214,38 +239,43 @@ def rank_jobs(arch: ModelArch, weights: LazyWeights, pos: RankPosition,
     jobs: list[tuple[TensorSpec, Producer]] = []
 
     def add(name: str, shape: tuple[int, ...], produce: Producer) -> None:
-        jobs.append((TensorSpec(name, dtype, shape), lambda: produce().to(dtype)))
+        jobs.append((TensorSpec(name, dtype, shape), lambda: as_output(produce(), dtype)))
 
     tp, r = pos.tp_size, pos.tp_rank
     h, hd = arch.hidden_size, arch.head_size
     if pos.is_first_pp:
         add("transformer.vocab_embedding.weight", (arch.vocab_size, h),
-            partial(weights.read, "model.embed_tokens.weight"))
+            partial(weights.rows, "model.embed_tokens.weight"))
+    def column_shard(name: str, size: int) -> Producer:
+        if tp == 1:
+            return partial(weights.rows, name)
+        return partial(weights.read, name, None, _shard(size, tp, r))
+
     qkv = qkv_row_ranges(arch, tp, r)
     qkv_rows = sum(b - a for a, b in qkv.values())
     inter = arch.intermediate_size // tp
     for local, layer in enumerate(pos.layers(arch.num_hidden_layers)):
         src, dst = f"model.layers.{layer}.", f"transformer.layers.{local}."
-        add(dst + "input_layernorm.weight", (h,), partial(weights.read, src + "input_layernorm.weight"))
+        add(dst + "input_layernorm.weight", (h,), partial(weights.rows, src + "input_layernorm.weight"))
         add(dst + "attention.qkv.weight", (qkv_rows, h), partial(_read_qkv, weights, src, qkv, "weight"))
         if arch.attn_bias:
             add(dst + "attention.qkv.bias", (qkv_rows,), partial(_read_qkv, weights, src, qkv, "bias"))
         add(dst + "attention.dense.weight", (h, arch.q_size // tp),
-            partial(weights.read, src + "self_attn.o_proj.weight", None, _shard(arch.q_size, tp, r)))
+            column_shard(src + "self_attn.o_proj.weight", arch.q_size))
         if arch.attn_bias:
-            add(dst + "attention.dense.bias", (h,), partial(weights.read, src + "self_attn.o_proj.bias"))
-        add(dst + "post_layernorm.weight", (h,), partial(weights.read, src + "post_attention_layernorm.weight"))
+            add(dst + "attention.dense.bias", (h,), partial(weights.rows, src + "self_attn.o_proj.bias"))
+        add(dst + "post_layernorm.weight", (h,), partial(weights.rows, src + "post_attention_layernorm.weight"))
         for ours, theirs in (("fc", "gate_proj"), ("gate", "up_proj")):
             rows = _shard(arch.intermediate_size, tp, r)
-            add(dst + f"mlp.{ours}.weight", (inter, h), partial(weights.read, src + f"mlp.{theirs}.weight", rows))
+            add(dst + f"mlp.{ours}.weight", (inter, h), partial(weights.rows, src + f"mlp.{theirs}.weight", rows))
             if arch.mlp_bias:
-                add(dst + f"mlp.{ours}.bias", (inter,), partial(weights.read, src + f"mlp.{theirs}.bias", rows))
+                add(dst + f"mlp.{ours}.bias", (inter,), partial(weights.rows, src + f"mlp.{theirs}.bias", rows))
         add(dst + "mlp.proj.weight", (h, inter),
-            partial(weights.read, src + "mlp.down_proj.weight", None, _shard(arch.intermediate_size, tp, r)))
+            column_shard(src + "mlp.down_proj.weight", arch.intermediate_size))
         if arch.mlp_bias:
-            add(dst + "mlp.proj.bias", (h,), partial(weights.read, src + "mlp.down_proj.bias"))
+            add(dst + "mlp.proj.bias", (h,), partial(weights.rows, src + "mlp.down_proj.bias"))
     if pos.is_last_pp:
-        add("transformer.ln_f.weight", (h,), partial(weights.read, "model.norm.weight"))
+        add("transformer.ln_f.weight", (h,), partial(weights.rows, "model.norm.weight"))
         head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
         padded = -(-arch.vocab_size // tp) * tp
         add("lm_head.weight", (padded // tp, h), partial(_read_lm_head_shard, weights, head, arch.vocab_size,
@@ -271,15 +301,15 @@ def _shard(size: int, tp: int, r: int) -> tuple[int, int]:
     return r * part, (r + 1) * part
 
 
-def _read_qkv(weights: LazyWeights, src: str, ranges: dict, kind: str) -> torch.Tensor:
-    return torch.cat([weights.read(f"{src}self_attn.{x}_proj.{kind}", ranges[x]) for x in "qkv"], dim=0)
+def _read_qkv(weights: LazyWeights, src: str, ranges: dict, kind: str) -> list[SourceRows]:
+    return [weights.rows(f"{src}self_attn.{x}_proj.{kind}", ranges[x]) for x in "qkv"]
 
 
-def _read_lm_head_shard(weights: LazyWeights, name: str, vocab: int, padded: int, tp: int, r: int) -> torch.Tensor:
+def _read_lm_head_shard(weights: LazyWeights, name: str, vocab: int, padded: int, tp: int, r: int):
     start, end = _shard(padded, tp, r)
-    real = weights.read(name, (start, min(end, vocab))) if start < vocab else None
     if end <= vocab:
-        return real
+        return weights.rows(name, (start, end))
+    real = weights.read(name, (start, min(end, vocab))) if start < vocab else None
     pad = torch.zeros(end - max(start, vocab), weights.shape(name)[1], dtype=torch.float32)
     return pad if real is None else torch.cat([real.to(torch.float32), pad], dim=0)
 

@@ -8,12 +8,12 @@ the tensors in order, so peak memory follows the largest tensor rather than the 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from .errors import UserError
 
@@ -37,6 +37,25 @@ class TensorSpec:
         return n * torch.empty((), dtype=self.dtype).element_size()
 
 
+@dataclass(frozen=True)
+class SourceRows:
+    """A contiguous run of rows of a tensor in a safetensors file, not yet read."""
+
+    path: Path
+    offset: int          # absolute byte offset in the file
+    length: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    def load(self) -> torch.Tensor:
+        buf = torch.empty(self.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            if f.readinto(buf.numpy()) != self.length:
+                raise UserError(f"{self.path}: a tensor is cut short; the file is truncated, download it again")
+        return buf.view(self.dtype).reshape(self.shape)
+
+
 class SafetensorsWriter:
     """Writes a safetensors file whose tensors are declared up front and then written in order."""
 
@@ -52,17 +71,39 @@ class SafetensorsWriter:
             offset += spec.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb", buffering=0)
         self._file.write(struct.pack("<Q", len(raw)))
         self._file.write(raw)
 
-    def write(self, tensor: torch.Tensor) -> None:
+    def write(self, data: torch.Tensor | list[SourceRows]) -> None:
+        """Write the next declared tensor: a tensor, or source rows copied file-to-file unchanged."""
         spec = self._specs[self._next]
-        if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
-            raise AssertionError(f"{spec.name}: produced {tensor.dtype} {tuple(tensor.shape)}, "
-                                 f"declared {spec.dtype} {spec.shape}")
-        self._file.write(tensor.contiguous().view(torch.uint8).numpy().data)
+        if isinstance(data, torch.Tensor):
+            if data.dtype != spec.dtype or tuple(data.shape) != spec.shape:
+                raise AssertionError(f"{spec.name}: produced {data.dtype} {tuple(data.shape)}, "
+                                     f"declared {spec.dtype} {spec.shape}")
+            self._file.write(data.contiguous().view(torch.uint8).numpy().data)
+        else:
+            if sum(p.length for p in data) != spec.nbytes or any(p.dtype != spec.dtype for p in data):
+                raise AssertionError(f"{spec.name}: source rows do not match the declared {spec.dtype} {spec.shape}")
+            for piece in data:
+                self._copy(piece)
         self._next += 1
+
+    def _copy(self, piece: SourceRows) -> None:
+        """Copy bytes in the kernel (copy_file_range) where possible, like `cp` does."""
+        with open(piece.path, "rb", buffering=0) as src:
+            done = 0
+            try:
+                while done < piece.length:
+                    n = os.copy_file_range(src.fileno(), self._file.fileno(), piece.length - done,
+                                           piece.offset + done)
+                    if n == 0:
+                        raise UserError(f"{piece.path}: unexpected end of file; the file is truncated")
+                    done += n
+            except (AttributeError, OSError):  # no copy_file_range here: plain read and write
+                self._file.write(SourceRows(piece.path, piece.offset + done, piece.length - done, torch.uint8,
+                                            (piece.length - done,)).load().numpy().data)
 
     def close(self) -> None:
         self._file.close()
@@ -80,18 +121,20 @@ class SafetensorsWriter:
 
 
 class LazyWeights:
-    """The tensors of a Hugging Face directory, memory-mapped, read slice by slice on demand."""
+    """The tensors of a Hugging Face directory, read on demand with positioned reads.
+
+    Plain reads rather than a memory map: pages of a mapped file count in the process's RSS for as long
+    as the mapping lives, so streaming a whole model through one would grow RSS to the model's size.
+    """
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self._files = self._list_files()
-        self._handles = {}
-        self._where: dict[str, Path] = {}
-        for f in self._files:
-            handle = self._open(f)
-            self._handles[f] = handle
-            for name in handle.keys():
-                self._where[name] = f
+        self._where: dict[str, tuple[Path, int, dict]] = {}
+        for f in self._list_files():
+            data_start, header = read_header(f)
+            for name, info in header.items():
+                if name != "__metadata__":
+                    self._where[name] = (f, data_start, info)
 
     def _list_files(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
@@ -114,53 +157,50 @@ class LazyWeights:
                             "safe_serialization=True))")
         raise UserError(f"{self.directory} has no weights (*.safetensors)")
 
-    @staticmethod
-    def _open(path: Path):
-        check_complete(path)
-        try:
-            return safe_open(str(path), framework="pt")
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise UserError(f"{path}: not a readable safetensors file ({exc}); the download may be "
-                            "truncated or corrupt, fetch it again") from None
-
     def names(self) -> set[str]:
         return set(self._where)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._slice(name).get_shape())
+        return tuple(self._where[name][2]["shape"])
+
+    def rows(self, name: str, rows: tuple[int, int] | None = None) -> SourceRows:
+        """Where the tensor, or the given range of its rows, lies on disk (nothing is read)."""
+        path, data_start, info = self._where[name]
+        dtype = _TORCH_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise UserError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+        shape = list(info["shape"])
+        begin, end = info["data_offsets"]
+        if rows is not None:
+            row_bytes = (end - begin) // shape[0] if shape[0] else 0
+            begin, end = begin + rows[0] * row_bytes, begin + rows[1] * row_bytes
+            shape[0] = rows[1] - rows[0]
+        return SourceRows(path, data_start + begin, end - begin, dtype, tuple(shape))
 
     def read(self, name: str, rows: tuple[int, int] | None = None,
              cols: tuple[int, int] | None = None) -> torch.Tensor:
-        """The tensor, or only the given row/column range, read from the memory map."""
-        sl = self._slice(name)
-        try:
-            if rows is None and cols is None:
-                return sl[:]
-            r = slice(*rows) if rows else slice(None)
-            if cols is None:
-                return sl[r]
-            return sl[r, slice(*cols)]
-        except Exception as exc:
-            raise UserError(f"{self._where[name]}: cannot read tensor {name} ({exc}); the file may be "
-                            "truncated or corrupt") from None
-
-    def _slice(self, name: str):
-        return self._handles[self._where[name]].get_slice(name)
+        """The tensor, or only the given row/column range. A row range reads only those bytes."""
+        tensor = self.rows(name, rows).load()
+        return tensor[:, cols[0]:cols[1]] if cols is not None else tensor
 
 
-def check_complete(path: Path) -> None:
-    """Refuse a safetensors file that is shorter than its header says (a truncated download)."""
+_TORCH_DTYPES = {code: dtype for dtype, code in _ST_DTYPES.items()}
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """(offset of the data section, header) of a safetensors file, refusing truncated files."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise UserError(f"{path}: truncated safetensors file (no header)")
+            raise UserError(f"{path}: truncated safetensors file (no header); download it again")
         (n,) = struct.unpack("<Q", head)
         try:
             header = json.loads(f.read(n))
-        except ValueError:
-            raise UserError(f"{path}: corrupt safetensors header") from None
+        except (ValueError, MemoryError):
+            raise UserError(f"{path}: corrupt safetensors header; download it again") from None
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     size = path.stat().st_size
     if size < 8 + n + end:
         raise UserError(f"{path}: truncated safetensors file ({size} bytes, header promises {8 + n + end}); "
                         "download it again")
+    return 8 + n, header
