@@ -122,74 +122,269 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, samples, se
 
 
 @main.command(name="eval")
-@click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--dataset", default=None)
-@click.option("--json", "as_json", is_flag=True)
-def eval_(checkpoint, dataset, as_json):
-    """Perplexity of CHECKPOINT with the reference runtime."""
-    raise NotImplementedStage("eval")
+@click.argument("checkpoint")
+@click.option("--dataset", default=None,
+              help="Plain text file (one sample per line) or a dataset NAME[:CONFIG] in the local Hugging Face "
+                   "cache (default: the held-out part of the offline news corpus).")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+              help="Tokenizer directory (default: CHECKPOINT/tokenizer, or the model's own).")
+@click.option("--window", type=int, default=512, show_default=True, help="Tokens per scored window.")
+@click.option("--max-samples", type=int, default=None, help="Score only the first N samples.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"perplexity": ..., "tokens": ...}.')
+def eval_(checkpoint, dataset, tokenizer, window, max_samples, as_json):
+    """Perplexity of CHECKPOINT with the reference runtime (CPU).
+
+    \b
+    CHECKPOINT is a TensorRT-LLM checkpoint directory; a Hugging Face directory, preset, GGUF file or
+    hub id is evaluated with transformers instead, to compare a model before and after conversion.
+    Examples:
+      trtpipe eval out/ckpt
+      trtpipe eval smollm2-135m --json
+      trtpipe eval out/ckpt-fp8 --dataset notes.txt
+    """
+    from .evaluate import evaluate
+
+    result = evaluate(checkpoint, dataset, tokenizer=tokenizer, window=window, max_samples=max_samples,
+                      progress=not as_json)
+    click.echo(json.dumps(result.to_dict()) if as_json else result.summary())
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue (with each figure's source) as JSON.")
 def targets(as_json):
-    """The GPU target catalogue."""
-    raise NotImplementedStage("targets")
+    """The target catalogue: GPUs trtpipe plans for, and the cpu target.
+
+    \b
+    Compute capability, memory, bandwidth, dense FP16/FP8/INT8 rates and peer-to-peer support, each
+    figure with its source (pipeline/data/targets.json).
+    Examples:
+      trtpipe targets
+      trtpipe targets --json
+    """
+    from rich.console import Console
+
+    from .targets import catalogue, render_targets
+
+    if as_json:
+        click.echo(json.dumps([t.to_dict() for t in catalogue().values()], indent=2))
+    else:
+        Console().print(render_targets())
 
 
 @main.command()
 @click.argument("model")
-@click.option("--target", required=True)
-@click.option("--precision", type=click.Choice(PRECISIONS), required=True)
-@click.option("--json", "as_json", is_flag=True)
-def plan(model, target, precision, as_json):
-    """Memory budget, build configuration and Triton parameters for MODEL on a target."""
-    raise NotImplementedStage("plan")
+@click.option("--target", required=True, help="A target from `trtpipe targets` (rtx4090, h100, cpu, ...).")
+@click.option("--precision", type=click.Choice(PRECISIONS), required=True, help="Weight precision.")
+@click.option("--kv-cache", type=click.Choice(["auto", "fp16", "bf16", "fp32", "fp8", "int8"]), default="auto",
+              show_default=True, help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else "
+              "unquantized (a checkpoint's own KV quantization when MODEL is a checkpoint).")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs per engine).")
+@click.option("--input-len", type=int, default=1024, show_default=True, help="Typical prompt length in tokens.")
+@click.option("--output-len", type=int, default=256, show_default=True, help="Typical generated length in tokens.")
+@click.option("--max-context", type=int, default=None,
+              help="Longest prompt + output a request may have (max_seq_len); default min(model context, 8192).")
+@click.option("--concurrency", type=int, default=None,
+              help="Target number of concurrent requests; default: as many as the KV cache holds.")
+@click.option("--p99-latency", type=float, default=None,
+              help="Optional end-to-end latency budget per request, in seconds (bounds the batch).")
+@click.option("--max-batch-size", type=int, default=None, help="Override the planned engine max_batch_size.")
+@click.option("--max-num-tokens", type=int, default=None, help="Override the planned max_num_tokens.")
+@click.option("--opt-num-tokens", type=int, default=None, help="Override opt_num_tokens (single profile only).")
+@click.option("--multiple-profiles/--no-multiple-profiles", default=None, help="Override multiple_profiles.")
+@click.option("--paged-context-fmha/--no-paged-context-fmha", default=None,
+              help="Override use_paged_context_fmha (needed for KV reuse and chunked context).")
+@click.option("--kv-cache-reuse/--no-kv-cache-reuse", default=None, help="Override enable_kv_cache_reuse.")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=None,
+              help="Fraction of free GPU memory for the KV cache (default 0.9, must be < 1).")
+@click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None, help="Also write plan.json here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the form other stages read).")
+def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
+         max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
+         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json):
+    """Memory budget, build configuration and Triton parameters for MODEL on a target.
+
+    \b
+    MODEL is a preset name, a Hugging Face directory, a GGUF file, a hub id or a TensorRT-LLM checkpoint
+    directory. Nothing is downloaded: presets carry their architecture numbers.
+    Examples:
+      trtpipe plan llama-3-8b --target rtx4090 --precision fp8
+      trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --input-len 2048 --output-len 512 --concurrency 16
+      trtpipe plan out/ckpt-fp8 --target rtx4090 --precision fp8 --p99-latency 5 --json > plan.json
+      trtpipe plan smollm2-135m --target cpu --precision fp16 -o out/plan.json
+    """
+    from rich.console import Console
+
+    from .plan import Overrides, Workload, make_plan, render_plan, resolve_model_info, save_plan
+    from .targets import get_target
+
+    result = make_plan(
+        resolve_model_info(model, model_dir), get_target(target), precision, kv_cache, tp,
+        Workload(input_len=input_len, output_len=output_len, max_context=max_context,
+                 concurrency=concurrency, p99_latency_s=p99_latency),
+        Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
+                  multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
+                  enable_kv_cache_reuse=kv_cache_reuse,
+                  kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction))
+    if out is not None:
+        save_plan(result, out)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    console = Console()
+    for renderable in render_plan(result):
+        console.print(renderable)
+        console.print()
+    if out is not None:
+        console.print(f"plan written to {out}")
 
 
 @main.command(name="compile")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True)
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True)
-@click.option("--dry-run", is_flag=True)
-def compile_(checkpoint, plan_path, out, dry_run):
-    """Build a TensorRT-LLM 1.2.1 engine (GPU and TensorRT-LLM required)."""
-    raise NotImplementedStage("compile")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True, help="plan.json from `trtpipe plan`.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Engine directory to write.")
+@click.option("--dry-run", is_flag=True, help="Only write the trtllm-build command and its --build_config JSON.")
+@click.option("--workers", type=int, default=1, show_default=True, help="trtllm-build --workers (parallel rank builds).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def compile_(checkpoint, plan_path, out, dry_run, workers, force, as_json):
+    """Build a TensorRT-LLM 1.2.1 engine from CHECKPOINT as PLAN says (GPU and TensorRT-LLM required).
+
+    \b
+    Without a GPU and TensorRT-LLM 1.2.x (and with --dry-run) it writes the exact trtllm-build command
+    (ENGINE/trtllm-build.sh) and the --build_config JSON (ENGINE/build_config.json) instead; the build
+    itself runs inside the trtpipe container (see the Dockerfile). That real-build path (trtllm-build,
+    engine config check, versions and GPU in the manifest) has not been run on trtpipe's GPU-less
+    development machines: it is unverified.
+    Examples:
+      trtpipe compile out/ckpt-fp8 --plan plan.json -o out/engine --dry-run
+      docker run --gpus all -v $PWD:/work -w /work trtpipe trtpipe compile out/ckpt-fp8 --plan plan.json -o out/engine
+    """
+    from .compile import compile_engine
+    from .plan import load_plan
+
+    result = compile_engine(checkpoint, load_plan(plan_path), out, dry_run=dry_run, workers=workers, force=force)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(result.shell_command)
+    state = "up to date" if result.skipped else "written"
+    if result.dry_run:
+        click.echo(f"dry run: {result.engine_dir}/trtllm-build.sh and build_config.json {state}", err=True)
+    else:
+        click.echo(f"engine {state}: {result.engine_dir}", err=True)
 
 
 @main.command()
-@click.option("--engine", type=click.Path(path_type=Path), default=None)
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None)
-@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True)
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True)
-def deploy(engine, checkpoint, plan_path, out):
-    """Write a Triton model repository."""
-    raise NotImplementedStage("deploy")
+@click.option("--engine", type=click.Path(path_type=Path), default=None,
+              help="Engine directory (GPU targets; where `trtpipe compile` writes, need not exist yet).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="TensorRT-LLM checkpoint (the cpu target serves it; also the default tokenizer source).")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True, help="plan.json from `trtpipe plan`.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Repository to write.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+              help="Directory with the tokenizer files (default: CHECKPOINT/tokenizer or ENGINE/tokenizer).")
+@click.option("--force", is_flag=True, help="Replace an existing repository made from other inputs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def deploy(engine, checkpoint, plan_path, out, tokenizer, force, as_json):
+    """Write a Triton model repository (NVIDIA's inflight_batcher_llm layout) from a plan.
+
+    \b
+    Models: ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls.
+    Examples:
+      trtpipe deploy --checkpoint out/ckpt --plan out/plan.json -o out/model_repo          # cpu target
+      trtpipe deploy --engine out/engine --plan out/plan.json --tokenizer ./Llama-3-8B -o out/model_repo
+    """
+    from .deploy import deploy_repository
+
+    result = deploy_repository(plan_path, out, engine=engine, checkpoint=checkpoint, tokenizer=tokenizer,
+                               force=force)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
 
 
 @main.command()
 @click.argument("repo", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
-def check(repo, as_json):
-    """Static checks of a Triton model repository."""
-    raise NotImplementedStage("check")
+@click.option("--engine", type=click.Path(path_type=Path), default=None,
+              help="Engine directory to check against (default: the tensorrt_llm model's gpt_model_path).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check(repo, engine, as_json):
+    """Static checks of a Triton LLM model repository (trtpipe's or one made with fill_template.py).
+
+    \b
+    Schema of every config.pbtxt, unfilled ${...} placeholders, ensemble wiring, batch sizes against
+    the engine's config.json, streaming without decoupled mode, KV-cache reuse / chunked context
+    without paged context FMHA, preferred batch sizes, the engine's TensorRT-LLM version.
+    Exit status 1 when anything is wrong.
+    Examples:
+      trtpipe check out/model_repo
+      trtpipe check triton_model_repo --engine /engines/llama3 --json
+    """
+    from .check import check_repository
+
+    report = check_repository(repo, engine=engine)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
+    if not report.ok:
+        sys.exit(1)
 
 
 @main.command()
 @click.argument("repo", type=click.Path(path_type=Path))
-@click.option("--url", default=None)
-@click.option("--load-test", is_flag=True)
-def validate(repo, url, load_test):
-    """Serve REPO with Triton and verify it."""
-    raise NotImplementedStage("validate")
+@click.option("--url", default=None, help="HTTP URL of a running Triton server serving REPO (default: start the "
+              "embedded server on REPO).")
+@click.option("--grpc-url", default=None, help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
+@click.option("--golden", default=None, metavar="MODEL", help="Reference model for the golden outputs (default: the "
+              "model in the repository's plan). " + MODEL_HELP)
+@click.option("--load-test", is_flag=True, help="Also run a bounded concurrency sweep (TTFT, ITL, latency, tokens/s).")
+@click.option("--concurrency", default="1,2,4,8", show_default=True, help="Load-test concurrency levels.")
+@click.option("--max-tokens", type=click.IntRange(2, 4096), default=16, show_default=True,
+              help="Tokens generated per request.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Report directory (default: validation/ beside REPO).")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the server to be ready.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, out, timeout, as_json):
+    """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests.
+
+    \b
+    Exit status 0 only when every check passes; report.json (and load_test.png) go to the report directory.
+    Examples:
+      trtpipe validate out/smollm2/model_repo --golden smollm2-135m --load-test
+      trtpipe validate model_repo --url http://gpu-box:8000
+    """
+    from .validate import ValidateOptions, reference_for, render_report, validate_repository
+
+    try:
+        levels = tuple(int(c) for c in concurrency.split(","))
+    except ValueError:
+        raise UserError(f"--concurrency must be comma-separated integers, got {concurrency!r}") from None
+    out = out or Path(repo).absolute().parent / "validation"
+    options = ValidateOptions(golden=reference_for(repo, golden), load_test=load_test, concurrencies=levels,
+                              max_tokens=max_tokens)
+    report = validate_repository(repo, out, options, url=url, grpc_url=grpc_url, ready_timeout=timeout,
+                                 progress=lambda step: click.echo(f"... {step}", err=True))
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render_report(report, out))
+    sys.exit(0 if report.passed else 1)
 
 
 @main.command()
 @click.argument("repo", type=click.Path(path_type=Path))
-@click.option("--port", type=int, default=8000)
-def serve(repo, port):
-    """The embedded Triton server, in the foreground."""
-    raise NotImplementedStage("serve")
+@click.option("--port", type=click.IntRange(0, 65533), default=8000, show_default=True,
+              help="HTTP port; gRPC uses PORT+1 and metrics PORT+2. 0 picks free ports.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for all).")
+@click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
+              help="Server log file (default: a temporary file, removed on exit).")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for every model to be ready.")
+def serve(repo, port, host, log_path, timeout):
+    """The embedded Triton server on REPO, in the foreground until Ctrl-C.
+
+    \b
+    Examples:
+      trtpipe serve out/smollm2/model_repo
+      trtpipe serve model_repo --port 9000 --host 0.0.0.0 --log triton.log
+    """
+    from .server import serve_forever
+
+    serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout, echo=click.echo)
 
 
 if __name__ == "__main__":

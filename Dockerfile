@@ -1,0 +1,30 @@
+# trtpipe inside NVIDIA's Triton + TensorRT-LLM container: tritonserver 25.12 with TensorRT-LLM 1.2.1
+# (TensorRT 10.14), the last TensorRT-LLM line that still has trtllm-build and the inflight_batcher_llm
+# backend (reference/upstream-facts.md, section 0).
+#
+#   docker build -t trtpipe .
+#   docker run --gpus all --rm -v "$PWD:/work" trtpipe trtpipe build llama-3-8b --target rtx4090 --precision fp8
+#   docker run --gpus all --rm -v "$PWD:/work" trtpipe trtpipe compile out/ckpt --plan plan.json -o out/engine
+#
+# Unverified here: trtpipe's development machine has no GPU and cannot pull this image, so the image is
+# only linted (hadolint, tests/test_compile.py), never built or run by the test suite.
+FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+
+WORKDIR /opt/trtpipe
+COPY pyproject.toml ./
+COPY pipeline ./pipeline
+
+# The container already provides torch, transformers, safetensors, numpy and tensorrt_llm 1.2.1;
+# resolving trtpipe's own pins would replace them. trtpipe is installed without dependencies, then
+# only what the container lacks is added, pinned (tritonclient from the same Triton generation).
+RUN pip install --no-deps . \
+    && pip install "click==8.5.1" "rich==15.0.0" "gguf==0.19.0" "accelerate==1.15.0" \
+        "tritonclient[grpc,http]==2.64.0" \
+    && trtpipe --version
+
+WORKDIR /work
+CMD ["trtpipe", "--help"]

@@ -1,0 +1,217 @@
+"""The compile stage on a machine without a GPU: the exact trtllm-build command and --build_config JSON,
+checked against the flags and config fields of TensorRT-LLM 1.2.1; the engine-config check; the
+Dockerfile lint. The real build (build_with_trtllm) needs the container and a GPU and is not run here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.compile import (BUILD_CONFIG_FILE, COMMAND_FILE, build_config_json, check_engine_config,
+                              compile_engine, missing_build_requirements, trtllm_build_command)
+from pipeline.errors import UserError
+from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
+from pipeline.targets import get_target
+
+FLAGS_FILE = Path(__file__).parent / "data" / "trtllm_build_1.2.1_flags.txt"
+REPO = Path(__file__).resolve().parents[1]
+
+# TensorRT-LLM 1.2.x field names, from tensorrt_llm/builder.py (dataclass BuildConfig) and
+# tensorrt_llm/plugin/plugin.py (pydantic PluginConfig, extra="ignore": a misspelt key would be
+# silently dropped, so the names are checked here).
+BUILD_CONFIG_FIELDS = {
+    "max_input_len", "max_seq_len", "opt_batch_size", "max_batch_size", "max_beam_width", "max_num_tokens",
+    "opt_num_tokens", "max_prompt_embedding_table_size", "kv_cache_type", "gather_context_logits",
+    "gather_generation_logits", "strongly_typed", "force_num_profiles", "profiling_verbosity",
+    "enable_debug_output", "max_draft_len", "speculative_decoding_mode", "use_refit", "input_timing_cache",
+    "output_timing_cache", "lora_config", "weight_sparsity", "weight_streaming", "plugin_config",
+    "use_strip_plan", "max_encoder_input_len", "dry_run", "visualize_network", "monitor_memory", "use_mrope",
+}
+# BuildConfig.from_dict in the older 1.x builder pops these without a default: they must be present.
+BUILD_CONFIG_REQUIRED = {"max_input_len", "max_seq_len", "max_batch_size", "max_beam_width", "max_num_tokens",
+                         "opt_num_tokens"}
+PLUGIN_CONFIG_FIELDS = {
+    "dtype", "bert_attention_plugin", "gpt_attention_plugin", "gemm_plugin", "gemm_swiglu_plugin",
+    "fp8_rowwise_gemm_plugin", "qserve_gemm_plugin", "identity_plugin", "nccl_plugin", "lora_plugin",
+    "dora_plugin", "weight_only_groupwise_quant_matmul_plugin", "weight_only_quant_matmul_plugin",
+    "smooth_quant_plugins", "smooth_quant_gemm_plugin", "layernorm_quantization_plugin",
+    "rmsnorm_quantization_plugin", "quantize_per_token_plugin", "quantize_tensor_plugin", "moe_plugin",
+    "mamba_conv1d_plugin", "low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin", "gemm_allreduce_plugin",
+    "context_fmha", "bert_context_fmha_fp32_acc", "paged_kv_cache", "remove_input_padding", "norm_quant_fusion",
+    "reduce_fusion", "user_buffer", "tokens_per_block", "use_paged_context_fmha", "use_fp8_context_fmha",
+    "fuse_fp4_quant", "multiple_profiles", "paged_state", "streamingllm", "manage_weights", "use_fused_mlp",
+    "pp_reduce_scatter",
+}
+
+
+def load_flags() -> dict[str, str]:
+    """flag -> kind from the test data (aliases map to the same kind)."""
+    flags = {}
+    for line in FLAGS_FILE.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        names, kind = line.split()
+        for name in names.split(","):
+            flags[name] = kind
+    return flags
+
+
+def assert_valid_trtllm_build_argv(argv: list[str]) -> None:
+    flags = load_flags()
+    assert argv[0] == "trtllm-build"
+    i = 1
+    while i < len(argv):
+        flag = argv[i]
+        assert flag in flags, f"{flag} is not a trtllm-build 1.2.1 flag"
+        kind = flags[flag]
+        if kind == "store_true":
+            i += 1
+            continue
+        value = argv[i + 1]
+        if kind == "int":
+            int(value)
+        elif kind.startswith("{"):
+            assert value in kind[1:-1].split(","), f"{flag} {value}: not one of {kind}"
+        i += 2
+
+
+@pytest.fixture(scope="module")
+def fp16_checkpoint(tiny_llama, tmp_path_factory) -> Path:
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    out = tmp_path_factory.mktemp("compile-ckpt") / "ckpt"
+    return convert_model(resolve_model(str(tiny_llama("gqa"))), out, dtype="float16", progress=False).path
+
+
+@pytest.fixture(scope="module")
+def gpu_plan(fp16_checkpoint):
+    return make_plan(resolve_model_info(str(fp16_checkpoint)), get_target("rtx4090"), "fp16", "auto", 1,
+                     Workload(input_len=64, output_len=32, concurrency=16))
+
+
+def test_flags_file_parses_and_names_the_plugin_flags():
+    flags = load_flags()
+    assert flags["--max_seq_len"] == flags["--max_decoder_seq_len"] == "int"
+    assert flags["--use_paged_context_fmha"] == "{enable,disable}"
+    assert "--paged_kv_cache" in flags and "--context_fmha_fp32_acc" not in flags   # removed from PluginConfig
+
+
+def test_dry_run_command_and_build_config(fp16_checkpoint, gpu_plan, tmp_path):
+    out = tmp_path / "engine"
+    result = compile_engine(fp16_checkpoint, gpu_plan, out, dry_run=True)
+    assert result.dry_run and not result.skipped
+    assert_valid_trtllm_build_argv(result.command)
+    argv = result.command
+    assert argv[argv.index("--checkpoint_dir") + 1] == str(fp16_checkpoint.absolute())
+    assert argv[argv.index("--output_dir") + 1] == str(out.absolute())
+    config_path = Path(argv[argv.index("--build_config") + 1])
+    config = json.loads(config_path.read_text())
+    assert config == build_config_json(gpu_plan)
+    assert BUILD_CONFIG_REQUIRED <= set(config) and set(config) <= BUILD_CONFIG_FIELDS
+    assert set(config["plugin_config"]) <= PLUGIN_CONFIG_FIELDS
+    assert config["max_batch_size"] == 16 and config["max_seq_len"] == 256
+    assert config["plugin_config"]["use_paged_context_fmha"] is True   # a real bool, as model_copy needs
+    # the plugin flags say the same as the JSON (the flags build the PluginConfig the JSON updates)
+    spelled = {True: "enable", False: "disable", None: "disable"}
+    for name, value in config["plugin_config"].items():
+        if f"--{name}" in argv:
+            expected = spelled[value] if value is None or isinstance(value, bool) else str(value)
+            assert argv[argv.index(f"--{name}") + 1] == expected, name
+    assert argv[argv.index("--tokens_per_block") + 1] == "32" and "--dtype" not in argv
+    script = (out / COMMAND_FILE).read_text()
+    assert shlex.join(argv) in script
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "compile" and manifest["dry_run"] is True
+    assert not list(out.glob("*.engine"))
+    again = compile_engine(fp16_checkpoint, gpu_plan, out, dry_run=True)
+    assert again.skipped
+
+
+def test_fp8_plan_command_flags(tmp_path):
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
+    argv = trtllm_build_command(plan, Path("/ckpt"), tmp_path, tmp_path / BUILD_CONFIG_FILE)
+    assert_valid_trtllm_build_argv(argv)
+    assert argv[argv.index("--gemm_plugin") + 1] == "disable"
+    assert argv[argv.index("--use_fp8_context_fmha") + 1] == "enable"
+    assert argv[argv.index("--multiple_profiles") + 1] == "enable"
+
+
+def test_without_tensorrt_llm_writes_the_command_and_says_where_to_build(fp16_checkpoint, gpu_plan, tmp_path):
+    assert missing_build_requirements() is not None   # this machine: no TensorRT-LLM, no GPU
+    plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
+    assert result.exit_code == 2
+    assert "TensorRT-LLM 1.2.1 is not importable" in result.output
+    assert "tritonserver:25.12-trtllm-python-py3" in result.output and "Traceback" not in result.output
+    assert (out / BUILD_CONFIG_FILE).is_file() and (out / COMMAND_FILE).is_file()
+    assert "trtllm-build --checkpoint_dir" in result.output   # the exact command is printed too
+
+
+def test_cli_dry_run_prints_the_command(fp16_checkpoint, gpu_plan, tmp_path):
+    plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out),
+                                       "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["dry_run"] and data["shell_command"].startswith("trtllm-build --checkpoint_dir")
+    assert shlex.split(data["shell_command"]) == data["command"]
+
+
+def test_cpu_plan_has_nothing_to_compile(fp16_checkpoint, tmp_path):
+    plan = make_plan(resolve_model_info(str(fp16_checkpoint)), get_target("cpu"), "fp16", "auto", 1,
+                     Workload(input_len=64, output_len=32))
+    with pytest.raises(UserError, match="builds no engine"):
+        compile_engine(fp16_checkpoint, plan, tmp_path / "engine", dry_run=True)
+
+
+def test_checkpoint_that_does_not_match_the_plan(fp16_checkpoint, tmp_path):
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp16")
+    with pytest.raises(UserError, match="does not match the plan"):
+        compile_engine(fp16_checkpoint, plan, tmp_path / "engine", dry_run=True)
+    with pytest.raises(UserError, match="not a TensorRT-LLM checkpoint"):
+        compile_engine(tmp_path, plan, tmp_path / "engine", dry_run=True)
+    assert not (tmp_path / "engine").exists()
+
+
+def _engine_config(plan) -> dict:
+    """An engine config.json in the shape TensorRT-LLM's EngineConfig.to_dict writes."""
+    build = build_config_json(plan)
+    return {"version": "1.2.1",
+            "pretrained_config": {"architecture": plan.model.arch.architecture, "dtype": plan.dtype,
+                                  "mapping": {"world_size": plan.tp_size, "tp_size": plan.tp_size, "pp_size": 1}},
+            "build_config": {**build, "plugin_config": {**asdict(plan.plugin_config), "paged_state": False}}}
+
+
+def test_engine_config_check(gpu_plan, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(_engine_config(gpu_plan)))
+    check_engine_config(tmp_path, gpu_plan)
+    # the builder turned paged context FMHA off (e.g. an INT8 KV cache): Triton's KV reuse would fail
+    changed = _engine_config(gpu_plan)
+    changed["build_config"]["plugin_config"]["use_paged_context_fmha"] = False
+    changed["build_config"]["max_batch_size"] = 2048
+    (tmp_path / "config.json").write_text(json.dumps(changed))
+    with pytest.raises(UserError, match="max_batch_size 2048.*use_paged_context_fmha"):
+        check_engine_config(tmp_path, gpu_plan)
+
+
+def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
+    text = (REPO / "Dockerfile").read_text()
+    assert "FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3" in text
+    hadolint = Path(sys.executable).parent / "hadolint"
+    result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and the linter does reject a bad Dockerfile (so a clean result means something)
+    bad = subprocess.run([str(hadolint), "-"], input="FROM ubuntu\nRUN pip install requests\n",
+                         capture_output=True, text=True)
+    assert bad.returncode != 0

@@ -1,0 +1,471 @@
+"""The plan stage: memory and KV figures against hand-computed values, profile derivation against
+TensorRT-LLM 1.2.x's rules, the agreement between build and Triton parameters, and every fail-fast case."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.errors import UserError
+from pipeline.plan import (BuildConfig, ModelInfo, Overrides, PluginConfig, Workload, derive_profiles,
+                           kv_bytes_per_token, load_plan, make_plan, resolve_model_info, save_plan,
+                           split_num_tokens_range)
+from pipeline.presets import PRESETS
+from pipeline.targets import GIB, catalogue, get_target
+
+# Published parameter counts of the models (their Hugging Face model cards / safetensors index).
+LLAMA2_7B_PARAMS = 6_738_415_616
+LLAMA3_8B_PARAMS = 8_030_261_248
+MISTRAL_7B_PARAMS = 7_241_732_096
+
+
+def preset(name: str) -> ModelInfo:
+    return ModelInfo(name=name, source="preset", path=None, arch=PRESETS[name].arch)
+
+
+def plan_for(name="llama-3-8b", target="rtx4090", precision="fp16", kv="auto", tp=1, workload=None, pp=1, **over):
+    return make_plan(preset(name), get_target(target), precision, kv, tp, workload or Workload(), Overrides(**over),
+                     pp=pp)
+
+
+# ---------------------------------------------------------------------------------------------- KV
+
+
+@pytest.mark.parametrize("name, kv, tp, expected", [
+    # 2 (K,V) x layers x KV heads on the GPU x head size x bytes
+    ("llama-3-8b", "float16", 1, 2 * 32 * 8 * 128 * 2),      # = 131072, the issue's figure
+    ("llama-3-8b", "fp8", 1, 2 * 32 * 8 * 128 * 1),
+    ("llama-3-8b", "float16", 2, 2 * 32 * 4 * 128 * 2),      # TP splits the KV heads
+    ("llama-3-8b", "float16", 16, 2 * 32 * 1 * 128 * 2),     # tp > KV heads: heads duplicated, 1 per GPU
+    ("llama-2-7b", "float16", 1, 2 * 32 * 32 * 128 * 2),     # MHA: 512 KiB per token
+    ("llama-2-7b", "int8", 4, 2 * 32 * 8 * 128 * 1),
+    ("mistral-7b", "float16", 1, 2 * 32 * 8 * 128 * 2),
+])
+def test_kv_bytes_per_token_by_hand(name, kv, tp, expected):
+    assert kv_bytes_per_token(PRESETS[name].arch, kv, tp) == expected
+
+
+def test_llama3_fp16_kv_figure_in_plan():
+    assert plan_for().kv_bytes_per_token == 131072
+    assert plan_for(precision="fp8").kv_bytes_per_token == 65536   # auto KV for fp8 weights is FP8
+
+
+# ----------------------------------------------------------------------------------------- weights
+
+
+@pytest.mark.parametrize("name, params", [
+    ("llama-2-7b", LLAMA2_7B_PARAMS), ("llama-3-8b", LLAMA3_8B_PARAMS), ("mistral-7b", MISTRAL_7B_PARAMS),
+])
+def test_fp16_weights_are_the_published_parameter_count_times_two(name, params):
+    plan = plan_for(name, target="h100")
+    assert plan.weights_bytes == plan.weights_bytes_per_rank == 2 * params
+
+
+def test_llama3_fp8_weights_by_hand():
+    h, i, v, layers, q, kv = 4096, 14336, 128256, 32, 4096, 1024
+    linear = h * (q + 2 * kv) + q * h + 3 * h * i           # qkv, dense, fc, gate, proj weights
+    scales = 5 * 2 * 4                                       # per-tensor weight + activation scale each
+    norms = 2 * h * 2
+    expected = layers * (linear + scales + norms) + 2 * v * h * 2 + h * 2   # embedding + lm_head (bf16) + ln_f
+    plan = plan_for(precision="fp8")
+    assert plan.dtype == "bfloat16"
+    assert plan.weights_bytes_per_rank == expected
+
+
+def test_pipeline_parallel_splits_layers_and_puts_embedding_and_lm_head_at_the_ends():
+    plan = plan_for(target="h100", pp=2)
+    h, i, v, q, kv = 4096, 14336, 128256, 4096, 1024
+    per_layer = (h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h) * 2
+    assert plan.weights_bytes_per_rank == 16 * per_layer + v * h * 2 + h * 2   # last stage: lm_head + ln_f
+    assert plan.weights_bytes == 2 * LLAMA3_8B_PARAMS
+    assert plan.kv_bytes_per_token == 2 * 16 * 8 * 128 * 2                   # 16 layers per GPU
+
+
+def test_llama3_tp2_weights_per_rank_by_hand():
+    h, i, v, layers, q, kv = 4096, 14336, 128256, 32, 4096, 1024
+    per_layer = (h * (q + 2 * kv) + q * h + 3 * h * i) // 2 * 2 + 2 * h * 2
+    expected = layers * per_layer + v * h * 2 + v // 2 * h * 2 + h * 2   # embedding whole, lm_head split
+    plan = plan_for(target="h100", tp=2)
+    assert plan.weights_bytes_per_rank == expected
+    assert plan.weights_bytes == 2 * expected
+
+
+# ------------------------------------------------------------------------------ memory and batches
+
+
+def test_memory_budget_adds_up_and_sets_the_concurrency():
+    plan = plan_for()
+    mem = plan.memory
+    # activations: max_num_tokens x 2 bytes x (2*hidden + 3*intermediate) + max_batch x vocab x 4
+    b = plan.build_config
+    assert b.max_num_tokens == 1024   # the typical 1024-token prompt, a power of two
+    assert mem.activation_bytes == 1024 * 2 * (2 * 4096 + 3 * 14336) + b.max_batch_size * 128256 * 4
+    assert mem.free_bytes == 24 * GIB - plan.weights_bytes_per_rank - mem.activation_bytes - mem.runtime_reserve_bytes
+    tokens = int(mem.free_bytes * 0.9) // 131072 // 32 * 32
+    assert mem.kv_cache_tokens == tokens
+    assert plan.max_concurrent_sequences == tokens // 1280 == b.max_batch_size
+    # one more sequence would not fit: the planned batch is the largest
+    bigger = plan_for(max_batch_size=b.max_batch_size + 1)
+    assert bigger.memory.kv_cache_tokens // 1280 < b.max_batch_size + 1
+    # about 7 GiB remain on a 24 GiB card after 15 GiB of FP16 Llama-3-8B weights
+    assert 6 * GIB < mem.kv_cache_bytes < 7.5 * GIB
+
+
+def test_fp8_holds_more_sequences_than_fp16():
+    fp16, fp8 = plan_for(), plan_for(precision="fp8")
+    assert fp8.max_concurrent_sequences > 3 * fp16.max_concurrent_sequences
+    assert fp8.roofline.decode_tokens_per_s_per_seq_batch1 > 1.7 * fp16.roofline.decode_tokens_per_s_per_seq_batch1
+
+
+def test_concurrency_target_sets_the_batch():
+    plan = plan_for(workload=Workload(concurrency=16))
+    assert plan.build_config.max_batch_size == plan.triton.triton_max_batch_size == 16
+    assert plan.max_concurrent_sequences == 16
+
+
+def test_concurrency_beyond_capacity_is_a_warning_not_a_bigger_batch():
+    plan = plan_for(workload=Workload(concurrency=500))
+    assert plan.build_config.max_batch_size < 500
+    assert any("--concurrency 500" in w for w in plan.warnings)
+
+
+def test_latency_budget_bounds_the_batch():
+    free = plan_for(workload=Workload(input_len=512, output_len=512))
+    budget = (free.roofline.request_latency_s_batch1 + free.roofline.request_latency_s) / 2
+    capped = plan_for(workload=Workload(input_len=512, output_len=512, p99_latency_s=budget))
+    assert capped.build_config.max_batch_size < free.build_config.max_batch_size
+    assert capped.roofline.request_latency_s <= budget
+    r = capped.roofline
+    one_more = r.prefill_s_per_request + 512 * (r.decode_step_s + (r.decode_step_s - r.decode_step_s_batch1)
+                                                / max(1, r.batch - 1))
+    assert one_more > budget
+
+
+def test_roofline_by_hand():
+    plan = plan_for(workload=Workload(input_len=1024, output_len=256, concurrency=8))
+    step1 = (plan.weights_bytes_per_rank + 1 * (1024 + 128) * 131072) / 1008e9
+    assert plan.roofline.decode_step_s_batch1 == pytest.approx(step1)
+    step8 = (plan.weights_bytes_per_rank + 8 * (1024 + 128) * 131072) / 1008e9
+    assert plan.roofline.decode_tokens_per_s_aggregate == pytest.approx(8 / step8)
+    linear = 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336)
+    flops = 2 * linear * 1024 + 2 * 128256 * 4096 + 2 * 32 * 1024 ** 2 * 4096
+    assert plan.roofline.prefill_s_per_request == pytest.approx(flops / 165.2e12)
+
+
+# -------------------------------------------------------------------------------------- profiles
+
+
+@pytest.mark.parametrize("max_num_tokens, expected", [
+    (100, [[1, 64, 64], [64, 100, 100]]),
+    (1000, [[1, 64, 64], [64, 128, 128], [128, 256, 256], [256, 512, 512], [512, 1000, 1000]]),
+    (1024, [[1, 64, 64], [64, 128, 128], [128, 256, 256], [256, 512, 512], [512, 1024, 1024]]),
+    (2048, [[1, 64, 64], [64, 128, 128], [128, 256, 256], [256, 512, 512], [512, 1024, 1024],
+            [1024, 2048, 2048]]),
+    (8192, [[1, 64, 64], [64, 128, 128], [128, 256, 256], [256, 512, 512], [512, 1024, 1024],
+            [1024, 8192, 8192]]),
+])
+def test_multiple_profiles_split_as_upstream(max_num_tokens, expected):
+    assert split_num_tokens_range(max_num_tokens) == expected
+
+
+def test_multiple_profiles_at_64_tokens_or_fewer_is_refused():
+    with pytest.raises(UserError, match="64"):
+        split_num_tokens_range(64)
+
+
+def _profiles(max_num_tokens, max_batch_size=64, opt=None, multiple=False, beam=1, max_seq_len=8192):
+    build = BuildConfig(max_input_len=max_seq_len - 1, max_seq_len=max_seq_len, max_batch_size=max_batch_size,
+                        max_beam_width=beam, max_num_tokens=max_num_tokens, opt_num_tokens=opt)
+    return derive_profiles(build, PluginConfig(dtype="float16", multiple_profiles=multiple))
+
+
+def test_single_profile_uses_opt_num_tokens_default():
+    # opt_num_tokens unset -> min(max_batch_size * max_beam_width, max_num_tokens)
+    assert _profiles(8192, max_batch_size=64) == [
+        {"num_tokens": [1, 64, 8192], "batch_size_beam_width": [1, 32, 64], "max_blocks_per_seq": [1, 128, 256]}]
+    assert _profiles(2048, max_batch_size=4096)[0]["num_tokens"] == [1, 2048, 2048]
+    assert _profiles(2048, opt=512)[0]["num_tokens"] == [1, 512, 2048]
+
+
+def test_batch_and_block_ranges():
+    profiles = _profiles(2048, max_batch_size=163, multiple=True, max_seq_len=4096)
+    assert len(profiles) == 6
+    for p in profiles:   # default_range(max) = [1, (max + 1) // 2, max] in every profile
+        assert p["batch_size_beam_width"] == [1, 82, 163]
+        assert p["max_blocks_per_seq"] == [1, math.ceil(2048 / 32), 4096 // 32]
+    # beam search adds one block of tokens to the KV range: default_range(8192 + 32)
+    beam = _profiles(2048, max_batch_size=8, beam=2)[0]
+    assert beam["batch_size_beam_width"] == [1, 8, 16]
+    assert beam["max_blocks_per_seq"] == [1, math.ceil(4112 / 32), 8224 // 32]
+
+
+def test_plan_profiles_match_its_build_config():
+    plan = plan_for()
+    b = plan.build_config
+    assert plan.plugin_config.multiple_profiles and b.opt_num_tokens is None
+    assert [p["num_tokens"] for p in plan.optimization_profiles] == split_num_tokens_range(b.max_num_tokens)
+    single = plan_for(multiple_profiles=False)
+    assert single.optimization_profiles[0]["num_tokens"] == [1, min(single.build_config.max_batch_size,
+                                                                    single.build_config.max_num_tokens),
+                                                             single.build_config.max_num_tokens]
+
+
+# ------------------------------------------------------------------------------- plugins and Triton
+
+
+def test_fp16_plugins():
+    p = plan_for().plugin_config
+    assert p.gemm_plugin == "auto" and p.gpt_attention_plugin == "auto"
+    assert p.use_paged_context_fmha and not p.use_fp8_context_fmha
+    assert p.context_fmha and p.remove_input_padding and p.paged_kv_cache and p.tokens_per_block == 32
+
+
+def test_fp8_on_ada_with_fp8_kv_uses_fp8_context_fmha_and_no_gemm_plugin():
+    plan = plan_for(precision="fp8")
+    assert plan.plugin_config.gemm_plugin is None
+    assert plan.plugin_config.use_fp8_context_fmha and plan.plugin_config.use_paged_context_fmha
+    assert plan.quantization == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    assert plan.build_config.strongly_typed
+
+
+def test_fp8_weights_with_unquantized_kv_have_no_fp8_context_fmha():
+    plan = plan_for(precision="fp8", kv="bf16")
+    assert plan.kv_cache_dtype == "bfloat16" and not plan.plugin_config.use_fp8_context_fmha
+
+
+@pytest.mark.parametrize("precision, kv", [("int8-sq", "auto"), ("fp16", "int8"), ("fp16", "fp8")])
+def test_kv_caches_that_disable_paged_context_fmha(precision, kv):
+    plan = plan_for(precision=precision, kv=kv)
+    assert not plan.plugin_config.use_paged_context_fmha
+    assert plan.triton.enable_kv_cache_reuse is False and plan.triton.enable_chunked_context is False
+    # without chunked context a whole prompt must fit in one step
+    assert plan.build_config.max_num_tokens >= plan.build_config.max_input_len
+    assert any("paged context FMHA off" in w for w in plan.warnings)
+
+
+def test_int8_sq_turns_fused_mlp_off_like_trtllm_build():
+    assert plan_for(precision="int8-sq").plugin_config.use_fused_mlp is False
+
+
+def test_triton_parameters_agree_with_the_build():
+    plan = plan_for()
+    t, b = plan.triton, plan.build_config
+    assert t.triton_max_batch_size == b.max_batch_size and t.preferred_batch_size == [b.max_batch_size]
+    assert t.max_tokens_in_paged_kv_cache == plan.memory.kv_cache_tokens
+    assert t.kv_cache_free_gpu_mem_fraction == 0.9
+    assert t.enable_kv_cache_reuse and t.enable_chunked_context and plan.plugin_config.use_paged_context_fmha
+    assert t.batching_strategy == "inflight_fused_batching" and t.triton_backend == "tensorrtllm"
+    assert t.decoupled_mode is True and t.max_queue_size == 4 * b.max_batch_size
+
+
+def test_cpu_plan_has_no_engine_and_cpu_batching():
+    plan = plan_for("smollm2-135m", target="cpu")
+    assert plan.engine is None and plan.build_config is None and plan.plugin_config is None
+    assert plan.optimization_profiles == []
+    assert plan.triton.triton_max_batch_size == 8 and plan.triton.triton_backend == "python"
+    assert plan.triton.preferred_batch_size == [8] and plan.triton.max_queue_delay_microseconds > 0
+    assert plan.dtype == "float32"
+    # float32 weights in the reference runtime: the tied SmolLM2 embedding is counted once
+    assert plan.weights_bytes == 4 * PRESETS["smollm2-135m"].arch.parameter_count()
+
+
+def test_cpu_accepts_fp8_which_the_reference_runtime_simulates():
+    plan = plan_for("smollm2-135m", target="cpu", precision="fp8")
+    assert plan.quantization == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    assert plan.kv_cache_dtype == "fp8"
+
+
+def test_no_p2p_tensor_parallel_warns():
+    assert any("peer-to-peer" in w for w in plan_for(tp=2).warnings)
+    assert not any("peer-to-peer" in w for w in plan_for(target="h100", tp=2).warnings)
+
+
+# ------------------------------------------------------------------------------------- failures
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(precision="fp8", target="rtx3090"), "FP8 needs compute capability 8.9"),
+    (dict(precision="fp8", target="a100-80g"), "sm_80"),
+    (dict(kv="fp8", target="rtx3090"), "FP8 needs compute capability"),
+    (dict(precision="fp32"), "weights per GPU"),
+    (dict(name="llama-3.1-8b", workload=Workload(max_context=131072)), "no room for the KV cache"),
+    (dict(tp=3), "does not divide num_attention_heads"),
+    (dict(tp=8), "at most 4"),
+    (dict(tp=2, pp=4), "needs 8 GPUs"),
+    (dict(name="llama-3-8b", target="h100", tp=8, kv="fp16", precision="fp16",
+          workload=Workload(max_context=100000)), "exceeds the model's context"),
+    (dict(precision="int8-sq", enable_kv_cache_reuse=True), "paged context FMHA"),
+    (dict(precision="int8-sq", use_paged_context_fmha=True), "contradicts"),
+    (dict(max_batch_size=4, workload=Workload(concurrency=8)), "contradicts --concurrency"),
+    (dict(multiple_profiles=True, opt_num_tokens=256), "contradict"),
+    (dict(precision="int8-sq", max_num_tokens=2048), "below max_input_len"),
+    (dict(max_num_tokens=20000, max_batch_size=2, workload=Workload(max_context=4096)), "exceeds max_seq_len"),
+    (dict(kv_cache_free_gpu_mem_fraction=1.0), "cannot be set to 1.0"),
+    (dict(precision="bf16", kv="fp16"), "contradicts the engine dtype"),
+    (dict(workload=Workload(input_len=8000, output_len=500)), "exceed the maximum context"),
+    (dict(workload=Workload(p99_latency_s=0.5, output_len=256)), "cannot be met"),
+    (dict(target="cpu", name="smollm2-135m", max_num_tokens=256), "contradict --target cpu"),
+    (dict(target="cpu", name="llama-3-8b"), "float32 weights"),
+])
+def test_fail_fast(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        plan_for(**kwargs)
+
+
+# ------------------------------------------------------------------------------- json and models
+
+
+def test_save_and_load_round_trip(tmp_path):
+    for plan in (plan_for(precision="fp8"), plan_for("smollm2-135m", target="cpu")):
+        path = save_plan(plan, tmp_path / "plan.json")
+        again = load_plan(path)
+        assert again == plan and again.to_dict() == json.loads(path.read_text())
+
+
+def test_plan_json_uses_upstream_names(tmp_path):
+    data = json.loads(save_plan(plan_for(), tmp_path / "plan.json").read_text())
+    for key in ("weights_bytes", "kv_bytes_per_token", "max_concurrent_sequences", "build_config",
+                "plugin_config", "optimization_profiles", "triton", "roofline", "target", "model",
+                "precision", "kv_cache_dtype", "tp_size", "pp_size"):
+        assert key in data
+    assert {"max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "opt_num_tokens",
+            "max_beam_width", "kv_cache_type"} <= set(data["build_config"])
+    assert {"gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha",
+            "use_fp8_context_fmha", "remove_input_padding", "tokens_per_block", "multiple_profiles"} \
+        <= set(data["plugin_config"])
+    assert {"triton_max_batch_size", "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache",
+            "batch_scheduler_policy", "enable_chunked_context", "enable_kv_cache_reuse",
+            "max_queue_delay_microseconds", "max_queue_size", "preferred_batch_size", "decoupled_mode"} \
+        <= set(data["triton"])
+    assert data["target"]["sm"] == 89 and data["model"]["num_key_value_heads"] == 8
+
+
+def test_load_plan_rejects_other_files(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(UserError, match="not a trtpipe plan"):
+        load_plan(bad)
+    bad.write_text("{")
+    with pytest.raises(UserError, match="not valid JSON"):
+        load_plan(bad)
+
+
+@pytest.fixture(scope="module")
+def tp2_checkpoint(tiny_llama, tmp_path_factory):
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    out = tmp_path_factory.mktemp("plan-ckpt") / "ckpt"
+    return convert_model(resolve_model(str(tiny_llama("gqa"))), out, dtype="float16", tp=2, progress=False).path
+
+
+def test_plan_from_a_converted_checkpoint(tp2_checkpoint):
+    info = resolve_model_info(str(tp2_checkpoint))
+    assert info.source == "checkpoint" and info.checkpoint_tp_size == 2
+    plan = make_plan(info, get_target("rtx4090"), "fp16", "auto", 2, Workload(input_len=64, output_len=32))
+    assert plan.kv_bytes_per_token == 2 * 4 * 1 * 6 * 2          # 4 layers, 2 KV heads over tp 2, head 6
+    assert plan.build_config.max_seq_len == 256                  # the checkpoint's context
+    with pytest.raises(UserError, match="sharded for tp=2"):
+        make_plan(info, get_target("rtx4090"), "fp16", "auto", 1, Workload(input_len=64, output_len=32))
+    with pytest.raises(UserError, match="quant_algo"):
+        make_plan(info, get_target("rtx4090"), "fp8", "auto", 2, Workload(input_len=64, output_len=32))
+    with pytest.raises(UserError, match="convert again with --dtype bfloat16"):
+        make_plan(info, get_target("rtx4090"), "bf16", "auto", 2, Workload(input_len=64, output_len=32))
+
+
+# -------------------------------------------------------------------------------------- targets
+
+
+def test_catalogue_figures_and_their_sources():
+    targets = catalogue()
+    assert {"rtx4090", "rtx3090", "l40s", "a100-40g", "a100-80g", "h100", "h200", "cpu"} <= set(targets)
+    rtx = targets["rtx4090"]
+    assert (rtx.sm, rtx.memory_bytes, rtx.bandwidth_bytes_per_s, rtx.supports_fp8) == (89, 24 * GIB, 1008e9, True)
+    assert not targets["rtx3090"].supports_fp8 and targets["rtx3090"].sm == 86
+    assert targets["h100"].p2p and not rtx.p2p
+    for t in targets.values():
+        named = " ".join(t.sources)
+        for figure in ("memory_gib", "bandwidth_gbps", "max_gpus"):
+            assert figure in named, f"{t.name}: no source for {figure}"
+        if t.is_gpu:
+            for figure in ("sm", "fp16_tflops", "fp8_tflops", "int8_tops", "p2p"):
+                assert figure in named, f"{t.name}: no source for {figure}"
+
+
+def test_unknown_target():
+    with pytest.raises(UserError, match="known targets: rtx4090"):
+        get_target("rtx9090")
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_plan_json_is_the_saved_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
+                                       "--input-len", "2048", "--output-len", "512", "--concurrency", "32",
+                                       "--json", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data == json.loads(out.read_text())
+    assert data["workload"]["input_len"] == 2048 and data["build_config"]["max_batch_size"] == 32
+    assert load_plan(out).build_config.max_num_tokens == 2048
+
+
+def test_cli_plan_human_table():
+    result = CliRunner().invoke(main, ["plan", "mistral-7b", "--target", "l40s", "--precision", "fp16"],
+                                terminal_width=200)
+    assert result.exit_code == 0, result.output
+    for text in ("Memory budget", "kv_bytes_per_token", "131072", "optimization_profiles", "triton_max_batch_size",
+                 "Roofline", "tokens/s"):
+        assert text in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["llama-3-8b", "--target", "rtx3090", "--precision", "fp8"], "FP8 needs compute capability"),
+    (["llama-3-8b", "--target", "rtx4090", "--precision", "fp16", "--tp", "3"], "does not divide"),
+    (["llama-3-8b", "--target", "nope", "--precision", "fp16"], "unknown target"),
+    (["no-such-model", "--target", "rtx4090", "--precision", "fp16"], "not a directory"),
+])
+def test_cli_plan_errors_exit_2_without_traceback(args, message):
+    result = CliRunner().invoke(main, ["plan", *args])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_cli_targets():
+    result = CliRunner().invoke(main, ["targets", "--json"])
+    assert result.exit_code == 0
+    data = {t["name"]: t for t in json.loads(result.output)}
+    assert data["rtx4090"]["compute_capability"] == "8.9" and data["rtx4090"]["sources"]
+    human = CliRunner().invoke(main, ["targets"], terminal_width=200)
+    assert human.exit_code == 0 and "rtx4090" in human.output and "1008" in human.output and "8.9" in human.output
+
+
+def test_make_plan_takes_a_bare_model_arch():
+    plan = make_plan(PRESETS["llama-3-8b"].arch, get_target("rtx4090"), "fp16", "auto", 1, Workload())
+    assert plan.kv_bytes_per_token == 131072 and plan.model.source == "arch"
+
+
+def test_cli_cpu_plan_json_for_the_deploy_stage(tmp_path):
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", "cpu", "--precision", "fp16",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["engine"] is None and data["build_config"] is None and data["plugin_config"] is None
+    assert data["triton"]["triton_max_batch_size"] == 8 and data["model"]["source"] == "gguf"
+
+
+def test_cli_plan_of_a_hugging_face_directory(tiny_llama):
+    result = CliRunner().invoke(main, ["plan", str(tiny_llama("mha")), "--target", "l40s", "--precision", "fp8",
+                                       "--input-len", "100", "--output-len", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["model"]["source"] == "hf-dir" and data["dtype"] == "float16"   # float32 model, fp8 engine
+    assert data["kv_bytes_per_token"] == 2 * 4 * 4 * 12 * 1                   # 4 layers, 4 KV heads of 12, fp8
+    assert data["build_config"]["max_seq_len"] == 256
