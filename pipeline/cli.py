@@ -97,28 +97,85 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 
 @main.command()
 @click.argument("model")
-@click.option("--target", default="cpu", show_default=True)
+@click.option("--target", default="cpu", show_default=True, help="Target from `trtpipe targets` (cpu, rtx4090, ...).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True)
 @click.option("--kv-cache", type=click.Choice(["auto", "fp16", "fp8", "int8"]), default="auto", show_default=True)
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None)
-@click.option("--dry-run", is_flag=True)
-def build(model, target, precision, kv_cache, out, dry_run):
-    """Run every stage: convert, calibrate, plan, compile, deploy, validate."""
-    raise NotImplementedStage("build")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Build directory (default: out/<model>-<target>-<precision>).")
+@click.option("--dry-run", is_flag=True, help="Do everything that needs no GPU; print the engine build command.")
+@click.option("--url", default=None, help="Validate on this running Triton server instead of the embedded one.")
+@click.option("--load-test", is_flag=True, help="Add the bounded load test to validation.")
+@click.option("--samples", type=int, default=None, help="Calibration samples (default: the recipe's).")
+@click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
+def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir, as_json):
+    """Run every stage: convert, calibrate, plan, compile, deploy, validate.
+
+    \b
+    Each stage is skipped when its manifest shows unchanged inputs. Exit 0 only when validation passed
+    (or was not possible: a dry run, a GPU target without --url).
+    Examples:
+      trtpipe build smollm2-135m --target cpu --precision fp8 -o out/smollm2
+      trtpipe build llama-3-8b --target rtx4090 --precision fp8 --dry-run
+    """
+    from .build import BuildOptions, build as run_build
+
+    safe_name = Path(model).name.replace(".gguf", "")
+    out = out or Path("out") / f"{safe_name}-{target}-{precision}"
+    options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
+                           dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
+                           calibration_samples=samples, progress=not as_json)
+    summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
+    click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
+    if summary.passed is False:
+        sys.exit(1)
 
 
 @main.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True)
-@click.option("--precision", type=click.Choice(["fp8", "int8-sq"]), required=True)
-@click.option("--kv-cache", type=click.Choice(["fp8", "int8"]), default=None)
-@click.option("--method", type=click.Choice(["entropy", "percentile", "mse", "max"]), default=None)
-@click.option("--dataset", default=None)
-@click.option("--samples", type=int, default=None)
-@click.option("--seq-len", type=int, default=None)
-def calibrate(checkpoint, out, precision, kv_cache, method, dataset, samples, seq_len):
-    """Calibrate CHECKPOINT into an FP8 or INT8-SmoothQuant checkpoint."""
-    raise NotImplementedStage("calibrate")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="Directory for the quantized checkpoint (with calibration/ report, plots and TensorRT cache).")
+@click.option("--precision", type=click.Choice(["fp8", "int8-sq"]), required=True,
+              help="fp8: FP8 E4M3 weights and activations; int8-sq: SmoothQuant W8A8 (per-channel weights).")
+@click.option("--kv-cache", type=click.Choice(["fp8", "int8"]), default=None,
+              help="Also quantize the KV cache (per-layer scales from the K and V values).")
+@click.option("--method", type=click.Choice(["entropy", "percentile", "mse", "max"]), default=None,
+              help="Activation amax method (default per precision: fp8 -> max, int8-sq -> percentile; "
+                   "see docs/calibrate.md).")
+@click.option("--dataset", default=None,
+              help="Recipe name (news, cnn_dailymail), local .txt/.jsonl/.json/.parquet/.csv file, or a "
+                   "Hugging Face dataset name in the local cache (default: the offline news recipe).")
+@click.option("--text-field", default=None, help="Field holding the text (default: the recipe's, else 'text').")
+@click.option("--samples", type=int, default=None, help="Number of calibration samples (default: the recipe's).")
+@click.option("--seq-len", type=int, default=None, help="Tokens per sample at most (default: the recipe's).")
+@click.option("--seed", type=int, default=None, help="Seed of the sample order (default: the recipe's).")
+@click.option("--alpha", type=float, default=0.5, show_default=True, help="SmoothQuant migration strength (int8-sq).")
+@click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --method percentile.")
+@click.option("--exclude", multiple=True, help="Keep matching modules unquantized (fnmatch on names such as "
+              "transformer.layers.0.mlp.proj; repeatable). lm_head is always excluded.")
+@click.option("--eval-samples", type=int, default=40, show_default=True,
+              help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field, samples, seq_len, seed, alpha,
+              percentile, exclude, eval_samples, force, quiet, as_json):
+    """Calibrate the float CHECKPOINT into an FP8 or INT8-SmoothQuant TensorRT-LLM checkpoint.
+
+    \b
+    Examples:
+      trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8
+      trtpipe calibrate out/ckpt -o out/ckpt-sq --precision int8-sq --alpha 0.5 --samples 64 --seq-len 256
+      trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
+    """
+    from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
+
+    recipe = resolve_recipe(dataset, text_field=text_field, samples=samples, seq_len=seq_len, seed=seed)
+    options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method, alpha=alpha,
+                               percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
+                               force=force, progress=not quiet and not as_json)
+    result = calibrate_checkpoint(checkpoint, out, options)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
 
 
 @main.command(name="eval")
