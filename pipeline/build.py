@@ -145,7 +145,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 
     started = time.monotonic()
     repo = out / "model_repo"
-    deployed = deploy_repository(plan_path, repo, engine=engine, checkpoint=None if engine else checkpoint,
+    deployed = deploy_repository(plan_path, repo, engine=engine, checkpoint=checkpoint,
                                  force=True)
     record("deploy", repo, started, deployed.skipped, f"{deployed.target} target")
 

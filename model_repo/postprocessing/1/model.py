@@ -1,0 +1,46 @@
+"""postprocessing: token ids -> text, with the tensor contract of NVIDIA's inflight_batcher_llm postprocessing.
+
+TOKENS_BATCH [batch, beams, tokens] and SEQUENCE_LENGTH [batch, beams] in, OUTPUT [batch, beams] out
+(UTF-8 strings). The tokenizer directory is resolved relative to this file, so the repository can move.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+HERE = Path(__file__).resolve().parent
+TRUE = ("true", "1", "t", "y", "yes")
+
+
+def parameter(config: dict, key: str, default: str) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return default if not value or value.startswith("${") else value
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        directory = Path(parameter(config, "tokenizer_dir", "tokenizer"))
+        self.tokenizer = AutoTokenizer.from_pretrained(directory if directory.is_absolute() else HERE / directory,
+                                                       legacy=False, padding_side="left")
+        self.skip_special_tokens = parameter(config, "skip_special_tokens", "true").lower() in TRUE
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+            if tokens.ndim == 2:  # [batch, tokens]: one beam
+                tokens = tokens[:, None, :]
+            lengths = lengths.reshape(tokens.shape[0], tokens.shape[1])
+            texts = [[self.decode(beam[:length]) for beam, length in zip(row, row_lengths)]
+                     for row, row_lengths in zip(tokens, lengths)]
+            output = np.array([[t.encode("utf-8") for t in row] for row in texts], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)]))
+        return responses
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=self.skip_special_tokens)

@@ -1,0 +1,222 @@
+"""tensorrt_llm for the cpu target: NVIDIA's tensorrt_llm tensor contract, served by trtpipe's reference runtime.
+
+The model runs the TensorRT-LLM checkpoint in `checkpoint/` (beside this file) with `pipeline.runtime`,
+copied into this directory by `trtpipe deploy`, so the server's Python needs torch, safetensors and
+numpy but not trtpipe. Every request Triton's dynamic batcher hands to one `execute` call is generated
+together (the rows of all requests share batched decode steps). In decoupled mode a streaming request
+gets one response per new token, the last one flagged final; otherwise one response holds the prompt
+and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does.
+Features the reference runtime cannot honour (beam search, penalties, bad words, embedding bias, log
+probs, logits) are refused per request with a clear error instead of being ignored.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
+from pipeline.runtime import ReferenceModel, SamplingConfig  # noqa: E402
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: Per-request inputs the reference runtime cannot honour, with the value that means "not used".
+UNSUPPORTED_UNLESS = {"beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
+                      "presence_penalty": 0.0, "frequency_penalty": 0.0, "return_log_probs": False,
+                      "return_context_logits": False, "return_generation_logits": False}
+
+
+class RequestError(ValueError):
+    """A request this model refuses; the message goes back to the client."""
+
+
+def parameter(config: dict, key: str, default: str) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return default if not value or value.startswith("${") else value
+
+
+def tensors_of(request) -> dict:
+    return {t.name(): t.as_numpy() for t in request.inputs()}
+
+
+def sampling_config(top_k: int, top_p: float, temperature: float, max_new: int, end_id, seed, stop_words):
+    """TensorRT-LLM's sampling semantics: top_k 0 and top_p 0 (the defaults) or temperature 0 mean greedy."""
+    greedy = top_k == 1 or (top_k <= 0 and top_p <= 0) or temperature <= 0
+    return SamplingConfig(max_new_tokens=max_new, end_id=end_id, seed=seed, stop_words=stop_words,
+                          temperature=temperature if temperature > 0 else 1.0,
+                          top_k=1 if greedy else max(top_k, 0),
+                          top_p=top_p if 0 < top_p <= 1 else 1.0)
+
+
+def stop_sequences(words_list) -> list:
+    """[2, N] (flat ids, cumulative end offsets padded with -1) -> token-id sequences."""
+    ids, ends = words_list
+    sequences, start = [], 0
+    for end in ends:
+        if end < 0:
+            break
+        if end > start:
+            sequences.append([int(t) for t in ids[start:end]])
+        start = int(end)
+    return sequences
+
+
+class Row:
+    """One prompt of a request and the tokens generated for it."""
+
+    def __init__(self, job, index: int, prompt: list, sampling: SamplingConfig):
+        self.job, self.index, self.prompt, self.sampling = job, index, prompt, sampling
+        self.tokens: list = []
+
+    def is_done(self) -> bool:
+        """What the runtime decides after a token: max_new_tokens reached or a stop sequence ends the output."""
+        out = self.tokens
+        return len(out) >= self.sampling.max_new_tokens or any(
+            len(out) >= len(s) and out[-len(s):] == s for s in self.sampling.stop_words)
+
+
+class Job:
+    """One Triton request: its rows, and how its answer goes back."""
+
+    def __init__(self, request, decoupled: bool):
+        self.sender = request.get_response_sender() if decoupled else None
+        self.response = None        # non-decoupled mode: the one response
+        self.finished = False
+        self.rows: list = []
+
+    def parse(self, request, model: "TritonPythonModel") -> None:
+        """Read the request's rows; RequestError for anything this model refuses."""
+        inputs = tensors_of(request)
+        input_ids = inputs["input_ids"]
+        self.batch = input_ids.shape[0]
+
+        def scalar(name: str, row: int, default):
+            value = inputs.get(name)
+            return default if value is None else value.reshape(self.batch, -1)[row, 0].item()
+
+        self.stream = bool(scalar("streaming", 0, False))
+        if self.stream and self.sender is None:
+            raise RequestError("Streaming is only supported if model is deployed using decoupled mode.")
+        self.exclude_input = bool(scalar("exclude_input_in_output", 0, model.exclude_input_default))
+        for name, unused in UNSUPPORTED_UNLESS.items():
+            if any(scalar(name, r, unused) != unused for r in range(self.batch)):
+                raise RequestError(f"{name} is not supported by the cpu target's reference runtime "
+                                   f"(leave it unset or {unused})")
+        if any(scalar("min_tokens", r, 1) > 1 for r in range(self.batch)):
+            raise RequestError("min_tokens > 1 is not supported by the cpu target's reference runtime")
+        bad_words = inputs.get("bad_words_list")
+        if bad_words is not None and (bad_words[:, 1] >= 0).any():
+            raise RequestError("bad_words is not supported by the cpu target's reference runtime")
+        bias = inputs.get("embedding_bias")
+        if bias is not None and np.any(bias):
+            raise RequestError("embedding_bias is not supported by the cpu target's reference runtime")
+        lengths = inputs["input_lengths"].reshape(self.batch)
+        max_new = inputs["request_output_len"].reshape(self.batch)
+        stops = inputs.get("stop_words_list")
+        for r in range(self.batch):
+            prompt = [int(t) for t in input_ids[r, :int(lengths[r])]]
+            model.check_lengths(prompt, int(max_new[r]))
+            sampling = sampling_config(
+                top_k=int(scalar("runtime_top_k", r, 0)), top_p=float(scalar("runtime_top_p", r, 0.0)),
+                temperature=float(scalar("temperature", r, 1.0)), max_new=int(max_new[r]),
+                end_id=scalar("end_id", r, None), seed=scalar("seed", r, None),
+                stop_words=stop_sequences(stops[r]) if stops is not None else [])
+            self.rows.append(Row(self, r, prompt, sampling))
+        self.unfinished_rows = self.batch
+
+    # ------------------------------------------------------------------ answering
+
+    def on_token(self, row: Row, token: int) -> None:
+        row.tokens.append(token)
+        if not self.stream:
+            return
+        last = row.is_done()
+        if last:
+            self.unfinished_rows -= 1
+        self.send(self.tensors([row], [[token]]), final=last and self.unfinished_rows == 0)
+
+    def finish(self) -> None:
+        """After generation: the whole answer (non-streaming) or the final flag if it is still owed."""
+        if self.stream:
+            if not self.finished:  # ended by end_id (not output) after the last streamed token
+                self.send(self.tensors([self.rows[-1]], [[]]), final=True)
+            return
+        outputs = [(row.prompt if not self.exclude_input else []) + row.tokens for row in self.rows]
+        if self.sender is None or self.batch == 1:
+            self.send(self.tensors(self.rows, outputs), final=True)
+        else:  # decoupled: one response per row, as NVIDIA's backend answers batched requests
+            for i, (row, out) in enumerate(zip(self.rows, outputs)):
+                self.send(self.tensors([row], [out]), final=i == self.batch - 1)
+
+    def fail(self, message: str) -> None:
+        if self.finished:
+            return
+        response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+        if self.sender is not None:
+            self.sender.send(response, flags=FINAL)
+        self.response = response
+        self.finished = True
+
+    def tensors(self, rows: list, outputs: list) -> list:
+        width = max(len(o) for o in outputs)
+        pad = [row.sampling.end_id if row.sampling.end_id is not None else 0 for row in rows]
+        ids = np.array([[o + [p] * (width - len(o))] for o, p in zip(outputs, pad)], np.int32).reshape(
+            len(rows), 1, width)
+        tensors = [pb_utils.Tensor("output_ids", ids),
+                   pb_utils.Tensor("sequence_length", np.array([[len(o)] for o in outputs], np.int32))]
+        if self.batch > 1 and len(rows) == 1:
+            tensors.append(pb_utils.Tensor("batch_index", np.array([[rows[0].index]], np.int32)))
+        return tensors
+
+    def send(self, tensors: list, final: bool) -> None:
+        response = pb_utils.InferenceResponse(output_tensors=tensors)
+        if self.sender is not None:
+            self.sender.send(response, flags=FINAL if final else 0)
+        else:
+            self.response = response
+        self.finished = self.finished or final
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
+        limit = int(parameter(config, "max_seq_len", "0"))
+        self.max_seq_len = min(limit, self.model.max_position_embeddings) if limit > 0 else \
+            self.model.max_position_embeddings
+        self.exclude_input_default = parameter(config, "exclude_input_in_output", "false").lower() == "true"
+
+    def check_lengths(self, prompt: list, max_new: int) -> None:
+        if not prompt:
+            raise RequestError("input_ids is empty; every request needs at least one input token")
+        if max_new < 1:
+            raise RequestError(f"request_output_len must be at least 1, got {max_new}")
+        if len(prompt) + max_new > self.max_seq_len:
+            raise RequestError(f"{len(prompt)} input tokens + {max_new} output tokens exceed the maximum "
+                               f"sequence length {self.max_seq_len}")
+        if max(prompt) >= self.model.vocab_size or min(prompt) < 0:
+            raise RequestError(f"input_ids holds ids outside the vocabulary (0..{self.model.vocab_size - 1})")
+
+    def execute(self, requests):
+        jobs = []
+        for request in requests:
+            job = Job(request, self.decoupled)
+            try:
+                job.parse(request, self)
+            except RequestError as exc:
+                job.fail(str(exc))
+            jobs.append(job)
+        live = [job for job in jobs if not job.finished]
+        rows = [row for job in live for row in job.rows]
+        try:
+            self.model.generate([row.prompt for row in rows], [row.sampling for row in rows],
+                                on_token=lambda i, token: rows[i].job.on_token(rows[i], token))
+            for job in live:
+                job.finish()
+        except Exception as exc:  # the runtime failed for the whole batch: every request gets the reason
+            for job in live:
+                job.fail(f"generation failed: {type(exc).__name__}: {exc}")
+        return None if self.decoupled else [job.response for job in jobs]

@@ -1,0 +1,405 @@
+"""`trtpipe check`: static checks of a Triton LLM model repository (ours, or one made with fill_template.py).
+
+Every finding names the file, the field and the fix. Errors make the repository wrong (exit 1);
+warnings are worth reading; info lines say which checks could not run (e.g. no engine yet).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from . import TRTLLM_VERSION
+from .errors import UserError
+from .tritonconfig import dtype_name, parse_pbtxt
+
+PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
+#: Files whose text may legitimately contain "${" (tokenizer vocabularies) or is code, not configuration.
+NOT_CONFIGURATION = {"tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json",
+                     "special_tokens_map.json", "tokenizer_config.json"}
+CONFIG_SUFFIXES = {".pbtxt", ".json", ".yaml", ".yml", ".txt", ".cfg", ".ini", ".env"}
+PAGED_FMHA_PARAMETERS = ("enable_kv_cache_reuse", "enable_chunked_context")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str        # schema | placeholder | wiring | batch-size | streaming | paged-context-fmha |
+    #                  preferred-batch-size | engine-version | engine
+    severity: str    # error | warning | info
+    file: str        # relative to the repository
+    field: str
+    problem: str
+    fix: str
+
+    def describe(self) -> str:
+        return f"{self.severity}: {self.file}: {self.field}: {self.problem}. Fix: {self.fix}"
+
+
+@dataclass
+class CheckReport:
+    repo: Path
+    models: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    engine: Path | None = None
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        return {"repository": str(self.repo), "ok": self.ok, "models": self.models,
+                "engine": str(self.engine) if self.engine else None,
+                "findings": [asdict(f) for f in self.findings]}
+
+    def summary(self) -> str:
+        lines = [f.describe() for f in self.findings]
+        count = {s: sum(f.severity == s for f in self.findings) for s in ("error", "warning")}
+        verdict = "OK" if self.ok else "WRONG"
+        lines.append(f"{verdict}: {self.repo} ({len(self.models)} models: {', '.join(self.models)}); "
+                     f"{count['error']} error(s), {count['warning']} warning(s)")
+        return "\n".join(lines)
+
+
+@dataclass
+class Model:
+    name: str
+    file: str                     # "name/config.pbtxt"
+    config: object                # ModelConfig
+
+    def inputs(self) -> dict:
+        return {t.name: t for t in self.config.input}
+
+    def outputs(self) -> dict:
+        return {t.name: t for t in self.config.output}
+
+    def parameter(self, key: str) -> str | None:
+        return self.config.parameters[key].string_value if key in self.config.parameters else None
+
+    @property
+    def serves_engine(self) -> bool:
+        """The tensorrtllm backend, or NVIDIA's Python runtime model (engine path and the LLM outputs)."""
+        return self.config.backend == "tensorrtllm" or (
+            bool(self.parameter("gpt_model_path")) and "output_ids" in self.outputs())
+
+    @property
+    def decoupled(self) -> bool:
+        return self.config.model_transaction_policy.decoupled
+
+
+def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
+    """All static checks on the repository at `repo`; `engine` overrides the engine path in its configs."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise UserError(f"model repository {repo} does not exist or is not a directory")
+    findings: list[Finding] = []
+    models, unparsed = parse_models(repo, findings)
+    if not models and not findings:
+        raise UserError(f"{repo} holds no model (no */config.pbtxt); pass a Triton model repository")
+    findings += check_placeholders(repo, models)
+    findings += check_preferred_batch_sizes(models)
+    for ensemble in (m for m in models.values() if m.config.platform == "ensemble"):
+        findings += check_ensemble(ensemble, models, unparsed)
+    findings += check_streaming(models)
+    engine_path = None
+    for model in (m for m in models.values() if m.serves_engine):
+        engine_path, engine_findings = check_engine(repo, model, engine)
+        findings += engine_findings
+    return CheckReport(repo, sorted(models), findings, engine_path)
+
+
+# ------------------------------------------------------------------------------------------ schema
+
+def parse_models(repo: Path, findings: list[Finding]) -> tuple[dict[str, Model], set[str]]:
+    """The models whose config.pbtxt parses, and the names of those whose config does not."""
+    models, unparsed = {}, set()
+    for model_dir in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        config_path = model_dir / "config.pbtxt"
+        rel = f"{model_dir.name}/config.pbtxt"
+        if not config_path.is_file():
+            if any(p.is_dir() and p.name.isdigit() for p in model_dir.iterdir()):
+                findings.append(Finding("schema", "error", rel, "(file)", "the model has a version directory but "
+                                        "no config.pbtxt", "write its config.pbtxt (trtpipe deploy writes all five)"))
+            continue
+        try:
+            config = parse_pbtxt(config_path.read_text())
+        except text_format.ParseError as exc:
+            findings.append(Finding("schema", "error", rel, _parse_error_field(str(exc)),
+                                    f"not a valid inference.ModelConfig: {exc}",
+                                    "correct the field (an unfilled ${...} placeholder in a number, bool or "
+                                    "enum field is the usual cause: run fill_template.py with that key)"))
+            unparsed.add(model_dir.name)
+            continue
+        if config.name and config.name != model_dir.name:
+            findings.append(Finding("schema", "error", rel, "name", f"name {config.name!r} differs from the "
+                                    f"directory name {model_dir.name!r}", f"set name: \"{model_dir.name}\""))
+        models[model_dir.name] = Model(model_dir.name, rel, config)
+    return models, unparsed
+
+
+def _parse_error_field(message: str) -> str:
+    match = re.match(r"(\d+):(\d+)", message)
+    return f"line {match.group(1)}, column {match.group(2)}" if match else "(file)"
+
+
+# ------------------------------------------------------------------------------------- placeholders
+
+def check_placeholders(repo: Path, models: dict[str, Model]) -> list[Finding]:
+    findings = []
+    parsed = {repo / m.file for m in models.values()}
+    for path in sorted(p for p in repo.rglob("*") if p.is_file() and p.suffix in CONFIG_SUFFIXES):
+        if path.name in NOT_CONFIGURATION:
+            continue
+        rel = str(path.relative_to(repo))
+        if path in parsed:
+            spots = [(where, value) for where, value in _string_fields(models[path.parent.name].config)
+                     if PLACEHOLDER.search(value)]
+        else:
+            try:
+                text = path.read_text()
+            except (UnicodeDecodeError, OSError):
+                continue
+            spots = [(f"line {i}", line.strip()) for i, line in enumerate(text.splitlines(), 1)
+                     if PLACEHOLDER.search(line)]
+        for where, value in spots:
+            names = ", ".join(m[2:-1] for m in PLACEHOLDER.findall(value))
+            findings.append(Finding("placeholder", "error", rel, where, f"unfilled placeholder(s) in {value!r}",
+                                    f"fill {names} (fill_template.py {path.name} {names.split(',')[0]}:VALUE) "
+                                    "or remove the entry"))
+    return findings
+
+
+def _string_fields(message, prefix: str = ""):
+    """(field path, value) for every string anywhere in a protobuf message."""
+    for descriptor, value in message.ListFields():
+        path = f"{prefix}{descriptor.name}"
+        if descriptor.message_type and descriptor.message_type.GetOptions().map_entry:
+            for key, item in value.items():
+                item_path = f"{path}[{key}]"
+                if isinstance(item, str):
+                    yield item_path, item
+                elif hasattr(item, "ListFields"):
+                    yield from _string_fields(item, item_path + ".")
+        elif descriptor.is_repeated:
+            for i, item in enumerate(value):
+                if isinstance(item, str):
+                    yield f"{path}[{i}]", item
+                elif hasattr(item, "ListFields"):
+                    yield from _string_fields(item, f"{path}[{i}].")
+        elif isinstance(value, str):
+            yield path, value
+        elif hasattr(value, "ListFields"):
+            yield from _string_fields(value, path + ".")
+
+
+# ------------------------------------------------------------------------------------ batch sizes
+
+def check_preferred_batch_sizes(models: dict[str, Model]) -> list[Finding]:
+    findings = []
+    for m in models.values():
+        preferred = list(m.config.dynamic_batching.preferred_batch_size)
+        bad = [b for b in preferred if b < 1 or b > m.config.max_batch_size]
+        if bad:
+            findings.append(Finding("preferred-batch-size", "error", m.file, "dynamic_batching.preferred_batch_size",
+                                    f"{bad} outside 1..max_batch_size ({m.config.max_batch_size}); Triton refuses "
+                                    "to load the model",
+                                    f"use sizes between 1 and {m.config.max_batch_size}, or none"))
+    return findings
+
+
+# ------------------------------------------------------------------------------------------ ensembles
+
+def check_ensemble(ensemble: Model, models: dict[str, Model], unparsed: set[str]) -> list[Finding]:
+    findings = []
+    cfg = ensemble.config
+    ens_inputs = {t.name: t for t in cfg.input}
+    ens_outputs = {t.name: t for t in cfg.output}
+    produced: dict[str, tuple[str, object]] = {}   # ensemble tensor -> (where, the step model's output)
+    unknown: set[str] = set()   # tensors of steps whose model is missing or unparsable (reported already)
+    for step in cfg.ensemble_scheduling.step:
+        model = models.get(step.model_name)
+        if model is None:
+            unknown.update(step.output_map.values())
+            continue
+        outputs = model.outputs()
+        for key, value in step.output_map.items():
+            if key in outputs:
+                produced[value] = (f"{step.model_name}.{key}", outputs[key])
+
+    def add(field_name: str, problem: str, fix: str, code: str = "wiring") -> None:
+        findings.append(Finding(code, "error", ensemble.file, field_name, problem, fix))
+
+    for i, step in enumerate(cfg.ensemble_scheduling.step):
+        where = f"ensemble_scheduling.step[{i}]"
+        model = models.get(step.model_name)
+        if step.model_name in unparsed:
+            continue
+        if model is None:
+            add(f"{where}.model_name", f"no model {step.model_name!r} in the repository",
+                f"name one of {sorted(models)} or add the model")
+            continue
+        if model.config.max_batch_size < cfg.max_batch_size:
+            add(f"{where}.model_name", f"{step.model_name} has max_batch_size {model.config.max_batch_size}, "
+                f"below the ensemble's {cfg.max_batch_size}",
+                f"set the ensemble's max_batch_size to at most {model.config.max_batch_size}", "batch-size")
+        inputs, outputs = model.inputs(), model.outputs()
+        for key, value in step.input_map.items():
+            field_name = f"{where}.input_map[{key}]"
+            if key not in inputs:
+                add(field_name, f"{step.model_name} has no input {key!r}",
+                    f"use one of its inputs: {', '.join(sorted(inputs))}")
+                continue
+            if value in ens_inputs:
+                source, tensor = f"ensemble input {value}", ens_inputs[value]
+            elif value in produced:
+                source, tensor = produced[value]
+            elif value in unknown:
+                continue
+            else:
+                add(field_name, f"tensor {value!r} is neither an ensemble input nor produced by any step",
+                    "map it to an ensemble input or to a step's output_map value")
+                continue
+            findings += _compare(ensemble.file, field_name, source, tensor,
+                                 f"{step.model_name} input {key}", inputs[key])
+        for name, tensor in inputs.items():
+            if not tensor.optional and name not in step.input_map:
+                add(f"{where}.input_map", f"required input {name!r} of {step.model_name} is not mapped",
+                    f"add input_map {{ key: \"{name}\" value: ... }}")
+        for key, value in step.output_map.items():
+            field_name = f"{where}.output_map[{key}]"
+            if key not in outputs:
+                add(field_name, f"{step.model_name} has no output {key!r}",
+                    f"use one of its outputs: {', '.join(sorted(outputs))}")
+            elif value in ens_outputs:
+                findings += _compare(ensemble.file, field_name, f"{step.model_name} output {key}", outputs[key],
+                                     f"ensemble output {value}", ens_outputs[value])
+    for name in ens_outputs:
+        if name not in produced and name not in unknown:
+            add(f"output[{name}]", f"ensemble output {name!r} is produced by no step",
+                "map a step output to it or remove it")
+    return findings
+
+
+def _compare(file: str, field_name: str, source: str, a, target: str, b) -> list[Finding]:
+    problems = []
+    if a.data_type != b.data_type:
+        problems.append(f"data type {dtype_name(a.data_type)} of {source} feeds {target} of type "
+                        f"{dtype_name(b.data_type)}")
+    if not _dims_compatible(list(a.dims), list(b.dims)):
+        problems.append(f"shape {list(a.dims)} of {source} does not fit {target} with shape {list(b.dims)}")
+    return [Finding("wiring", "error", file, field_name, p, "make the data types and dims agree on both sides")
+            for p in problems]
+
+
+def _dims_compatible(a: list[int], b: list[int]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------------------------------- streaming
+
+def check_streaming(models: dict[str, Model]) -> list[Finding]:
+    findings = []
+    for m in models.values():
+        if "streaming" not in m.inputs() or m.decoupled:
+            continue
+        callers = [c for c in models.values() if c.decoupled and c.config.backend == "python"
+                   and (c.parameter("tensorrt_llm_model_name") or "tensorrt_llm") == m.name and "stream" in c.inputs()]
+        for caller in callers:
+            findings.append(Finding("streaming", "error", m.file, "model_transaction_policy.decoupled",
+                                    f"{caller.name} streams (decoupled) but {m.name} is not decoupled: "
+                                    "'Streaming is only supported if model is deployed using decoupled mode'",
+                                    "set model_transaction_policy { decoupled: true } (fill_template.py "
+                                    "decoupled_mode:true)"))
+        if not callers:
+            findings.append(Finding("streaming", "warning", m.file, "model_transaction_policy.decoupled",
+                                    f"{m.name} accepts the streaming input but is not decoupled: requests with "
+                                    "stream=true will fail", "set model_transaction_policy { decoupled: true } "
+                                    "if clients stream"))
+    return findings
+
+
+# ------------------------------------------------------------------------------------------- engine
+
+def check_engine(repo: Path, model: Model, override: Path | None) -> tuple[Path | None, list[Finding]]:
+    """Checks of an engine-serving model (tensorrtllm backend, or NVIDIA's Python runtime) against its engine."""
+    path_value = model.parameter("gpt_model_path") or ""
+    if override is None and (not path_value or PLACEHOLDER.search(path_value)):
+        return None, []  # the placeholder check reports it
+    engine = Path(override) if override else Path(path_value)
+    config_path = engine / "config.json"
+    if not config_path.is_file():
+        return engine, [Finding("engine", "info", model.file, "parameters[gpt_model_path]",
+                                f"no engine at {engine} yet; engine checks skipped",
+                                f"build it (`trtpipe compile ... -o {engine}`) and run check again")]
+    try:
+        engine_config = json.loads(config_path.read_text())
+    except ValueError as exc:
+        return engine, [Finding("engine", "error", model.file, "parameters[gpt_model_path]",
+                                f"{config_path} is not valid JSON ({exc})", "rebuild the engine")]
+    findings = check_engine_version(repo, model, engine_config, config_path)
+    build = engine_config.get("build_config")
+    if not isinstance(build, dict):
+        return engine, findings
+    findings += check_engine_limits(model, build)
+    findings += check_paged_context_fmha(model, build)
+    return engine, findings
+
+
+def repository_trtllm_version(repo: Path) -> str:
+    """The TensorRT-LLM version the repository targets: its trtpipe manifest's, else trtpipe's."""
+    try:
+        return json.loads((repo / "manifest.json").read_text())["trtllm_version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return TRTLLM_VERSION
+
+
+def check_engine_version(repo: Path, model: Model, engine_config: dict, config_path: Path) -> list[Finding]:
+    wanted = repository_trtllm_version(repo)
+    version = engine_config.get("version")
+    if "build_config" not in engine_config:
+        return [Finding("engine-version", "error", model.file, "parameters[gpt_model_path]",
+                        f"{config_path} has no build_config (an engine from an older TensorRT-LLM "
+                        f"format{', version ' + str(version) if version else ''}); the {wanted} backend cannot "
+                        "load it", f"rebuild the engine with TensorRT-LLM {wanted} (`trtpipe compile`)")]
+    if version != wanted:
+        return [Finding("engine-version", "error", model.file, "parameters[gpt_model_path]",
+                        f"the engine was built with TensorRT-LLM {version}, the repository targets {wanted}",
+                        f"rebuild the engine with TensorRT-LLM {wanted} (`trtpipe compile`), or serve it with "
+                        f"the {version} backend")]
+    return []
+
+
+def check_engine_limits(model: Model, build: dict) -> list[Finding]:
+    findings = []
+    engine_batch = build.get("max_batch_size")
+    if isinstance(engine_batch, int) and model.config.max_batch_size > engine_batch:
+        findings.append(Finding("batch-size", "error", model.file, "max_batch_size",
+                                f"max_batch_size {model.config.max_batch_size} exceeds the engine's "
+                                f"build_config.max_batch_size {engine_batch}",
+                                f"set max_batch_size to at most {engine_batch} (fill_template.py "
+                                f"triton_max_batch_size:{engine_batch}) or rebuild the engine"))
+    beam = model.parameter("max_beam_width")
+    engine_beam = build.get("max_beam_width", 1)
+    if beam and beam.isdigit() and int(beam) > int(engine_beam):
+        findings.append(Finding("batch-size", "error", model.file, "parameters[max_beam_width]",
+                                f"max_beam_width {beam} exceeds the engine's build_config.max_beam_width "
+                                f"{engine_beam}", f"set it to at most {engine_beam} or rebuild the engine"))
+    return findings
+
+
+def check_paged_context_fmha(model: Model, build: dict) -> list[Finding]:
+    plugins = build.get("plugin_config") or {}
+    if plugins.get("use_paged_context_fmha", False):
+        return []
+    return [Finding("paged-context-fmha", "error", model.file, f"parameters[{key}]",
+                    f"{key} is true but the engine was built without use_paged_context_fmha "
+                    "('model has to be built with paged context FMHA support')",
+                    f"set {key} to false, or rebuild the engine with --use_paged_context_fmha enable")
+            for key in PAGED_FMHA_PARAMETERS if (model.parameter(key) or "").lower() == "true"]
