@@ -264,7 +264,6 @@ def test_smollm2_cpu_repository_serves_nvidia_clients_and_matches_transformers(s
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 5 (deploy): the cpu repository accepts an empty text_input")
 def test_smollm2_cpu_repository_rejects_bad_requests(smollm2_report):
     check = checks_of(smollm2_report[0])["bad_requests"]
     assert check.passed, check.detail

@@ -82,10 +82,10 @@ class TritonPythonModel:
         ]
 
     def encode(self, query: str) -> list:
-        ids = self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
-        if not ids:
+        # Judge emptiness without special tokens: a tokenizer that adds BOS turns "" into one token.
+        if not self.tokenizer.encode(query, add_special_tokens=False):
             raise ValueError("text_input is empty: it tokenizes to no tokens")
-        return ids
+        return self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
 
     def word_lists(self, words, batch: int) -> np.ndarray:
         """[batch, 2, N]: each row's words tokenized and concatenated, then the cumulative end offsets."""
