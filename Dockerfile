@@ -17,11 +17,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /opt/trtpipe
 COPY pyproject.toml ./
 COPY pipeline ./pipeline
+COPY model_repo ./model_repo
 
 # The container already provides torch, transformers, safetensors, numpy and tensorrt_llm 1.2.1;
 # resolving trtpipe's own pins would replace them. trtpipe is installed without dependencies, then
 # only what the container lacks is added, pinned (tritonclient from the same Triton generation).
-RUN pip install --no-deps . \
+# Editable, so that deploy finds the Triton model sources in /opt/trtpipe/model_repo.
+RUN pip install --no-deps -e . \
     && pip install "click==8.5.1" "rich==15.0.0" "gguf==0.19.0" "accelerate==1.15.0" \
         "tritonclient[grpc,http]==2.64.0" \
     && trtpipe --version
