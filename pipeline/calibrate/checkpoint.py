@@ -1,0 +1,269 @@
+"""Read a float TensorRT-LLM checkpoint and write its quantized twin in modelopt 0.37's export layout.
+
+What `modelopt.torch.export.export_tensorrt_llm_checkpoint` 0.37 writes (checked by exporting
+SmolLM2 with FP8_DEFAULT_CFG + FP8_KV_CFG and INT8_SMOOTHQUANT_CFG + INT8 KV on the CPU):
+
+FP8 (`quant_algo: FP8`), per quantized linear:
+  weight                     float8_e4m3fn [out, in]  = W / weights_scaling_factor
+  weights_scaling_factor     float32 [1]              = max|W| / 448 (fc and gate share the larger one)
+  activation_scaling_factor  float32 [1]              = activation amax / 448
+W8A8_SQ_PER_CHANNEL, per quantized linear:
+  weight                     int8 [out, in]           = round(W' / wsf[:, None]) clamped to [-128, 127],
+                                                        W' = W / prequant_scaling_factor (per input column)
+  weights_scaling_factor     float32 [out]            = max_j |W'[o, j]| / 127
+  prequant_scaling_factor    model dtype [in]         multiplies the input before it is quantized
+  activation_scaling_factor  float32 [1]              = amax of (x * prequant) / 127
+KV cache, per layer: attention.{k,v}_cache_scaling_factor float32 [1] and
+  attention.kv_cache_scaling_factor = max of the two; FP8 factors are amax / 448 raised to at least
+  1.0 (modelopt's rule), INT8 factors amax / 127.
+config.json: quantization {quant_algo, kv_cache_quant_algo, exclude_modules: ["lm_head", ...]}.
+lm_head and the embedding stay in the model dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import UserError
+from .formats import E4M3_MAX
+
+LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
+LINEAR_NAMES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+ROW_PARALLEL = ("attention.dense", "mlp.proj")          # input features split across tp ranks
+QUANT_ALGOS = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
+KV_ALGOS = {"fp8": "FP8", "int8": "INT8"}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MIN_SCALE = 1e-12
+
+
+@dataclass(frozen=True)
+class RankFile:
+    path: Path
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    layer_offset: int      # global index of this rank's local layer 0
+
+    def global_name(self, name: str) -> str:
+        m = LAYER_TENSOR.match(name)
+        return f"transformer.layers.{int(m.group(1)) + self.layer_offset}.{m.group(2)}" if m else name
+
+    def local_name(self, global_name: str) -> str:
+        m = LAYER_TENSOR.match(global_name)
+        return f"transformer.layers.{int(m.group(1)) - self.layer_offset}.{m.group(2)}" if m else global_name
+
+
+@dataclass(frozen=True)
+class FloatCheckpoint:
+    path: Path
+    config: dict
+    ranks: list[RankFile]
+
+    @property
+    def tp_size(self) -> int:
+        return self.config["mapping"]["tp_size"]
+
+    @property
+    def num_layers(self) -> int:
+        return self.config["num_hidden_layers"]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.config["dtype"]]
+
+
+def open_float_checkpoint(path: Path) -> FloatCheckpoint:
+    """The checkpoint's config and rank files; UserError for anything calibrate cannot start from."""
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise UserError(f"{path} is not a TensorRT-LLM checkpoint (no config.json); create one with `trtpipe convert`")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except ValueError as exc:
+        raise UserError(f"{cfg_path} is not valid JSON: {exc}") from None
+    quant = config.get("quantization") or {}
+    if quant.get("quant_algo") or quant.get("kv_cache_quant_algo"):
+        raise UserError(f"{path} is already quantized (quant_algo={quant.get('quant_algo')}, "
+                        f"kv_cache_quant_algo={quant.get('kv_cache_quant_algo')}); calibrate the float "
+                        "checkpoint that `trtpipe convert` wrote")
+    if config.get("dtype") not in DTYPES:
+        raise UserError(f"{cfg_path}: dtype {config.get('dtype')!r} is not one of {', '.join(DTYPES)}")
+    mapping = config.get("mapping") or {}
+    tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
+    config["mapping"] = {**mapping, "tp_size": tp, "pp_size": pp, "world_size": tp * pp}
+    files = {r: path / f"rank{r}.safetensors" for r in range(tp * pp)}
+    missing = [p.name for p in files.values() if not p.is_file()]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)} (tp={tp}, pp={pp} needs {tp * pp} rank files)")
+    ranks, offset = [], 0
+    for pp_rank in range(pp):
+        layers = _local_layer_count(files[pp_rank * tp])
+        for tp_rank in range(tp):
+            r = pp_rank * tp + tp_rank
+            ranks.append(RankFile(files[r], r, tp_rank, pp_rank, offset))
+        offset += layers
+    if offset != config["num_hidden_layers"]:
+        raise UserError(f"{path}: the rank files hold {offset} layers but config.json says "
+                        f"num_hidden_layers={config['num_hidden_layers']}")
+    return FloatCheckpoint(path, config, ranks)
+
+
+def _local_layer_count(path: Path) -> int:
+    with safe_open(path, "pt") as f:
+        layers = {int(m.group(1)) for m in map(LAYER_TENSOR.match, f.keys()) if m}
+    return len(layers)
+
+
+def linear_of(global_name: str) -> str | None:
+    """'transformer.layers.3.mlp.fc.weight' -> 'transformer.layers.3.mlp.fc' for quantizable linears."""
+    m = LAYER_TENSOR.match(global_name)
+    if not m or not m.group(2).endswith(".weight"):
+        return None
+    inner = m.group(2)[: -len(".weight")]
+    return f"transformer.layers.{m.group(1)}.{inner}" if inner in LINEAR_NAMES else None
+
+
+def is_excluded(module: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch(module, p) or module.endswith("." + p) for p in patterns)
+
+
+def fused_partner(module: str) -> str | None:
+    """fc and gate are fused by the engine (fuse_gate_mlp) and must share scales: each names the other."""
+    if module.endswith(".mlp.fc"):
+        return module[: -len("fc")] + "gate"
+    if module.endswith(".mlp.gate"):
+        return module[: -len("gate")] + "fc"
+    return None
+
+
+@dataclass(frozen=True)
+class WeightStats:
+    """Per global linear: max |W| over all tp shards, and the per-input-column max (full width)."""
+
+    amax: dict[str, float]
+    column_max: dict[str, torch.Tensor]
+
+
+def weight_statistics(ckpt: FloatCheckpoint, modules: set[str]) -> WeightStats:
+    amax: dict[str, float] = {}
+    shards: dict[str, dict[int, torch.Tensor]] = {}
+    for rf in ckpt.ranks:
+        with safe_open(rf.path, "pt") as f:
+            for name in f.keys():
+                module = linear_of(rf.global_name(name))
+                if module not in modules:
+                    continue
+                w = f.get_tensor(name).float().abs()
+                amax[module] = max(amax.get(module, 0.0), float(w.max()))
+                col = w.amax(dim=0)
+                prev = shards.setdefault(module, {}).get(rf.tp_rank)
+                shards[module][rf.tp_rank] = col if prev is None else torch.maximum(prev, col)
+    column_max = {}
+    for module, per_rank in shards.items():
+        ordered = [per_rank[t] for t in sorted(per_rank)]
+        if module.endswith(ROW_PARALLEL):
+            column_max[module] = torch.cat(ordered)
+        else:
+            column_max[module] = torch.stack(ordered).amax(dim=0)
+    return WeightStats(amax, column_max)
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Everything the writer needs, keyed by global module names."""
+
+    precision: str                                   # "fp8" | "int8-sq"
+    kv_cache: str | None                             # "fp8" | "int8" | None
+    activation_amax: dict[str, float]                # linear -> amax of its (smoothed) input
+    weight_amax: dict[str, float]                    # linear -> max |W| (FP8)
+    prequant: dict[str, torch.Tensor]                # linear -> full-width smoothing vector (INT8-SQ)
+    kv_amax: dict[int, tuple[float, float]]          # layer -> (K amax, V amax)
+    exclude: tuple[str, ...]                         # modules left in the model dtype (besides lm_head)
+    alpha: float | None = None
+
+
+def write_quantized_checkpoint(ckpt: FloatCheckpoint, plan: QuantPlan, out: Path) -> dict:
+    """Write config.json and every rank file of the quantized checkpoint into `out`; returns the config."""
+    for rf in ckpt.ranks:
+        tensors = {}
+        with safe_open(rf.path, "pt") as f:
+            for name in f.keys():
+                tensors.update(_quantized_tensors(rf, name, f.get_tensor(name), ckpt, plan))
+        if plan.kv_cache:
+            tensors.update(_kv_scales(rf, tensors, plan))
+        save_file(tensors, str(out / rf.path.name), metadata={"format": "pt"})
+    config = quantized_config(ckpt.config, plan)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def quantized_config(config: dict, plan: QuantPlan) -> dict:
+    quant = dict(config.get("quantization") or {})
+    quant.update(quant_algo=QUANT_ALGOS[plan.precision],
+                 kv_cache_quant_algo=KV_ALGOS[plan.kv_cache] if plan.kv_cache else None,
+                 exclude_modules=["lm_head", *plan.exclude])
+    if plan.precision == "int8-sq":
+        quant["smoothquant_val"] = plan.alpha
+    return {**config, "quantization": quant}
+
+
+def _quantized_tensors(rf: RankFile, name: str, tensor: torch.Tensor, ckpt: FloatCheckpoint,
+                       plan: QuantPlan) -> dict[str, torch.Tensor]:
+    module = linear_of(rf.global_name(name))
+    if module is None or is_excluded(module, plan.exclude):
+        return {name: tensor}
+    prefix = name[: -len(".weight")]
+    w = tensor.float()
+    if plan.precision == "fp8":
+        weight_amax = max(plan.weight_amax[module], plan.weight_amax.get(fused_partner(module), 0.0))
+        wsf = torch.tensor([max(weight_amax / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
+        return {name: torch.clamp(w / wsf, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn),
+                prefix + ".weights_scaling_factor": wsf,
+                prefix + ".activation_scaling_factor": _act_scale(plan, module, E4M3_MAX)}
+    smoothing = local_prequant(plan.prequant[module], module, rf.tp_rank, ckpt.tp_size)
+    smoothed = w / smoothing.float()[None, :]
+    wsf = (smoothed.abs().amax(dim=1) / 127.0).clamp(min=MIN_SCALE)
+    q = torch.clamp(torch.round(smoothed / wsf[:, None]), -128, 127).to(torch.int8)
+    return {name: q, prefix + ".weights_scaling_factor": wsf.to(torch.float32),
+            prefix + ".prequant_scaling_factor": smoothing.clone(),
+            prefix + ".activation_scaling_factor": _act_scale(plan, module, 127.0)}
+
+
+def local_prequant(full: torch.Tensor, module: str, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """This tp rank's slice of a smoothing vector (row-parallel linears split their input features)."""
+    if not module.endswith(ROW_PARALLEL) or tp_size == 1:
+        return full
+    width = full.numel() // tp_size
+    return full[tp_rank * width:(tp_rank + 1) * width]
+
+
+def _act_scale(plan: QuantPlan, module: str, maxbound: float) -> torch.Tensor:
+    amax = plan.activation_amax[module]
+    return torch.tensor([max(amax / maxbound, MIN_SCALE)], dtype=torch.float32)
+
+
+def kv_scaling_factors(kv_cache: str, k_amax: float, v_amax: float) -> tuple[float, float, float]:
+    if kv_cache == "fp8":
+        k, v = (max(a / E4M3_MAX, 1.0) for a in (k_amax, v_amax))
+    else:
+        k, v = (max(a / 127.0, MIN_SCALE) for a in (k_amax, v_amax))
+    return k, v, max(k, v)
+
+
+def _kv_scales(rf: RankFile, tensors: dict, plan: QuantPlan) -> dict[str, torch.Tensor]:
+    layers = sorted({int(m.group(1)) for m in map(LAYER_TENSOR.match, tensors) if m})
+    out = {}
+    for local in layers:
+        k, v, kv = kv_scaling_factors(plan.kv_cache, *plan.kv_amax[local + rf.layer_offset])
+        p = f"transformer.layers.{local}.attention."
+        for key, value in (("k_cache", k), ("v_cache", v), ("kv_cache", kv)):
+            out[p + key + "_scaling_factor"] = torch.tensor([value], dtype=torch.float32)
+    return out

@@ -1,0 +1,235 @@
+"""The calibrate stage: float checkpoint + calibration data -> FP8 / INT8-SQ checkpoint + report.
+
+Everything that can be wrong with the input (checkpoint, dataset, field, lengths, options) is checked
+before any output exists; the output directory appears only when complete (atomic rename).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..errors import UserError
+from ..outputs import atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date, write_manifest
+from .amax import DEFAULT_PERCENTILE, METHODS
+from .checkpoint import (LINEAR_NAMES, FloatCheckpoint, QuantPlan, is_excluded, open_float_checkpoint,
+                         weight_statistics, write_quantized_checkpoint)
+from .collect import collect_channel_max, collect_histograms, source_of
+from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples
+from .formats import FP8, INT8, QuantFormat
+from .report import TensorReport, most_sensitive, plot_histograms, tensor_report, write_report_json
+from .smoothquant import smoothing_factors
+from .trtcache import write_calibration_cache
+
+STAGE = "calibrate"
+PRECISIONS = ("fp8", "int8-sq")
+#: Chosen by measurement on SmolLM2-135M (docs/calibrate.md, "Default methods").
+DEFAULT_METHOD = {"fp8": "max", "int8-sq": "percentile"}
+DEFAULT_ALPHA = 0.5
+EVAL_WINDOW = 512
+REPORT_DIR = "calibration"
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    precision: str
+    recipe: CalibrationRecipe
+    kv_cache: str | None = None
+    method: str | None = None
+    alpha: float = DEFAULT_ALPHA
+    percentile: float = DEFAULT_PERCENTILE
+    exclude: tuple[str, ...] = ()
+    eval_samples: int = 40
+    force: bool = False
+    progress: bool = True
+
+    @property
+    def chosen_method(self) -> str:
+        return self.method or DEFAULT_METHOD[self.precision]
+
+    def params(self) -> dict:
+        return {"precision": self.precision, "kv_cache": self.kv_cache, "method": self.chosen_method,
+                "alpha": self.alpha if self.precision == "int8-sq" else None, "percentile": self.percentile,
+                "exclude": list(self.exclude), "eval_samples": self.eval_samples, "recipe": self.recipe.to_dict()}
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    path: Path
+    config: dict
+    method: str
+    tensors: list[TensorReport]
+    perplexity: dict | None          # {"float": .., "quantized": .., "ratio": .., "tokens": ..}
+    samples: int
+    tokens: int
+    seconds: float
+    skipped: bool = False
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": str(self.path), "skipped": self.skipped, "method": self.method,
+                "quantization": self.config.get("quantization"), "samples": self.samples,
+                "tokens": self.tokens, "seconds": round(self.seconds, 2), "perplexity": self.perplexity,
+                "report": str(self.path / REPORT_DIR / "report.json")}
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"calibrated checkpoint {self.path} is up to date (inputs unchanged); nothing to do"
+        from rich.console import Console
+        from rich.table import Table
+
+        q = self.config["quantization"]
+        table = Table(title=f"{q['quant_algo']} (KV {q.get('kv_cache_quant_algo') or 'model dtype'}), "
+                            f"method {self.method}: {self.samples} samples, {self.tokens} tokens, {self.seconds:.0f} s")
+        for col in ("tensor", "amax", "max", "saturated", "SNR dB"):
+            table.add_column(col, justify="left" if col == "tensor" else "right")
+        for t in most_sensitive(self.tensors):
+            table.add_row(t.name, f"{t.chosen_amax:.4g}", f"{t.running_max:.4g}", f"{t.saturation:.1e}",
+                          f"{t.snr_db:.1f}")
+        console = Console(record=True, width=110, file=io.StringIO())
+        console.print(table)
+        if self.perplexity:
+            p = self.perplexity
+            console.print(f"held-out perplexity: float {p['float']:.3f}, quantized {p['quantized']:.3f} "
+                          f"({(p['ratio'] - 1) * 100:+.2f}%) over {p['tokens']} tokens")
+        console.print(f"wrote {self.path} (report: {self.path / REPORT_DIR})")
+        return console.export_text().rstrip()
+
+
+def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions) -> CalibrationResult:
+    started = time.monotonic()
+    checkpoint, out = Path(checkpoint), Path(out)
+    ckpt = open_float_checkpoint(checkpoint)
+    check_options(ckpt, options)
+    inputs = fingerprint_inputs([checkpoint] + _dataset_inputs(options.recipe))
+    params = options.params()
+    if is_up_to_date(out, STAGE, inputs, params):
+        config = json.loads((out / "config.json").read_text())
+        return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)
+    check_output_free(out, options.force)
+
+    tokenizer = load_tokenizer(checkpoint)
+    samples = tokenize_samples(load_texts(options.recipe), tokenizer, options.recipe)
+    heldout = heldout_sequences(tokenizer, options.eval_samples)
+
+    from ..runtime import ReferenceModel, perplexity
+
+    model = ReferenceModel.load(checkpoint)
+    plan, tensors, histograms, tokens = calibrate_statistics(model, ckpt, samples, options)
+    float_ppl = perplexity(model, heldout, window=EVAL_WINDOW, progress=options.progress,
+                           desc="perplexity (float)") if heldout else None
+    del model
+
+    with atomic_output_dir(out) as tmp:
+        config = write_quantized_checkpoint(ckpt, plan, tmp)
+        shutil.copytree(checkpoint / "tokenizer", tmp / "tokenizer")
+        ppl = None
+        if float_ppl is not None:
+            quant_ppl = perplexity(ReferenceModel.load(tmp), heldout, window=EVAL_WINDOW,
+                                   progress=options.progress, desc="perplexity (quantized)")
+            ppl = {"float": float_ppl.perplexity, "quantized": quant_ppl.perplexity,
+                   "ratio": quant_ppl.perplexity / float_ppl.perplexity, "tokens": quant_ppl.tokens}
+        write_reports(tmp / REPORT_DIR, options, plan, tensors, histograms, ppl, len(samples), tokens)
+        seconds = time.monotonic() - started
+        write_manifest(tmp, STAGE, inputs, params, {"source_checkpoint": str(checkpoint.resolve()),
+                                                    "seconds": round(seconds, 2)})
+    return CalibrationResult(out, config, options.chosen_method, tensors, ppl, len(samples), tokens, seconds)
+
+
+def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
+    if options.precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)} (got {options.precision!r})")
+    if options.method is not None and options.method not in METHODS:
+        raise UserError(f"--method must be one of {', '.join(METHODS)} (got {options.method!r})")
+    if not 0.0 <= options.alpha <= 1.0:
+        raise UserError(f"--alpha must be between 0 and 1 (got {options.alpha})")
+    if not 0.0 < options.percentile <= 100.0:
+        raise UserError(f"--percentile must be in (0, 100] (got {options.percentile})")
+    context = ckpt.config.get("max_position_embeddings")
+    if context and options.recipe.seq_len > context:
+        raise UserError(f"--seq-len {options.recipe.seq_len} is longer than the model's context "
+                        f"(max_position_embeddings={context}); use at most {context}")
+    if options.kv_cache:
+        plain = [f"transformer.layers.{i}.attention.qkv" for i in range(ckpt.num_layers)
+                 if is_excluded(f"transformer.layers.{i}.attention.qkv", options.exclude)]
+        if plain:
+            raise UserError(f"--kv-cache {options.kv_cache} needs a quantized attention path, but --exclude "
+                            f"leaves {len(plain)} attention layer(s) unquantized (e.g. {plain[0]}); "
+                            "drop --kv-cache or the exclusion")
+
+
+def _dataset_inputs(recipe: CalibrationRecipe) -> list[Path]:
+    if recipe.dataset == OFFLINE_CORPUS:
+        from ..assets import calibration_corpus_path
+        return [calibration_corpus_path()]
+    path = Path(recipe.dataset)
+    return [path] if path.is_file() else []
+
+
+def heldout_sequences(tokenizer, count: int) -> list[list[int]]:
+    """The first `count` held-out documents of the offline corpus, each cut to 512 tokens."""
+    if count <= 0:
+        return []
+    from ..evaluate import corpus_split
+
+    texts = [t for t in corpus_split(seed=0)[1] if t.strip()][:count]
+    seqs = [tokenizer(t)["input_ids"][:EVAL_WINDOW] for t in texts]   # as `trtpipe eval` tokenizes
+    return [s for s in seqs if len(s) >= 2]
+
+
+def calibrate_statistics(model, ckpt: FloatCheckpoint, samples: list[list[int]], options: CalibrateOptions):
+    """Collect statistics, pick amax per tensor, and assemble the writer's plan."""
+    modules = quantized_modules(ckpt, options.exclude)
+    weights = weight_statistics(ckpt, set(modules))
+    prequant: dict[str, torch.Tensor] = {}
+    if options.precision == "int8-sq":
+        channel_max = collect_channel_max(model, samples, options.progress)
+        prequant = smoothing_factors({k: v for k, v in channel_max.items() if source_of(k) in modules or k in modules},
+                                     weights.column_max, options.alpha, ckpt.dtype)
+    stats = collect_histograms(model, samples, prequant, options.progress,
+                               desc="calibration pass 2/2 (histograms)" if prequant else "calibration")
+    act_fmt: QuantFormat = FP8 if options.precision == "fp8" else INT8
+    kv_fmt = FP8 if options.kv_cache == "fp8" else INT8
+    method, reports = options.chosen_method, []
+    for name, hist in stats.histograms.items():
+        is_kv = name.endswith((".attention.k", ".attention.v"))
+        if is_kv and not options.kv_cache:
+            continue
+        reports.append(tensor_report(name, "kv" if is_kv else "activation", hist, kv_fmt if is_kv else act_fmt,
+                                     method, options.percentile))
+    chosen = {t.name: t.chosen_amax for t in reports}
+    plan = QuantPlan(
+        precision=options.precision, kv_cache=options.kv_cache,
+        activation_amax={m: chosen[source_of(m)] for m in modules},
+        weight_amax=weights.amax,
+        prequant={m: prequant[source_of(m)] for m in modules if source_of(m) in prequant},
+        kv_amax={i: (chosen[f"transformer.layers.{i}.attention.k"], chosen[f"transformer.layers.{i}.attention.v"])
+                 for i in range(ckpt.num_layers)} if options.kv_cache else {},
+        exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None)
+    return plan, reports, stats.histograms, stats.tokens
+
+
+def quantized_modules(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> list[str]:
+    return [f"transformer.layers.{i}.{lin}" for i in range(ckpt.num_layers) for lin in LINEAR_NAMES
+            if not is_excluded(f"transformer.layers.{i}.{lin}", exclude)]
+
+
+def write_reports(directory: Path, options: CalibrateOptions, plan: QuantPlan, tensors: list[TensorReport],
+                  histograms: dict, ppl: dict | None, samples: int, tokens: int) -> None:
+    directory.mkdir()
+    header = {"tool_version": __version__, "precision": options.precision, "kv_cache": options.kv_cache,
+              "method": options.chosen_method, "default_method": DEFAULT_METHOD[options.precision],
+              "alpha": plan.alpha, "percentile": options.percentile, "recipe": options.recipe.to_dict(),
+              "samples": samples, "tokens": tokens, "perplexity": ppl}
+    write_report_json(directory / "report.json", header, tensors)
+    write_calibration_cache(directory / "calibration.cache",
+                            {t.name: t.chosen_amax for t in tensors if t.kind == "activation"})
+    sensitive = most_sensitive([t for t in tensors if t.kind == "activation"])
+    plot_histograms(directory / "report.png", sensitive, histograms,
+                    f"{options.precision}: the {len(sensitive)} activations with the lowest quantization SNR")

@@ -1,0 +1,167 @@
+"""`trtpipe eval`: perplexity of a TensorRT-LLM checkpoint (reference runtime) or of a Hugging Face model.
+
+Both paths tokenize the same text with the same tokenizer and score it with the same windowing
+(`pipeline.runtime.perplexity`), so `trtpipe eval MODEL` and `trtpipe eval CHECKPOINT` compare a model
+before and after conversion or quantization. The default text is the held-out part of the offline
+news corpus; `corpus_split` is the one deterministic split calibration and evaluation share, so
+calibration never sees the evaluation lines.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+HELDOUT_FRACTION = 0.2
+DEFAULT_WINDOW = 512
+
+
+def corpus_lines() -> list[str]:
+    from .assets import calibration_corpus_path
+
+    path = calibration_corpus_path()
+    return [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+
+
+def corpus_split(seed: int = 0) -> tuple[list[str], list[str]]:
+    """(calibration_lines, heldout_lines) of the offline corpus: a seeded shuffle, 20% held out.
+
+    Repeated lines are kept once (the corpus has a few), so no held-out text is ever calibrated on.
+    Both lists keep the corpus order; together they are every distinct line.
+    """
+    lines = list(dict.fromkeys(corpus_lines()))
+    order = list(range(len(lines)))
+    random.Random(seed).shuffle(order)
+    held = set(order[: max(1, round(len(lines) * HELDOUT_FRACTION))])
+    return ([l for i, l in enumerate(lines) if i not in held], [l for i, l in enumerate(lines) if i in held])
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    perplexity: float
+    tokens: int
+    model: str
+    kind: str            # "checkpoint" (reference runtime) | "huggingface" (transformers)
+    dataset: str
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"perplexity": self.perplexity, "tokens": self.tokens}
+
+    def summary(self) -> str:
+        runner = "reference runtime" if self.kind == "checkpoint" else "transformers"
+        return (f"perplexity {self.perplexity:.4f} over {self.tokens} tokens of {self.dataset}\n"
+                f"model: {self.model} ({runner}), {self.seconds:.1f}s")
+
+
+def evaluate(model: str | Path, dataset: str | None = None, *, tokenizer: Path | None = None,
+             window: int = DEFAULT_WINDOW, max_samples: int | None = None, progress: bool = True) -> EvalResult:
+    """Perplexity of `model` (checkpoint dir, HF dir, preset, GGUF or hub id) over `dataset`."""
+    if max_samples is not None and max_samples < 1:
+        raise UserError(f"--max-samples must be positive (got {max_samples})")
+    description, texts = load_texts(dataset)
+    texts = texts[:max_samples] if max_samples else texts
+    kind, runner, tok_dir = open_model(str(model), tokenizer)
+    sequences = tokenize(tok_dir, texts)
+    from .runtime import perplexity
+
+    start = time.perf_counter()
+    result = perplexity(runner, sequences, window=window, progress=progress, desc="eval")
+    return EvalResult(result.perplexity, result.tokens, str(model), kind, description, time.perf_counter() - start)
+
+
+def is_trtllm_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "rank0.safetensors").is_file()
+
+
+def open_model(spec: str, tokenizer: Path | None):
+    """("checkpoint" | "huggingface", an object with forward(ids) -> logits, the tokenizer directory)."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and is_trtllm_checkpoint(path):
+        from .runtime import ReferenceModel
+
+        tok_dir = tokenizer or path / "tokenizer"
+        if not (tok_dir / "tokenizer_config.json").is_file() and not (tok_dir / "tokenizer.json").is_file():
+            raise UserError(f"{path} has no tokenizer/ directory; pass --tokenizer with the Hugging Face "
+                            "model directory the checkpoint was converted from")
+        return "checkpoint", ReferenceModel.load(path), tok_dir
+    from .sources import resolve_model
+
+    hf_dir = resolve_model(spec).hf_dir()
+    return "huggingface", HuggingFaceLogits(hf_dir), tokenizer or hf_dir
+
+
+class HuggingFaceLogits:
+    """A transformers causal LM in float32 with the runtime's forward(ids) -> float32 logits interface."""
+
+    def __init__(self, hf_dir: Path):
+        from transformers import AutoModelForCausalLM
+
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        except Exception as exc:  # transformers raises many types for a bad directory
+            raise UserError(f"{hf_dir}: cannot load the Hugging Face model ({type(exc).__name__}: {exc})") from None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids).logits.float()
+
+
+def tokenize(tok_dir: Path, texts: list[str]) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+    except Exception as exc:
+        raise UserError(f"cannot load a tokenizer from {tok_dir} ({type(exc).__name__}: {exc})") from None
+    return [tok(text)["input_ids"] for text in texts]
+
+
+def load_texts(dataset: str | None) -> tuple[str, list[str]]:
+    """(description, texts): the held-out corpus, a plain text file (one sample per line) or a HF dataset."""
+    if dataset is None:
+        return "the held-out offline news corpus", corpus_split()[1]
+    path = Path(dataset).expanduser()
+    if path.is_file():
+        texts = [l.strip() for l in path.read_text(encoding="utf-8", errors="replace").splitlines() if l.strip()]
+        if not texts:
+            raise UserError(f"{path} has no text (every line is empty)")
+        return str(path), texts
+    if path.exists():
+        raise UserError(f"--dataset {dataset} is a directory; pass a plain text file or a dataset name")
+    return dataset, load_hf_dataset(dataset)
+
+
+def load_hf_dataset(spec: str) -> list[str]:
+    """NAME or NAME:CONFIG from the local Hugging Face datasets cache (never downloads)."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    name, _, config = spec.partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"--dataset {spec}: loading named datasets needs the `datasets` package "
+                        "(pip install 'trtpipe[calib]'), or pass a plain text file") from None
+    errors = []
+    for split in ("test", "validation", "train"):
+        try:
+            ds = datasets.load_dataset(name, config or None, split=split)
+        except Exception as exc:  # datasets raises many types when a split or the cache is missing
+            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            continue
+        column = "text" if "text" in ds.column_names else next(
+            (c for c, f in ds.features.items() if getattr(f, "dtype", None) == "string"), None)
+        if column is None:
+            raise UserError(f"dataset {spec} has no text column (columns: {', '.join(ds.column_names)})")
+        texts = [t.strip() for t in ds[column] if t and t.strip()]
+        if texts:
+            return texts
+    raise UserError(f"--dataset {spec} is not a file and could not be loaded offline from the Hugging Face "
+                    f"datasets cache ({errors[-1] if errors else 'no text'}); pass a plain text file instead")

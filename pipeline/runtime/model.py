@@ -1,0 +1,239 @@
+"""The Llama forward pass as TensorRT-LLM defines it, and generation with a preallocated KV cache.
+
+Per layer: RMSNorm(norm_epsilon) -> fused qkv (split by head counts and head_size) -> rope_gpt_neox
+-> attention over the KV cache (GQA/MQA: query head h reads K/V head h // (heads / kv_heads)) ->
+attention.dense -> residual -> RMSNorm -> GatedMLP proj(silu(fc(x)) * gate(x)) -> residual; then
+ln_f and lm_head. Everything is computed in float32; quantized checkpoints run with their weights
+dequantized and their activations (and K/V cache entries) quantized-then-dequantized with the
+checkpoint's scales, which is what the engine's GEMMs see up to accumulation order.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+from .checkpoint import Layer, Linear, ModelWeights, load_checkpoint
+from .config import RuntimeConfig
+from .rope import RotaryTable
+from .sampling import SamplingConfig, TokenSelector
+
+Observer = Callable[[str, torch.Tensor], None]
+TokenCallback = Callable[[int, int], None]
+
+
+class KVCache:
+    """K and V of every layer for `batch` sequences of up to `capacity` tokens: [layers, B, S, kv_heads, d]."""
+
+    def __init__(self, layers: int, batch: int, capacity: int, kv_heads: int, head_size: int):
+        self.k = torch.zeros(layers, batch, capacity, kv_heads, head_size)
+        self.v = torch.zeros_like(self.k)
+
+    def store(self, layer: int, rows: torch.Tensor | None, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, T, kv_heads, d] at `positions` [B, T]; return the cached K, V up to the last one."""
+        batch_index = (torch.arange(k.shape[0]) if rows is None else rows)[:, None]
+        self.k[layer][batch_index, positions] = k
+        self.v[layer][batch_index, positions] = v
+        used = int(positions.max()) + 1
+        if rows is None:
+            return self.k[layer, :, :used], self.v[layer, :, :used]
+        return self.k[layer][rows, :used], self.v[layer][rows, :used]
+
+
+class ReferenceModel:
+    """A TensorRT-LLM Llama checkpoint executed with torch on the CPU."""
+
+    def __init__(self, config: dict, cfg: RuntimeConfig, weights: ModelWeights):
+        self.config = config
+        self.cfg = cfg
+        self.weights = weights
+        self.rotary = RotaryTable(cfg)
+        self.scale = 1.0 / math.sqrt(cfg.head_size)
+        self._fused_mlp = [fuse_fc_gate(layer) for layer in weights.layers]
+
+    @classmethod
+    def load(cls, ckpt_dir: str | Path) -> "ReferenceModel":
+        config, cfg, weights = load_checkpoint(Path(ckpt_dir))
+        return cls(config, cfg, weights)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, observer: Observer | None = None) -> torch.Tensor:
+        """Logits float32 [B, T, vocab] of a batch of equal-length sequences [B, T] (causal, from position 0)."""
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise UserError("input_ids must be a [batch, tokens] tensor with tokens >= 1 "
+                            f"(got shape {list(input_ids.shape)})")
+        self._check_tokens(input_ids)
+        b, t = input_ids.shape
+        cache = KVCache(len(self.weights.layers), b, t, self.cfg.num_kv_heads, self.cfg.head_size)
+        positions = torch.arange(t).expand(b, t)
+        hidden = self._hidden(input_ids.long(), positions, cache, None, observer)
+        return self._logits(hidden)
+
+    def _check_tokens(self, ids: torch.Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+            raise UserError(f"token ids must be in [0, {self.cfg.vocab_size}) (got {int(ids.min())}..{int(ids.max())})")
+
+    def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
+        h = self.weights.embedding[tokens]
+        for i, layer in enumerate(self.weights.layers):
+            h = h + self._attention_block(i, layer, rms_norm(h, layer.input_norm, self.cfg.norm_epsilon),
+                                          positions, cache, rows, observer)
+            h = h + self._mlp_block(i, layer, rms_norm(h, layer.post_norm, self.cfg.norm_epsilon), observer)
+        return h
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.weights.final_norm, self.cfg.norm_epsilon), self.weights.lm_head)
+
+    def _attention_block(self, i: int, layer: Layer, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                         rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        hd, nq, nkv = cfg.head_size, cfg.num_heads, cfg.num_kv_heads
+        qkv = linear(x, layer.qkv, observer, f"transformer.layers.{i}.attention.qkv")
+        q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+        q = self.rotary.apply(q.reshape(b, t, nq, hd), positions)
+        k = self.rotary.apply(k.reshape(b, t, nkv, hd), positions)
+        v = v.reshape(b, t, nkv, hd)
+        if observer is not None:
+            observer(f"transformer.layers.{i}.attention.k", k.reshape(b * t, nkv * hd))
+            observer(f"transformer.layers.{i}.attention.v", v.reshape(b * t, nkv * hd))
+        if layer.kv_quant is not None:
+            k, v = layer.kv_quant(k), layer.kv_quant(v)
+        keys, values = cache.store(i, rows, positions, k, v)
+        out = self._attend(q, keys, values, positions)
+        return linear(out, layer.dense, observer, f"transformer.layers.{i}.attention.dense")
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q [B, T, H, d] against the cache [B, S, KV, d]; key j is visible to the query at position p iff j <= p."""
+        b, t, nq, hd = q.shape
+        s, nkv = keys.shape[1], keys.shape[2]
+        group = nq // nkv
+        qh = q.reshape(b, t, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * t, hd)
+        scores = torch.matmul(qh, keys.permute(0, 2, 3, 1)).mul_(self.scale).view(b, nkv, group, t, s)
+        j = torch.arange(s)
+        visible = j[None, None, :] <= positions[:, :, None]
+        if self.cfg.sliding_window:
+            visible &= j[None, None, :] > positions[:, :, None] - int(self.cfg.sliding_window)
+        scores.masked_fill_(~visible[:, None, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(b, nkv, group * t, s)
+        out = torch.matmul(probs, values.permute(0, 2, 1, 3))
+        return out.view(b, nkv, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, nq * hd)
+
+    def _mlp_block(self, i: int, layer: Layer, x: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+        p = f"transformer.layers.{i}.mlp."
+        fused = self._fused_mlp[i]
+        if fused is not None:
+            if observer is not None:
+                observer(p + "fc", x.reshape(-1, x.shape[-1]))
+                observer(p + "gate", x.reshape(-1, x.shape[-1]))
+            fc, gate = linear(x, fused, None, p + "fc").chunk(2, dim=-1)
+        else:
+            fc = linear(x, layer.fc, observer, p + "fc")
+            gate = linear(x, layer.gate, observer, p + "gate")
+        return linear(F.silu(fc) * gate, layer.proj, observer, p + "proj")
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
+                 on_token: TokenCallback | None = None) -> list[list[int]]:
+        """New tokens of every prompt. Requests share batched decode steps but never each other's cache rows."""
+        configs = self._per_request(prompts, sampling)
+        n = len(prompts)
+        if n == 0:
+            return []
+        capacity = max(len(p) + c.max_new_tokens for p, c in zip(prompts, configs))
+        cache = KVCache(len(self.weights.layers), n, capacity, self.cfg.num_kv_heads, self.cfg.head_size)
+        selectors = [TokenSelector(c) for c in configs]
+        outputs: list[list[int]] = [[] for _ in range(n)]
+        last_logits = torch.empty(n, self.cfg.vocab_size)
+        for r, prompt in enumerate(prompts):
+            if configs[r].max_new_tokens:
+                ids = torch.tensor([list(prompt)])
+                hidden = self._hidden(ids, torch.arange(ids.shape[1])[None], cache, torch.tensor([r]), None)
+                last_logits[r] = self._logits(hidden[0, -1])
+        active = [r for r in range(n) if configs[r].max_new_tokens]
+        while active:
+            fed = []
+            for r in active:
+                token = selectors[r](last_logits[r])
+                if self._accept(r, token, configs[r], outputs[r], on_token):
+                    fed.append(r)
+            active = fed
+            if not active:
+                break
+            rows = None if active == list(range(n)) else torch.tensor(active)
+            tokens = torch.tensor([[outputs[r][-1]] for r in active])
+            positions = torch.tensor([[len(prompts[r]) + len(outputs[r]) - 1] for r in active])
+            hidden = self._hidden(tokens, positions, cache, rows, None)
+            last_logits[active] = self._logits(hidden[:, 0])
+        return outputs
+
+    @staticmethod
+    def _accept(r: int, token: int, cfg: SamplingConfig, out: list[int], on_token: TokenCallback | None) -> bool:
+        """Record a new token; True when the request continues. end_id ends it without being output."""
+        if cfg.end_id is not None and token == cfg.end_id:
+            return False
+        out.append(token)
+        if on_token is not None:
+            on_token(r, token)
+        if len(out) >= cfg.max_new_tokens:
+            return False
+        return not any(len(out) >= len(s) and out[-len(s):] == list(s) for s in cfg.stop_words)
+
+    def _per_request(self, prompts, sampling) -> list[SamplingConfig]:
+        configs = [sampling] * len(prompts) if isinstance(sampling, SamplingConfig) else list(sampling)
+        if len(configs) != len(prompts):
+            raise UserError(f"got {len(configs)} sampling configs for {len(prompts)} prompts")
+        for r, (prompt, cfg) in enumerate(zip(prompts, configs)):
+            if len(prompt) == 0:
+                raise UserError(f"prompt {r} is empty; every request needs at least one input token")
+            self._check_tokens(torch.tensor(list(prompt)))
+            total = len(prompt) + cfg.max_new_tokens
+            if total > self.cfg.max_position_embeddings:
+                raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
+                                f"max_position_embeddings {self.cfg.max_position_embeddings}")
+        return configs
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def linear(x: torch.Tensor, lin: Linear, observer: Observer | None, name: str) -> torch.Tensor:
+    if observer is not None:
+        observer(name, x.reshape(-1, x.shape[-1]))
+    if lin.prequant is not None:
+        x = x * lin.prequant
+    if lin.act_quant is not None:
+        x = lin.act_quant(x)
+    return F.linear(x, lin.weight, lin.bias)
+
+
+def fuse_fc_gate(layer: Layer) -> Linear | None:
+    """mlp.fc and mlp.gate as one GEMM when they quantize their shared input identically (same result)."""
+    fc, gate = layer.fc, layer.gate
+    same_prequant = (fc.prequant is None and gate.prequant is None) or (
+        fc.prequant is not None and gate.prequant is not None and torch.equal(fc.prequant, gate.prequant))
+    if fc.act_quant != gate.act_quant or not same_prequant or (fc.bias is None) != (gate.bias is None):
+        return None
+    bias = None if fc.bias is None else torch.cat([fc.bias, gate.bias])
+    return Linear(torch.cat([fc.weight, gate.weight]), bias, fc.act_quant, fc.prequant)

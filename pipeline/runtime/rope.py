@@ -1,0 +1,57 @@
+"""Rotary position embedding as TensorRT-LLM's `rope_gpt_neox` computes it (rotate the two halves)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import RuntimeConfig
+
+
+def inverse_frequencies(cfg: RuntimeConfig) -> torch.Tensor:
+    """inv_freq[i] = base^(-2i/d), then the rotary_scaling adjustment (linear or llama3), in float64."""
+    d = cfg.head_size
+    inv = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = cfg.rotary_scaling or {}
+    if cfg.rope_type == "linear":
+        return inv / float(scaling["factor"])
+    if cfg.rope_type == "llama3":
+        return llama3_scaled(inv, scaling)
+    return inv
+
+
+def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by `factor`, short ones kept, a smooth blend between."""
+    factor, low, high = float(s["factor"]), float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    original = float(s.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    out = torch.where(wavelen > original / low, inv / factor, blended)
+    return torch.where(wavelen < original / high, inv, out)
+
+
+class RotaryTable:
+    """cos/sin per position, grown on demand; apply() rotates [..., heads, head_size] tensors."""
+
+    def __init__(self, cfg: RuntimeConfig):
+        self.inv_freq = inverse_frequencies(cfg)
+        self.cos = self.sin = torch.empty(0, cfg.head_size)
+        self._grow(cfg.max_position_embeddings)
+
+    def _grow(self, n: int) -> None:
+        angles = torch.arange(n, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, heads, d]; positions: [B, T]."""
+        need = int(positions.max()) + 1
+        if need > self.cos.shape[0]:
+            self._grow(max(need, 2 * self.cos.shape[0]))
+        cos = self.cos[positions][:, :, None, :]
+        sin = self.sin[positions][:, :, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin

@@ -1,0 +1,63 @@
+"""Per-request sampling parameters and token selection (greedy, temperature, top-k, top-p, seed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import UserError
+
+
+@dataclass
+class SamplingConfig:
+    """How one request generates. top_k=1 is greedy; top_k=0 means no top-k limit."""
+
+    max_new_tokens: int = 16
+    end_id: int | None = None
+    temperature: float = 1.0
+    top_k: int = 1
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_words: list[list[int]] = field(default_factory=list)  # token-id sequences that end generation
+
+    def __post_init__(self):
+        if self.max_new_tokens < 0:
+            raise UserError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
+        if self.top_k < 0:
+            raise UserError(f"top_k must be >= 0 (got {self.top_k}; 1 is greedy, 0 means no limit)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if not self.greedy and self.temperature <= 0:
+            raise UserError(f"temperature must be > 0 when sampling (got {self.temperature})")
+        if any(not seq or not all(isinstance(t, int) for t in seq) for seq in self.stop_words):
+            raise UserError("stop_words must be a list of non-empty token-id lists")
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1
+
+
+class TokenSelector:
+    """Chooses the next token of one request from its float32 logits [vocab]."""
+
+    def __init__(self, cfg: SamplingConfig):
+        self.cfg = cfg
+        self.generator = torch.Generator()
+        if cfg.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(cfg.seed)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if self.cfg.greedy:
+            return int(torch.argmax(logits))
+        scaled = logits / self.cfg.temperature
+        k = self.cfg.top_k or scaled.numel()
+        values, indices = torch.topk(scaled, min(k, scaled.numel()))   # sorted, largest first
+        probs = torch.softmax(values, dim=-1)
+        if self.cfg.top_p < 1.0:
+            before = torch.cumsum(probs, dim=-1) - probs                  # mass of the tokens ranked above
+            probs = torch.where(before < self.cfg.top_p, probs, torch.zeros_like(probs))
+        choice = torch.multinomial(probs, 1, generator=self.generator)
+        return int(indices[choice])
