@@ -68,6 +68,15 @@ class ModelArch:
         arch_obj.validate(where)
         return arch_obj
 
+    @classmethod
+    def from_checkpoint_config(cls, cfg: dict, where: str = "config.json") -> "ModelArch":
+        """The numbers of a TensorRT-LLM checkpoint's config.json (the names convert writes)."""
+        hf_names = {"architectures": [cfg.get("architecture")], "head_dim": cfg.get("head_size"),
+                    "rope_theta": cfg.get("rotary_base", 10000.0), "rope_scaling": cfg.get("rotary_scaling"),
+                    "rms_norm_eps": cfg.get("norm_epsilon", 1e-5), "torch_dtype": cfg.get("dtype"),
+                    "attention_bias": cfg.get("attn_bias", False)}
+        return cls.from_hf_config({**cfg, **hf_names}, where)
+
     def validate(self, where: str) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise UserError(f"{where}: num_attention_heads {self.num_attention_heads} is not a multiple "

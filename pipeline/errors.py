@@ -6,9 +6,3 @@ class UserError(Exception):
 
     exit_code = 2
 
-
-class NotImplementedStage(UserError):
-    """A stage of the command-line contract that this build does not provide yet."""
-
-    def __init__(self, command: str):
-        super().__init__(f"`trtpipe {command}` is not implemented yet in this version of trtpipe.")

@@ -350,36 +350,6 @@ def is_trtllm_checkpoint(path: Path) -> bool:
     return isinstance(data, dict) and "architecture" in data and "architectures" not in data
 
 
-def arch_from_checkpoint_config(cfg: dict, where: str) -> ModelArch:
-    """ModelArch from a TensorRT-LLM checkpoint config.json (keys as in the contracts)."""
-    try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        arch = ModelArch(
-            architecture=cfg["architecture"],
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=int(cfg["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_size=int(cfg.get("head_size") or hidden // heads),
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
-            rotary_base=float(cfg.get("rotary_base", 10000.0)),
-            rotary_scaling=cfg.get("rotary_scaling"),
-            norm_epsilon=float(cfg.get("norm_epsilon", 1e-5)),
-            hidden_act=cfg.get("hidden_act", "silu"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            dtype=str(cfg.get("dtype", "float16")),
-            attn_bias=bool(cfg.get("attn_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{where}: missing or invalid field {exc}") from None
-    arch.validate(where)
-    return arch
-
-
 def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
     """A preset, HF directory, GGUF, hub id (via pipeline.sources) or a TensorRT-LLM checkpoint."""
     path = Path(spec).expanduser()
@@ -388,7 +358,7 @@ def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
         cfg = json.loads(cfg_path.read_text())
         mapping = cfg.get("mapping") or {}
         return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()),
-                         arch=arch_from_checkpoint_config(cfg, str(cfg_path)),
+                         arch=ModelArch.from_checkpoint_config(cfg, str(cfg_path)),
                          checkpoint_quantization=cfg.get("quantization") or {},
                          checkpoint_tp_size=int(mapping.get("tp_size", 1)),
                          checkpoint_pp_size=int(mapping.get("pp_size", 1)))
