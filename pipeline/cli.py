@@ -140,7 +140,7 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
 @click.option("--kv-cache", type=click.Choice(["fp8", "int8"]), default=None,
               help="Also quantize the KV cache (per-layer scales from the K and V values).")
 @click.option("--method", type=click.Choice(["entropy", "percentile", "mse", "max"]), default=None,
-              help="Activation amax method (default per precision: fp8 -> max, int8-sq -> percentile; "
+              help="Activation amax method (default: max for both precisions, chosen by measurement; "
                    "see docs/calibrate.md).")
 @click.option("--dataset", default=None,
               help="Recipe name (news, cnn_dailymail), local .txt/.jsonl/.json/.parquet/.csv file, or a "

@@ -9,9 +9,10 @@ calibration never sees the evaluation lines.
 
 from __future__ import annotations
 
-import os
+import json
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,13 @@ def evaluate(model: str | Path, dataset: str | None = None, *, tokenizer: Path |
 
 
 def is_trtllm_checkpoint(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "rank0.safetensors").is_file()
+    """A TensorRT-LLM checkpoint has rank files, or a config.json with `architecture` (HF has `architectures`)."""
+    if any(path.glob("rank*.safetensors")):
+        return True
+    try:
+        return "architecture" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def open_model(spec: str, tokenizer: Path | None):
@@ -87,11 +94,12 @@ def open_model(spec: str, tokenizer: Path | None):
     if path.is_dir() and is_trtllm_checkpoint(path):
         from .runtime import ReferenceModel
 
+        model = ReferenceModel.load(path)
         tok_dir = tokenizer or path / "tokenizer"
         if not (tok_dir / "tokenizer_config.json").is_file() and not (tok_dir / "tokenizer.json").is_file():
-            raise UserError(f"{path} has no tokenizer/ directory; pass --tokenizer with the Hugging Face "
-                            "model directory the checkpoint was converted from")
-        return "checkpoint", ReferenceModel.load(path), tok_dir
+            raise UserError(f"no tokenizer in {tok_dir}; pass --tokenizer with the Hugging Face model directory "
+                            "the checkpoint was converted from")
+        return "checkpoint", model, tok_dir
     from .sources import resolve_model
 
     hf_dir = resolve_model(spec).hf_dir()
@@ -141,8 +149,6 @@ def load_texts(dataset: str | None) -> tuple[str, list[str]]:
 
 def load_hf_dataset(spec: str) -> list[str]:
     """NAME or NAME:CONFIG from the local Hugging Face datasets cache (never downloads)."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     name, _, config = spec.partition(":")
     try:
         import datasets
@@ -152,7 +158,8 @@ def load_hf_dataset(spec: str) -> list[str]:
     errors = []
     for split in ("test", "validation", "train"):
         try:
-            ds = datasets.load_dataset(name, config or None, split=split)
+            with offline():
+                ds = datasets.load_dataset(name, config or None, split=split)
         except Exception as exc:  # datasets raises many types when a split or the cache is missing
             errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             continue
@@ -165,3 +172,23 @@ def load_hf_dataset(spec: str) -> list[str]:
             return texts
     raise UserError(f"--dataset {spec} is not a file and could not be loaded offline from the Hugging Face "
                     f"datasets cache ({errors[-1] if errors else 'no text'}); pass a plain text file instead")
+
+
+@contextmanager
+def offline():
+    """datasets and huggingface_hub in offline mode for the duration (nothing is downloaded at run time).
+
+    Both libraries read their offline switches at import time, so the module flags are set directly.
+    """
+    import datasets.config as dconfig
+    from huggingface_hub import constants as hconstants
+
+    flags = [(dconfig, "HF_HUB_OFFLINE"), (dconfig, "HF_DATASETS_OFFLINE"), (hconstants, "HF_HUB_OFFLINE")]
+    saved = [getattr(module, name) for module, name in flags]
+    for module, name in flags:
+        setattr(module, name, True)
+    try:
+        yield
+    finally:
+        for (module, name), value in zip(flags, saved):
+            setattr(module, name, value)

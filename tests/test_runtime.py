@@ -299,6 +299,14 @@ def _damage_rank_file(ckpt):
     (ckpt / "rank1.safetensors").unlink()
 
 
+def _damage_extra_rank(ckpt):
+    shutil.copy(ckpt / "rank1.safetensors", ckpt / "rank2.safetensors")
+
+
+def _damage_unreadable(ckpt):
+    (ckpt / "rank0.safetensors").write_bytes(b"not a safetensors file")
+
+
 def _damage_config(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
     del cfg["hidden_size"]
@@ -329,6 +337,8 @@ def _damage_layer_count(ckpt):
     (_damage_shape, r"rank1.safetensors: tensor transformer.layers.0.mlp.proj.weight has shape \[48, 47\], expected \[48, 48\]"),
     (_damage_dtype, r"rank0.safetensors: tensor transformer.ln_f.weight has dtype F16, expected float32"),
     (_damage_rank_file, r"missing rank1.safetensors"),
+    (_damage_extra_rank, r"unexpected rank2.safetensors for a 2-rank checkpoint"),
+    (_damage_unreadable, r"rank0.safetensors: not a readable safetensors file"),
     (_damage_config, r"missing field 'hidden_size'"),
     (_damage_quant_algo, r"quant_algo 'W4A16_AWQ' is not supported"),
     (_damage_duplicated_kv, r"transformer.layers.0.attention.qkv: tp ranks 0 and 1 must hold the same duplicated K head"),
@@ -449,3 +459,10 @@ def test_eval_cli_reports_bad_input_in_one_line(checkpoint, tmp_path):
     empty.write_text("\n\n")
     bad = runner.invoke(main, ["eval", str(checkpoint("gqa")), "--dataset", str(empty)])
     assert bad.exit_code == 2 and "no text" in bad.output
+    no_ranks = tmp_path / "no-ranks"
+    no_ranks.mkdir()
+    shutil.copy(checkpoint("gqa") / "config.json", no_ranks / "config.json")
+    missing_ranks = runner.invoke(main, ["eval", str(no_ranks), "--tokenizer", str(tmp_path)])
+    assert missing_ranks.exit_code == 2 and "missing rank0.safetensors" in missing_ranks.output
+    unknown = runner.invoke(main, ["eval", str(checkpoint("gqa")), "--dataset", "no-such-dataset-anywhere"])
+    assert unknown.exit_code == 2 and "could not be loaded offline" in unknown.output

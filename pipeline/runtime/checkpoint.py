@@ -109,8 +109,8 @@ def open_rank_files(ckpt_dir: Path, cfg: RuntimeConfig) -> list[RankFile]:
     if missing:
         raise UserError(f"{ckpt_dir}: missing {', '.join(missing)} (config.json maps tp={cfg.tp_size} x "
                         f"pp={cfg.pp_size} = {world} ranks)")
-    extra = sorted(p.name for p in ckpt_dir.glob("rank*.safetensors")
-                   if not re.fullmatch(rf"rank({'|'.join(map(str, range(world)))})\.safetensors", p.name))
+    expected = {f"rank{r}.safetensors" for r in range(world)}
+    extra = sorted(p.name for p in ckpt_dir.glob("rank*.safetensors") if p.name not in expected)
     if extra:
         raise UserError(f"{ckpt_dir}: unexpected {', '.join(extra)} for a {world}-rank checkpoint "
                         f"(config.json mapping tp={cfg.tp_size} pp={cfg.pp_size})")

@@ -11,6 +11,7 @@ checkpoint's scales, which is what the engine's GEMMs see up to accumulation ord
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,22 +29,32 @@ TokenCallback = Callable[[int, int], None]
 
 
 class KVCache:
-    """K and V of every layer for `batch` sequences of up to `capacity` tokens: [layers, B, S, kv_heads, d]."""
+    """K and V of every layer for `batch` sequences of up to `capacity` tokens: [layers, B, kv_heads, S, d]."""
 
     def __init__(self, layers: int, batch: int, capacity: int, kv_heads: int, head_size: int):
-        self.k = torch.zeros(layers, batch, capacity, kv_heads, head_size)
+        self.k = torch.zeros(layers, batch, kv_heads, capacity, head_size)
         self.v = torch.zeros_like(self.k)
 
-    def store(self, layer: int, rows: torch.Tensor | None, positions: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, T, kv_heads, d] at `positions` [B, T]; return the cached K, V up to the last one."""
-        batch_index = (torch.arange(k.shape[0]) if rows is None else rows)[:, None]
-        self.k[layer][batch_index, positions] = k
-        self.v[layer][batch_index, positions] = v
-        used = int(positions.max()) + 1
-        if rows is None:
-            return self.k[layer, :, :used], self.v[layer, :, :used]
-        return self.k[layer][rows, :used], self.v[layer][rows, :used]
+
+@dataclass
+class Step:
+    """What every layer of one forward step shares: where the new tokens go and what they may see."""
+
+    rows: torch.Tensor | None        # cache rows of the B sequences (None: all rows, in order)
+    slots: torch.Tensor              # [B * T * kv_heads] flat cache slot of each new (token, kv head)
+    cos: torch.Tensor                # [B, T, 1, d]
+    sin: torch.Tensor
+    visible: torch.Tensor            # [B, 1, T, S] key j visible to the query at position p iff j <= p
+    used: int                        # S: cache positions the step reads
+
+    def store(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, T, kv_heads, d] into the cache; return the cached K, V [B, kv_heads, S, d]."""
+        d = k.shape[-1]
+        cache.k[layer].view(-1, d).index_copy_(0, self.slots, k.reshape(-1, d))
+        cache.v[layer].view(-1, d).index_copy_(0, self.slots, v.reshape(-1, d))
+        if self.rows is None:
+            return cache.k[layer, :, :, :self.used], cache.v[layer, :, :, :self.used]
+        return cache.k[layer][self.rows, :, :self.used], cache.v[layer][self.rows, :, :self.used]
 
 
 class ReferenceModel:
@@ -92,50 +103,49 @@ class ReferenceModel:
 
     def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
+        step = self._step(positions, rows, cache)
+        eps = self.cfg.norm_epsilon
         h = self.weights.embedding[tokens]
         for i, layer in enumerate(self.weights.layers):
-            h = h + self._attention_block(i, layer, rms_norm(h, layer.input_norm, self.cfg.norm_epsilon),
-                                          positions, cache, rows, observer)
-            h = h + self._mlp_block(i, layer, rms_norm(h, layer.post_norm, self.cfg.norm_epsilon), observer)
+            h = h + self._attention_block(i, layer, rms_norm(h, layer.input_norm, eps), step, cache, observer)
+            h = h + self._mlp_block(i, layer, rms_norm(h, layer.post_norm, eps), observer)
         return h
+
+    def _step(self, positions: torch.Tensor, rows: torch.Tensor | None, cache: KVCache) -> Step:
+        cos, sin = self.rotary.lookup(positions)
+        used = int(positions.max()) + 1
+        j = torch.arange(used)
+        visible = j[None, None, :] <= positions[:, :, None]
+        if self.cfg.sliding_window:
+            visible &= j[None, None, :] > positions[:, :, None] - int(self.cfg.sliding_window)
+        kv_heads, capacity = cache.k.shape[2], cache.k.shape[3]
+        batch_rows = torch.arange(positions.shape[0]) if rows is None else rows
+        head_rows = batch_rows[:, None, None] * kv_heads + torch.arange(kv_heads)[None, None, :]
+        slots = (head_rows * capacity + positions[:, :, None]).reshape(-1)
+        return Step(rows, slots, cos, sin, visible[:, None], used)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(hidden, self.weights.final_norm, self.cfg.norm_epsilon), self.weights.lm_head)
 
-    def _attention_block(self, i: int, layer: Layer, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                         rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
+    def _attention_block(self, i: int, layer: Layer, x: torch.Tensor, step: Step, cache: KVCache,
+                         observer: Observer | None) -> torch.Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
         hd, nq, nkv = cfg.head_size, cfg.num_heads, cfg.num_kv_heads
         qkv = linear(x, layer.qkv, observer, f"transformer.layers.{i}.attention.qkv")
-        q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-        q = self.rotary.apply(q.reshape(b, t, nq, hd), positions)
-        k = self.rotary.apply(k.reshape(b, t, nkv, hd), positions)
+        qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
+        q, k = rotate(qk.reshape(b, t, nq + nkv, hd), step.cos, step.sin).split([nq, nkv], dim=2)
         v = v.reshape(b, t, nkv, hd)
         if observer is not None:
             observer(f"transformer.layers.{i}.attention.k", k.reshape(b * t, nkv * hd))
             observer(f"transformer.layers.{i}.attention.v", v.reshape(b * t, nkv * hd))
         if layer.kv_quant is not None:
             k, v = layer.kv_quant(k), layer.kv_quant(v)
-        keys, values = cache.store(i, rows, positions, k, v)
-        out = self._attend(q, keys, values, positions)
-        return linear(out, layer.dense, observer, f"transformer.layers.{i}.attention.dense")
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """q [B, T, H, d] against the cache [B, S, KV, d]; key j is visible to the query at position p iff j <= p."""
-        b, t, nq, hd = q.shape
-        s, nkv = keys.shape[1], keys.shape[2]
-        group = nq // nkv
-        qh = q.reshape(b, t, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * t, hd)
-        scores = torch.matmul(qh, keys.permute(0, 2, 3, 1)).mul_(self.scale).view(b, nkv, group, t, s)
-        j = torch.arange(s)
-        visible = j[None, None, :] <= positions[:, :, None]
-        if self.cfg.sliding_window:
-            visible &= j[None, None, :] > positions[:, :, None] - int(self.cfg.sliding_window)
-        scores.masked_fill_(~visible[:, None, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(b, nkv, group * t, s)
-        out = torch.matmul(probs, values.permute(0, 2, 1, 3))
-        return out.view(b, nkv, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, nq * hd)
+        keys, values = step.store(cache, i, k, v)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=step.visible,
+                                             scale=self.scale, enable_gqa=nq != nkv)
+        return linear(out.transpose(1, 2).reshape(b, t, nq * hd), layer.dense, observer,
+                      f"transformer.layers.{i}.attention.dense")
 
     def _mlp_block(self, i: int, layer: Layer, x: torch.Tensor, observer: Observer | None) -> torch.Tensor:
         p = f"transformer.layers.{i}.mlp."
@@ -215,7 +225,13 @@ class ReferenceModel:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """rope_gpt_neox on [..., heads, d]: the two halves of each head rotate as (x1, x2) pairs."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def linear(x: torch.Tensor, lin: Linear, observer: Observer | None, name: str) -> torch.Tensor:

@@ -33,7 +33,7 @@ def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 class RotaryTable:
-    """cos/sin per position, grown on demand; apply() rotates [..., heads, head_size] tensors."""
+    """cos/sin of every position (float32), computed in float64 and grown on demand."""
 
     def __init__(self, cfg: RuntimeConfig):
         self.inv_freq = inverse_frequencies(cfg)
@@ -45,13 +45,9 @@ class RotaryTable:
         angles = torch.cat([angles, angles], dim=-1)
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, heads, d]; positions: [B, T]."""
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, d] for positions [B, T] (broadcast over heads)."""
         need = int(positions.max()) + 1
         if need > self.cos.shape[0]:
             self._grow(max(need, 2 * self.cos.shape[0]))
-        cos = self.cos[positions][:, :, None, :]
-        sin = self.sin[positions][:, :, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return self.cos[positions][:, :, None, :], self.sin[positions][:, :, None, :]

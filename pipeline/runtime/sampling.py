@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import torch
 
@@ -30,8 +31,9 @@ class SamplingConfig:
             raise UserError(f"top_p must be in (0, 1] (got {self.top_p})")
         if not self.greedy and self.temperature <= 0:
             raise UserError(f"temperature must be > 0 when sampling (got {self.temperature})")
-        if any(not seq or not all(isinstance(t, int) for t in seq) for seq in self.stop_words):
+        if any(not len(seq) or not all(isinstance(t, Integral) for t in seq) for seq in self.stop_words):
             raise UserError("stop_words must be a list of non-empty token-id lists")
+        self.stop_words = [[int(t) for t in seq] for seq in self.stop_words]
 
     @property
     def greedy(self) -> bool:
