@@ -638,21 +638,22 @@ def default_grpc_url(http_url: str) -> str:
 class TransformersReference:
     """Greedy completions from the Hugging Face transformers model the repository was built from."""
 
-    def __init__(self, hf_dir: Path, exact: bool = True):
+    def __init__(self, hf_dir: Path, exact: bool = True, weights_dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name = f"transformers ({Path(hf_dir).name})"
         self.exact = exact
         self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        # Weights rounded to the checkpoint's dtype, computed in float32 like the reference runtime.
+        self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, weights_dtype)).float().eval()
         self._torch = torch
 
     @classmethod
-    def from_spec(cls, spec: str, exact: bool = True) -> "TransformersReference":
+    def from_spec(cls, spec: str, exact: bool = True, weights_dtype: str = "float32") -> "TransformersReference":
         from .sources import resolve_model
 
-        return cls(resolve_model(spec).hf_dir(), exact=exact)
+        return cls(resolve_model(spec).hf_dir(), exact=exact, weights_dtype=weights_dtype)
 
     def complete(self, prompt: str, max_tokens: int) -> str:
         ids = self.tokenizer(prompt, return_tensors="pt")
@@ -684,7 +685,17 @@ def reference_for(repo: Path | None, golden: str | None) -> GoldenReference | No
     """The golden reference: --golden MODEL, else the model recorded in the repository's plan, else None."""
     spec, exact = golden_spec_from_repo(Path(repo)) if repo else (None, True)
     spec = golden or spec
-    return TransformersReference.from_spec(spec, exact=exact) if spec else None
+    dtype = served_checkpoint_dtype(Path(repo)) if repo else "float32"
+    return TransformersReference.from_spec(spec, exact=exact, weights_dtype=dtype) if spec else None
+
+
+def served_checkpoint_dtype(repo: Path) -> str:
+    """The weight dtype of the checkpoint a cpu-target repository serves (float32 when unknown)."""
+    try:
+        dtype = json.loads((repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").read_text())["dtype"]
+    except (OSError, KeyError, ValueError, TypeError):
+        return "float32"
+    return dtype if dtype in ("float16", "bfloat16", "float32") else "float32"
 
 
 def render_report(report: ValidationReport, out: Path) -> str:
