@@ -297,7 +297,7 @@ def test_cli_prints_a_summary_and_json(tiny_ckpt, text_file, tmp_path):
                  "--seq-len", "24", "--eval-samples", "2", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["method"] == "percentile" and data["samples"] == 3
+    assert data["method"] == "max" and data["samples"] == 3
     assert data["perplexity"]["quantized"] > 0 and data["perplexity"]["float"] > 0
     text = cli(tiny_ckpt, "-o", tmp_path / "q2", "--precision", "fp8", "--dataset", text_file, "--samples", "2",
                "--seq-len", "16", "--eval-samples", "0", "--quiet")
@@ -318,7 +318,7 @@ def test_recipe_errors_are_user_errors(tmp_path):
 @pytest.mark.slow
 def test_smollm2_fp8_and_int8_sq_keep_perplexity(smollm2_checkpoint, tmp_path):
     """The real model through the CLI defaults: small calibration, held-out perplexity in the report."""
-    for precision, kv, limit in (("fp8", "fp8", 1.03), ("int8-sq", "int8", 1.10)):
+    for precision, kv, limit in (("fp8", "fp8", 1.06), ("int8-sq", "int8", 1.12)):
         out = tmp_path / precision
         result = cli(smollm2_checkpoint, "-o", out, "--precision", precision, "--kv-cache", kv, "--samples", "8",
                      "--seq-len", "128", "--eval-samples", "6", "--quiet")
