@@ -7,14 +7,13 @@ the local Hugging Face cache. Nothing here touches the network.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import ModelArch
 from .assets import cache_dir, smollm2_gguf_path
-from .errors import UserError
+from .errors import UserError, read_config_json
 from .outputs import atomic_output_dir
 from .presets import PRESETS
 
@@ -85,14 +84,8 @@ def find_local_hub_model(hub_id: str, name: str, model_dir: Path | None) -> tupl
 
 
 def read_hf_arch(directory: Path) -> ModelArch:
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        raise UserError(f"{directory} has no config.json; it is not a Hugging Face model directory")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{cfg_path} is not valid JSON: {exc}") from None
-    return ModelArch.from_hf_config(cfg, where=str(cfg_path))
+    cfg = read_config_json(directory, f"{directory} has no config.json; it is not a Hugging Face model directory")
+    return ModelArch.from_hf_config(cfg, where=str(directory / "config.json"))
 
 
 def read_gguf_arch(path: Path) -> ModelArch:

@@ -32,7 +32,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..errors import UserError
+from ..errors import UserError, read_config_json
 from .formats import E4M3_MAX
 
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
@@ -83,12 +83,8 @@ class FloatCheckpoint:
 def open_float_checkpoint(path: Path) -> FloatCheckpoint:
     """The checkpoint's config and rank files; UserError for anything calibrate cannot start from."""
     cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise UserError(f"{path} is not a TensorRT-LLM checkpoint (no config.json); create one with `trtpipe convert`")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{cfg_path} is not valid JSON: {exc}") from None
+    config = read_config_json(path, f"{path} is not a TensorRT-LLM checkpoint (no config.json); "
+                                    "create one with `trtpipe convert`")
     quant = config.get("quantization") or {}
     if quant.get("quant_algo") or quant.get("kv_cache_quant_algo"):
         raise UserError(f"{path} is already quantized (quant_algo={quant.get('quant_algo')}, "

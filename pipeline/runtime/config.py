@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, read_config_json
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 DTYPES = ("float16", "bfloat16", "float32")
@@ -61,16 +60,8 @@ class RuntimeConfig:
 
 
 def read_config(ckpt_dir: Path) -> tuple[dict, RuntimeConfig]:
-    path = Path(ckpt_dir) / "config.json"
-    if not path.is_file():
-        raise UserError(f"{ckpt_dir} has no config.json; it is not a TensorRT-LLM checkpoint directory")
-    try:
-        raw = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path} must hold a JSON object")
-    return raw, parse_config(raw, str(path))
+    raw = read_config_json(ckpt_dir, f"{ckpt_dir} has no config.json; it is not a TensorRT-LLM checkpoint directory")
+    return raw, parse_config(raw, str(Path(ckpt_dir) / "config.json"))
 
 
 def parse_config(raw: dict, where: str) -> RuntimeConfig:
