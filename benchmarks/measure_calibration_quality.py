@@ -1,9 +1,13 @@
-"""Perplexity of SmolLM2-135M quantized with every amax method, side by side with modelopt 0.37's FP8.
+"""Perplexity of SmolLM2-135M quantized by trtpipe (per amax method, alpha and weight rounding), side
+by side with modelopt 0.37's FP8.
 
-Collects the statistics once per precision (all methods' amax come from the same histograms), writes
-one quantized checkpoint per method, and scores each with the reference runtime on the held-out news
-documents; NVIDIA's own flow (modelopt 0.37 FP8_DEFAULT_CFG, `max` calibration, fake-quantized with
-transformers on the CPU) runs on the same calibration samples and the same held-out tokens.
+Collects the statistics once per precision and alpha (all methods' amax come from the same histograms),
+writes one quantized checkpoint per method and weight rounding, and scores each with the reference
+runtime on the held-out news documents. NVIDIA's own flow (modelopt 0.37 FP8_DEFAULT_CFG, `max`
+calibration) runs on the same calibration samples and is scored twice on the same held-out tokens:
+fake-quantized in transformers (what modelopt reports; q/k/v and gate/up keep separate weight scales),
+and as the TensorRT-LLM checkpoint its `export_tensorrt_llm_checkpoint` writes (one scale per fused
+GEMM, what an engine runs), through the reference runtime.
 
     .venv/bin/python benchmarks/measure_calibration_quality.py [--samples 64] [--seq-len 256] [--eval 40]
 
@@ -25,6 +29,7 @@ import torch
 
 from pipeline.calibrate.checkpoint import open_float_checkpoint, write_quantized_checkpoint
 from pipeline.calibrate.data import load_texts, load_tokenizer, resolve_recipe, tokenize_samples
+from pipeline.calibrate.rounding import DEFAULT_DAMP
 from pipeline.calibrate.stage import CalibrateOptions, calibrate_statistics, heldout_sequences
 from pipeline.runtime import ReferenceModel, perplexity
 
@@ -44,7 +49,7 @@ def score_checkpoint(ckpt, plan, heldout, workdir: Path, label: str) -> float:
     return perplexity(ReferenceModel.load(out), heldout, window=512, desc=label).perplexity
 
 
-def modelopt_fp8_max(hf_dir: Path, samples, heldout) -> float:
+def modelopt_fp8_max(hf_dir: Path, samples, heldout, workdir: Path) -> tuple[float, float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import modelopt.torch.quantization as mtq
@@ -53,19 +58,26 @@ def modelopt_fp8_max(hf_dir: Path, samples, heldout) -> float:
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
         cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
 
+        from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
         def loop(m):
             for ids in samples:
                 m(torch.tensor([ids]))
 
-        with torch.inference_mode():
+        with torch.no_grad():
             mtq.quantize(model, cfg, loop)
 
-    class HF:
-        def forward(self, ids):
-            return model(ids).logits
+        class HF:
+            def forward(self, ids):
+                return model(ids).logits
 
-    with torch.inference_mode():
-        return perplexity(HF(), heldout, window=512, desc="modelopt fp8").perplexity
+        with torch.no_grad():
+            fake = perplexity(HF(), heldout, window=512, desc="modelopt fp8 (fake-quant)").perplexity
+            export_tensorrt_llm_checkpoint(model, "llama", torch.float32, workdir / "modelopt-fp8",
+                                           inference_tensor_parallel=1)
+    exported = perplexity(ReferenceModel.load(workdir / "modelopt-fp8"), heldout, window=512,
+                          desc="modelopt fp8 (exported)").perplexity
+    return fake, exported
 
 
 def main():
@@ -73,8 +85,13 @@ def main():
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--eval", type=int, default=40)
-    ap.add_argument("--alphas", default="0.5")
+    ap.add_argument("--alphas", default="0.8", help="SmoothQuant alphas (comma-separated)")
     ap.add_argument("--precisions", default="fp8,int8-sq")
+    ap.add_argument("--fp8-methods", default="max,entropy,percentile,mse")
+    ap.add_argument("--sq-methods", default="max")
+    ap.add_argument("--roundings", default="gptq,nearest", help="weight roundings to score for each method")
+    ap.add_argument("--damp", type=float, default=DEFAULT_DAMP)
+    ap.add_argument("--skip-modelopt", action="store_true")
     ap.add_argument("--skip-float", action="store_true", help="do not score the float checkpoint")
     ap.add_argument("--json-out", type=Path, default=Path("calibration-quality.json"))
     args = ap.parse_args()
@@ -102,21 +119,29 @@ def main():
         if not args.skip_float:
             record("float", perplexity(model, heldout, window=512, desc="float").perplexity)
 
+        if not args.skip_modelopt:
+            fake, exported = modelopt_fp8_max(hf_dir, samples, heldout, work)
+            record("modelopt_fp8_max_fakequant", fake)
+            record("modelopt_fp8_max_exported", exported)
+
         wanted = args.precisions.split(",")
-        jobs = ([("fp8", "fp8", None)] if "fp8" in wanted else []) + (
-            [("int8-sq", "int8", float(a)) for a in args.alphas.split(",")] if "int8-sq" in wanted else [])
-        order = {"fp8": ("max", "entropy", "percentile", "mse"), "int8-sq": ("percentile", "entropy", "mse", "max")}
-        for precision, kv, alpha in jobs:
+        jobs = ([("fp8", None, args.fp8_methods)] if "fp8" in wanted else []) + (
+            [("int8-sq", float(a), args.sq_methods) for a in args.alphas.split(",")] if "int8-sq" in wanted else [])
+        for precision, alpha, methods in jobs:
             start = time.monotonic()
-            opts = CalibrateOptions(precision, recipe, kv_cache=None, alpha=alpha or 0.5, progress=False)
+            opts = CalibrateOptions(precision, recipe, alpha=alpha or 0.5, damp=args.damp, progress=False)
             plan, reports, _, _ = calibrate_statistics(model, ckpt, samples, opts)
-            record(f"{precision}{'' if alpha is None else f'-alpha{alpha}'}_stats_seconds",
-                   round(time.monotonic() - start, 1))
-            for k, method in enumerate(order[precision]):
-                label = f"{precision}{'' if alpha is None else f'-alpha{alpha}'}-{method}"
-                record(label, score_checkpoint(ckpt, plan_for_method(plan, reports, method), heldout, work, label))
-                if precision == "fp8" and k == 1 and "modelopt_fp8_max" not in results:
-                    record("modelopt_fp8_max", modelopt_fp8_max(hf_dir, samples, heldout))
+            tag = precision if alpha is None else f"{precision}-alpha{alpha}"
+            record(f"{tag}_stats_seconds", round(time.monotonic() - start, 1))
+            for method in methods.split(","):
+                for rounding in args.roundings.split(","):
+                    label = f"{tag}-{method}-{rounding}"
+                    chosen = plan_for_method(plan, reports, method)
+                    if rounding == "nearest":
+                        chosen = replace(chosen, hessians={})
+                    start = time.monotonic()
+                    record(label, score_checkpoint(ckpt, chosen, heldout, work, label))
+                    record(f"{label}_write_and_score_seconds", round(time.monotonic() - start, 1))
 
     base = results.get("float")
     if base is None:

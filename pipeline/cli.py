@@ -149,8 +149,14 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
 @click.option("--samples", type=int, default=None, help="Number of calibration samples (default: the recipe's).")
 @click.option("--seq-len", type=int, default=None, help="Tokens per sample at most (default: the recipe's).")
 @click.option("--seed", type=int, default=None, help="Seed of the sample order (default: the recipe's).")
-@click.option("--alpha", type=float, default=0.5, show_default=True, help="SmoothQuant migration strength (int8-sq).")
+@click.option("--alpha", type=float, default=None,
+              help="SmoothQuant migration strength (int8-sq; default 0.8, chosen by measurement).")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --method percentile.")
+@click.option("--weight-rounding", type=click.Choice(["gptq", "nearest"]), default="gptq", show_default=True,
+              help="gptq: round weights with error feedback through the calibration inputs (same format, "
+                   "lower error); nearest: round each weight independently (as modelopt does).")
+@click.option("--damp", type=float, default=0.3, show_default=True,
+              help="GPTQ damping, as a fraction of the mean input second moment.")
 @click.option("--exclude", multiple=True, help="Keep matching modules unquantized (fnmatch on names such as "
               "transformer.layers.0.mlp.proj; repeatable). lm_head is always excluded.")
 @click.option("--eval-samples", type=int, default=40, show_default=True,
@@ -159,21 +165,23 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field, samples, seq_len, seed, alpha,
-              percentile, exclude, eval_samples, force, quiet, as_json):
+              percentile, weight_rounding, damp, exclude, eval_samples, force, quiet, as_json):
     """Calibrate the float CHECKPOINT into an FP8 or INT8-SmoothQuant TensorRT-LLM checkpoint.
 
     \b
     Examples:
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8
-      trtpipe calibrate out/ckpt -o out/ckpt-sq --precision int8-sq --alpha 0.5 --samples 64 --seq-len 256
+      trtpipe calibrate out/ckpt -o out/ckpt-sq --precision int8-sq --alpha 0.8 --samples 64 --seq-len 256
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
     """
     from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
+    from .calibrate.stage import DEFAULT_ALPHA
 
     recipe = resolve_recipe(dataset, text_field=text_field, samples=samples, seq_len=seq_len, seed=seed)
-    options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method, alpha=alpha,
-                               percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
-                               force=force, progress=not quiet and not as_json)
+    options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
+                               alpha=DEFAULT_ALPHA if alpha is None else alpha, percentile=percentile,
+                               weight_rounding=weight_rounding, damp=damp, exclude=tuple(exclude),
+                               eval_samples=eval_samples, force=force, progress=not quiet and not as_json)
     result = calibrate_checkpoint(checkpoint, out, options)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
 

@@ -4,11 +4,11 @@ What `modelopt.torch.export.export_tensorrt_llm_checkpoint` 0.37 writes (checked
 SmolLM2 with FP8_DEFAULT_CFG + FP8_KV_CFG and INT8_SMOOTHQUANT_CFG + INT8 KV on the CPU):
 
 FP8 (`quant_algo: FP8`), per quantized linear:
-  weight                     float8_e4m3fn [out, in]  = W / weights_scaling_factor
+  weight                     float8_e4m3fn [out, in]  = W / weights_scaling_factor, rounded (nearest or GPTQ)
   weights_scaling_factor     float32 [1]              = max|W| / 448 (fc and gate share the larger one)
   activation_scaling_factor  float32 [1]              = activation amax / 448
 W8A8_SQ_PER_CHANNEL, per quantized linear:
-  weight                     int8 [out, in]           = round(W' / wsf[:, None]) clamped to [-128, 127],
+  weight                     int8 [out, in]           = W' / wsf[:, None] rounded (nearest or GPTQ) into [-128, 127],
                                                         W' = W / prequant_scaling_factor (per input column)
   weights_scaling_factor     float32 [out]            = max_j |W'[o, j]| / 127
   prequant_scaling_factor    model dtype [in]         multiplies the input before it is quantized
@@ -18,13 +18,16 @@ KV cache, per layer: attention.{k,v}_cache_scaling_factor float32 [1] and
   1.0 (modelopt's rule), INT8 factors amax / 127.
 config.json: quantization {quant_algo, kv_cache_quant_algo, exclude_modules: ["lm_head", ...]}.
 lm_head and the embedding stay in the model dtype.
+GPTQ rounding of a row-parallel linear (dense, proj) sharded over tp ranks works on the full width
+(each shard with its own scales), so the ranks' errors cancel in their summed output; an FP8 tp=2
+checkpoint holds the same values as the tp=1 one, split.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from safetensors.torch import save_file
 
 from ..errors import UserError, read_config_json
 from .formats import E4M3_MAX
+from .rounding import DEFAULT_DAMP, fp8_codes, int8_codes, round_weight
 
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 LINEAR_NAMES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
@@ -184,6 +188,8 @@ class QuantPlan:
     kv_amax: dict[int, tuple[float, float]]          # layer -> (K amax, V amax)
     exclude: tuple[str, ...]                         # modules left in the model dtype (besides lm_head)
     alpha: float | None = None
+    hessians: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> E[x x^T] (GPTQ); absent: nearest
+    damp: float = DEFAULT_DAMP
 
 
 def write_quantized_checkpoint(ckpt: FloatCheckpoint, plan: QuantPlan, out: Path) -> dict:
@@ -217,20 +223,48 @@ def _quantized_tensors(rf: RankFile, name: str, tensor: torch.Tensor, ckpt: Floa
     if module is None or is_excluded(module, plan.exclude):
         return {name: tensor}
     prefix = name[: -len(".weight")]
+    w, wsf = _rounding_input(plan, module, tensor, rf.tp_rank, ckpt.tp_size)
+    codes = _weight_codes(rf, name, module, w, wsf, ckpt, plan)
+    if plan.precision == "fp8":
+        return {name: codes.to(torch.float8_e4m3fn), prefix + ".weights_scaling_factor": wsf,
+                prefix + ".activation_scaling_factor": _act_scale(plan, module, E4M3_MAX)}
+    return {name: codes.to(torch.int8), prefix + ".weights_scaling_factor": wsf,
+            prefix + ".prequant_scaling_factor": local_prequant(plan.prequant[module], module, rf.tp_rank,
+                                                                ckpt.tp_size).clone(),
+            prefix + ".activation_scaling_factor": _act_scale(plan, module, 127.0)}
+
+
+def _rounding_input(plan: QuantPlan, module: str, tensor: torch.Tensor, tp_rank: int,
+                    tp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight shard as the engine quantizes it (smoothed, for SQ) and its float32 scale: [1] FP8, [out] INT8."""
     w = tensor.float()
     if plan.precision == "fp8":
-        weight_amax = max(plan.weight_amax[module], plan.weight_amax.get(fused_partner(module), 0.0))
-        wsf = torch.tensor([max(weight_amax / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
-        return {name: torch.clamp(w / wsf, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn),
-                prefix + ".weights_scaling_factor": wsf,
-                prefix + ".activation_scaling_factor": _act_scale(plan, module, E4M3_MAX)}
-    smoothing = local_prequant(plan.prequant[module], module, rf.tp_rank, ckpt.tp_size)
-    smoothed = w / smoothing.float()[None, :]
-    wsf = (smoothed.abs().amax(dim=1) / 127.0).clamp(min=MIN_SCALE)
-    q = torch.clamp(torch.round(smoothed / wsf[:, None]), -128, 127).to(torch.int8)
-    return {name: q, prefix + ".weights_scaling_factor": wsf.to(torch.float32),
-            prefix + ".prequant_scaling_factor": smoothing.clone(),
-            prefix + ".activation_scaling_factor": _act_scale(plan, module, 127.0)}
+        amax = max(plan.weight_amax[module], plan.weight_amax.get(fused_partner(module), 0.0))
+        return w, torch.tensor([max(amax / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
+    smoothed = w / local_prequant(plan.prequant[module], module, tp_rank, tp_size).float()[None, :]
+    return smoothed, (smoothed.abs().amax(dim=1) / 127.0).clamp(min=MIN_SCALE).to(torch.float32)
+
+
+def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: torch.Tensor,
+                  ckpt: FloatCheckpoint, plan: QuantPlan) -> torch.Tensor:
+    """This shard's quantized values. GPTQ rounds a row-parallel weight over its full width, since the
+    engine sums the ranks' partial products: every rank rounds the whole weight (with each shard's own
+    scales) and keeps its own columns."""
+    codes = fp8_codes if plan.precision == "fp8" else int8_codes
+    hessian = plan.hessians.get(module)
+    if hessian is None or not module.endswith(ROW_PARALLEL) or ckpt.tp_size == 1:
+        return round_weight(w, wsf, codes, hessian, plan.damp)
+    shards = []
+    for peer in (r for r in ckpt.ranks if r.pp_rank == rf.pp_rank):
+        if peer is rf:
+            shards.append((w, wsf))
+        else:
+            with safe_open(peer.path, "pt") as f:
+                shards.append(_rounding_input(plan, module, f.get_tensor(name), peer.tp_rank, ckpt.tp_size))
+    full = torch.cat([s[0] for s in shards], dim=1)
+    scale = torch.cat([s[1].reshape(-1, 1).expand(-1, s[0].shape[1]) for s in shards], dim=1)
+    width = w.shape[1]
+    return round_weight(full, scale, codes, hessian, plan.damp)[:, rf.tp_rank * width:(rf.tp_rank + 1) * width]
 
 
 def local_prequant(full: torch.Tensor, module: str, tp_rank: int, tp_size: int) -> torch.Tensor:

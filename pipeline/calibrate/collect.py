@@ -4,6 +4,8 @@ The runtime's observer hands over the input of every quantizable linear and the 
 enter the KV cache. `mlp.fc` and `mlp.gate` read the same input, so only `fc` is recorded and `gate`
 shares its statistics. For SmoothQuant a first pass records per-channel maxima and a second pass
 histograms the smoothed inputs (x * prequant_scaling_factor), which is what the engine quantizes.
+The same pass accumulates, for GPTQ weight rounding, x^T x of the linear inputs named in `hessians`;
+`collect_hessians` runs further passes for the names that did not fit in memory the first time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from .histogram import ChannelMax, StreamingHistogram
+from .rounding import HessianStats
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 KV = ("attention.k", "attention.v")
@@ -40,6 +43,7 @@ def source_of(name: str) -> str:
 class ActivationStats:
     histograms: dict[str, StreamingHistogram] = field(default_factory=dict)
     channel_max: dict[str, ChannelMax] = field(default_factory=dict)
+    hessians: dict[str, HessianStats] = field(default_factory=dict)
     tokens: int = 0
 
 
@@ -57,8 +61,10 @@ def collect_channel_max(model, samples: list[list[int]], progress: bool = True) 
 
 
 def collect_histograms(model, samples: list[list[int]], prequant: dict[str, torch.Tensor] | None = None,
-                       progress: bool = True, desc: str = "calibration") -> ActivationStats:
-    """Histograms and running maxima of every linear input (times its smoothing, if any) and of K / V."""
+                       progress: bool = True, desc: str = "calibration",
+                       hessians: frozenset[str] = frozenset()) -> ActivationStats:
+    """Histograms and running maxima of every linear input (times its smoothing, if any) and of K / V,
+    and x^T x of the linear inputs in `hessians`."""
     stats = ActivationStats()
     prequant = prequant or {}
 
@@ -69,9 +75,27 @@ def collect_histograms(model, samples: list[list[int]], prequant: dict[str, torc
         if key in prequant:
             x = x * prequant[key]
         stats.histograms.setdefault(key, StreamingHistogram()).collect(x)
+        if key in hessians:
+            stats.hessians.setdefault(key, HessianStats()).collect(x)
 
     _run(model, samples, observe, stats, desc if progress else None)
     return stats
+
+
+def collect_hessians(model, samples: list[list[int]], names: frozenset[str],
+                     prequant: dict[str, torch.Tensor] | None = None, progress: bool = True,
+                     desc: str = "calibration (GPTQ statistics)") -> dict[str, HessianStats]:
+    """x^T x (times smoothing, if any) of the linear inputs in `names` only."""
+    stats = ActivationStats()
+    prequant = prequant or {}
+
+    def observe(name: str, x: torch.Tensor) -> None:
+        key = stats_key(name)
+        if key in names:
+            stats.hessians.setdefault(key, HessianStats()).collect(x * prequant[key] if key in prequant else x)
+
+    _run(model, samples, observe, stats, desc if progress else None)
+    return stats.hessians
 
 
 def _run(model, samples: list[list[int]], observe, stats: ActivationStats, desc: str | None) -> None:
