@@ -341,10 +341,11 @@ def test_recipe_errors_are_user_errors(tmp_path):
 @pytest.mark.slow
 def test_smollm2_fp8_and_int8_sq_keep_perplexity(smollm2_checkpoint, tmp_path):
     """The real model through the CLI defaults: small calibration, held-out perplexity in the report."""
-    # Sanity bounds for this tiny calibration (8 x 128 tokens, INT8/FP8 KV too): a wrong scale or layout
-    # sends perplexity into the hundreds. Measured here: fp8 +3-4%, int8-sq +17.8%. The issue's goals
-    # (+2% / +5% at 64 x 256) are tracked by benchmarks/measure_calibration_quality.py, not asserted.
-    for precision, kv, limit in (("fp8", "fp8", 1.06), ("int8-sq", "int8", 1.25)):
+    # Sanity bounds for this tiny calibration (8 x 128 tokens, INT8/FP8 KV too, 6 documents): a wrong scale
+    # or layout sends perplexity into the hundreds. Measured here with the defaults (GPTQ, alpha 0.8):
+    # fp8 +2.4%, int8-sq +7.1% (alpha 0.5 with nearest rounding gave +17.8%). The goals at 64 x 256 are
+    # measured by benchmarks/measure_calibration_quality.py (docs/calibrate.md), not asserted.
+    for precision, kv, limit in (("fp8", "fp8", 1.06), ("int8-sq", "int8", 1.15)):
         out = tmp_path / precision
         result = cli(smollm2_checkpoint, "-o", out, "--precision", precision, "--kv-cache", kv, "--samples", "8",
                      "--seq-len", "128", "--eval-samples", "6", "--quiet")
