@@ -62,3 +62,18 @@ def test_inputs_that_never_fire_are_rounded_to_nearest_not_dropped():
     scale = w.abs().amax(dim=1) / 127
     q = round_weight(w, scale, int8_codes, x.T @ x / 512)
     assert torch.equal(q[:, 5], int8_codes(w[:, 5] / scale))
+
+
+def test_rank_deficient_statistics_are_damped_and_broken_ones_fall_back_to_nearest():
+    w = torch.randn(8, 32, generator=torch.Generator().manual_seed(3))
+    scale = w.abs().amax(dim=1) / 127
+    nearest = round_weight(w, scale, int8_codes, None)
+    few = correlated_inputs(4, 32)                    # 4 tokens, 32 features: H has rank 4
+    q = round_weight(w, scale, int8_codes, few.T @ few / 4)
+    assert torch.isfinite(q).all() and not torch.equal(q, nearest)
+    indefinite = torch.eye(32)
+    indefinite[0, 1] = indefinite[1, 0] = 2.0          # eigenvalue -1: needs 10x the damping
+    q = round_weight(w, scale, int8_codes, indefinite)
+    assert torch.isfinite(q).all() and not torch.equal(q, nearest)
+    broken = torch.full((32, 32), float("nan"))
+    assert torch.equal(round_weight(w, scale, int8_codes, broken), nearest)

@@ -25,6 +25,8 @@ DEFAULT_DAMP = 0.3
 BLOCK = 128
 
 Codes = Callable[[torch.Tensor], torch.Tensor]
+#: a damped H that still fails the Cholesky factorization is retried with 10x the damping this often
+DAMP_RETRIES = 3
 
 
 class HessianStats:
@@ -73,8 +75,9 @@ def gptq_codes(weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor,
     h = hessian.to(torch.float64).clone()
     dead = torch.diagonal(h) <= 0              # inputs that never fired: rounded to nearest, no feedback
     h[dead, dead] = 1.0
-    h.diagonal().add_(damp * float(torch.diagonal(h).mean()))
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    hinv = inverse_cholesky(h, damp)
+    if hinv is None:                           # not positive definite even when damped: no feedback
+        return codes(weight.float() / scale.float())
     out = torch.empty_like(w)
     for start in range(0, w.shape[1], BLOCK):
         stop = min(start + BLOCK, w.shape[1])
@@ -89,3 +92,19 @@ def gptq_codes(weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor,
             errors[:, j:j + 1] = err
         w[:, stop:] -= errors @ hinv[start:stop, stop:]
     return out.float()
+
+
+def inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor | None:
+    """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, raising the damping (x10) while the
+    factorization fails; None if it never succeeds (e.g. non-finite statistics)."""
+    mean_diag = float(torch.diagonal(h).mean())
+    if not torch.isfinite(h).all() or mean_diag <= 0:
+        return None
+    for attempt in range(DAMP_RETRIES + 1):
+        damped = h + damp * 10 ** attempt * mean_diag * torch.eye(len(h), dtype=h.dtype)
+        factor, info = torch.linalg.cholesky_ex(damped)
+        if int(info) == 0:
+            inverse, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(factor), upper=True)
+            if int(info) == 0:
+                return inverse
+    return None
