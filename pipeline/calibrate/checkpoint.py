@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from ..errors import UserError, read_config_json
 from .formats import E4M3_MAX
@@ -192,12 +193,14 @@ class QuantPlan:
     damp: float = DEFAULT_DAMP
 
 
-def write_quantized_checkpoint(ckpt: FloatCheckpoint, plan: QuantPlan, out: Path) -> dict:
+def write_quantized_checkpoint(ckpt: FloatCheckpoint, plan: QuantPlan, out: Path, progress: bool = False) -> dict:
     """Write config.json and every rank file of the quantized checkpoint into `out`; returns the config."""
+    desc = "rounding weights (GPTQ)" if plan.hessians else "quantizing weights"
     for rf in ckpt.ranks:
         tensors = {}
         with safe_open(rf.path, "pt") as f:
-            for name in f.keys():
+            for name in tqdm(list(f.keys()), desc=f"{desc}, rank {rf.rank}", unit="tensor", disable=not progress,
+                             leave=False):
                 tensors.update(_quantized_tensors(rf, name, f.get_tensor(name), ckpt, plan))
         if plan.kv_cache:
             tensors.update(_kv_scales(rf, tensors, plan))

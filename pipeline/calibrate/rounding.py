@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from .formats import E4M3_MAX
+
 ROUNDINGS = ("gptq", "nearest")
 #: Tikhonov damping, as a fraction of mean(diag H). Chosen on SmolLM2 FP8 (64 x 256 calibration), see
 #: docs/calibrate.md: perplexity change 0.03 / 0.1 / 0.3 / 1.0 -> +2.07 / +2.30 / +1.71 / +2.18% on the 40
@@ -48,7 +50,7 @@ class HessianStats:
 
 def fp8_codes(x: torch.Tensor) -> torch.Tensor:
     """Nearest E4M3 value of x (already divided by its scale), saturated at +-448, as float."""
-    return torch.clamp(x, -448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype)
+    return torch.clamp(x, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(x.dtype)
 
 
 def int8_codes(x: torch.Tensor) -> torch.Tensor:

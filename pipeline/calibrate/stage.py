@@ -138,7 +138,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     del model
 
     with atomic_output_dir(out) as tmp:
-        config = write_quantized_checkpoint(ckpt, plan, tmp)
+        config = write_quantized_checkpoint(ckpt, plan, tmp, progress=options.progress)
         shutil.copytree(checkpoint / "tokenizer", tmp / "tokenizer")
         ppl = None
         if float_ppl is not None:
