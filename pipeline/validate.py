@@ -83,7 +83,9 @@ class ValidateOptions:
     load_test: bool = False
     concurrencies: tuple[int, ...] = (1, 2, 4, 8)
     requests_per_client: int = 2
-    min_agreement: float = 0.5  # quantized checkpoints: mean token agreement needed to pass
+    #: quantized checkpoints: share of the served tokens that are the reference's greedy choice given the
+    #: same prefix (teacher forcing), needed to pass; SmolLM2 FP8 (GPTQ) measured 89%
+    min_agreement: float = 0.7
     request_timeout: float = REQUEST_TIMEOUT_S
 
 
@@ -96,6 +98,11 @@ class GoldenReference(Protocol):
     def complete(self, prompt: str, max_tokens: int) -> str: ...
 
     def tokenize(self, text: str) -> list[int]: ...
+
+    def agreement(self, prompt: str, completion: str) -> tuple[int, int]:
+        """(tokens of `completion` that are the reference's greedy choice after the prompt and the
+        completion so far, tokens of `completion`)."""
+        ...
 
 
 # ----------------------------------------------------------------------------------------------- client
@@ -365,9 +372,18 @@ def check_golden(client: EnsembleClient, options: ValidateOptions) -> CheckResul
             continue
         want, have = reference.tokenize(expected), reference.tokenize(got)
         same = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
-        agreements.append(1.0 if got == expected else same / max(len(want), 1))
-        cases.append({"prompt": prompt, "expected": expected, "got": got, "identical": got == expected,
-                      "agreeing_prefix_tokens": same, "reference_tokens": len(want)})
+        case = {"prompt": prompt, "expected": expected, "got": got, "identical": got == expected,
+                "agreeing_prefix_tokens": same, "reference_tokens": len(want)}
+        if got == expected:
+            agreements.append(1.0)
+        elif reference.exact:
+            agreements.append(same / max(len(want), 1))
+        else:
+            # One early near-tie sends a quantized model down another path; judge every step instead.
+            agree, total = reference.agreement(prompt, got)
+            case.update(teacher_forced_agreeing=agree, served_tokens=total)
+            agreements.append(agree / total if total else 0.0)
+        cases.append(case)
     identical = sum(bool(c.get("identical")) for c in cases)
     mean_agreement = float(np.mean(agreements))
     if reference.exact:
@@ -375,8 +391,9 @@ def check_golden(client: EnsembleClient, options: ValidateOptions) -> CheckResul
         detail = f"{identical}/{len(cases)} greedy completions identical to {reference.name}"
     else:
         passed = mean_agreement >= options.min_agreement and not any("error" in c for c in cases)
-        detail = (f"quantized: token agreement with {reference.name} {mean_agreement:.0%} "
-                  f"(pass at >= {options.min_agreement:.0%}); {identical}/{len(cases)} identical; "
+        detail = (f"quantized: {mean_agreement:.0%} of the served tokens are {reference.name}'s greedy choice "
+                  f"given the same prefix (pass at >= {options.min_agreement:.0%}); {identical}/{len(cases)} "
+                  "completions identical; "
                   "perplexity delta is not measured here (see the calibration report)")
     first_bad = next((c for c in cases if not c.get("identical")), None)
     if first_bad and not passed:
@@ -664,6 +681,14 @@ class TransformersReference:
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def agreement(self, prompt: str, completion: str) -> tuple[int, int]:
+        prompt_ids, tokens = self.tokenizer(prompt)["input_ids"], self.tokenize(completion)
+        if not tokens:
+            return 0, 0
+        with self._torch.no_grad():
+            logits = self.model(self._torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1]
+        return int((logits.argmax(-1) == self._torch.tensor(tokens)).sum()), len(tokens)
 
 
 def golden_spec_from_repo(repo: Path) -> tuple[str | None, bool]:
