@@ -31,7 +31,7 @@ from .trtcache import write_calibration_cache
 
 STAGE = "calibrate"
 PRECISIONS = ("fp8", "int8-sq")
-#: Chosen by measurement on SmolLM2-135M (docs/calibrate.md, "Default methods").
+#: Chosen by measurement on SmolLM2-135M (docs/calibrate.md, "Defaults (measured)").
 DEFAULT_METHOD = {"fp8": "max", "int8-sq": "max"}
 #: SmoothQuant alpha, measured on SmolLM2 (docs/calibrate.md; nearest rounding, 32 x 256 calibration):
 #: perplexity 0.5 +32.9%, 0.7 +6.0%, 0.8 +4.3%, 0.9 +4.5%
