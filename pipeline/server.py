@@ -374,8 +374,12 @@ def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Pat
             echo(server.endpoints.describe())
             echo(f"log      {server.log_path}")
             echo("Ctrl-C to stop")
-            while server.is_alive():
-                time.sleep(0.5)
+            try:
+                while server.is_alive():
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                echo(f"stopping (up to {STOP_TIMEOUT_S:.0f} s for a graceful shutdown)")
+                raise
             raise RuntimeError(f"the Triton server exited unexpectedly (status {server.process.returncode}); "
                                f"last lines of its log:\n{server.log_tail()}")
     except KeyboardInterrupt:

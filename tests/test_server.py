@@ -145,7 +145,12 @@ def test_serve_runs_in_the_foreground_until_ctrl_c():
         url = re.search(r"HTTP\s+(\S+)", output).group(1)
         assert generate(url, "x y", 2).json()["text_output"] == "x y y x"
         process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=60)
+        try:
+            # stopping may take the server's whole grace period before SIGKILL
+            rest, _ = process.communicate(timeout=server_mod.STOP_TIMEOUT_S + 60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail(f"trtpipe serve did not exit after Ctrl-C; its output: {process.communicate()[0]!r}")
     finally:
         if process.poll() is None:
             process.kill()
