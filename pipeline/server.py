@@ -365,8 +365,14 @@ class ServerPool:
 
 def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Path | None, ready_timeout: float,
                   echo: Callable[[str], None] = print) -> None:
-    """`trtpipe serve`: run the embedded server in the foreground until Ctrl-C (or SIGTERM)."""
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    """`trtpipe serve`: run the embedded server in the foreground until Ctrl-C (or SIGTERM).
+
+    SIGINT is handled explicitly: a process started in the background by a non-interactive shell
+    (`trtpipe serve ... &` in a script) inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, so `kill -INT` would not stop it.
+    """
+    previous = {sig: signal.signal(sig, handler) for sig, handler in (
+        (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_keyboard_interrupt))}
     try:
         with embedded_server(repo, http_port=http_port, host=host, log_path=log_path,
                              ready_timeout=ready_timeout) as server:
@@ -385,7 +391,8 @@ def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Pat
     except KeyboardInterrupt:
         echo("stopped")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _raise_keyboard_interrupt(signum, frame):

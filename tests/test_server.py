@@ -129,9 +129,12 @@ def test_numpy_2_without_the_stub_site_says_how_to_install_it(monkeypatch, tmp_p
 
 
 @pytest.mark.slow
-def test_serve_runs_in_the_foreground_until_ctrl_c():
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_serve_runs_in_the_foreground_until_ctrl_c(sigint):
+    """Also when started with SIGINT ignored, as a shell script's background job (`trtpipe serve ... &`) is."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
     process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(FIXTURE_REPO), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
     try:
         lines = []
         deadline = time.monotonic() + 120
