@@ -28,18 +28,18 @@ from pathlib import Path
 import torch
 
 from pipeline.calibrate.checkpoint import open_float_checkpoint, write_quantized_checkpoint
+from pipeline.calibrate.collect import source_of
 from pipeline.calibrate.data import load_texts, load_tokenizer, resolve_recipe, tokenize_samples
 from pipeline.calibrate.rounding import DEFAULT_DAMP
-from pipeline.calibrate.stage import CalibrateOptions, calibrate_statistics, heldout_sequences
+from pipeline.calibrate.stage import DEFAULT_ALPHA, CalibrateOptions, calibrate_statistics, heldout_sequences
 from pipeline.runtime import ReferenceModel, perplexity
 
 
 def plan_for_method(plan, reports, method):
     amax = {t.name: t.amax[method] for t in reports}
-    src = lambda m: m[: -len("gate")] + "fc" if m.endswith(".mlp.gate") else m  # noqa: E731
     kv = {i: (amax[f"transformer.layers.{i}.attention.k"], amax[f"transformer.layers.{i}.attention.v"])
           for i in plan.kv_amax}
-    return replace(plan, activation_amax={m: amax[src(m)] for m in plan.activation_amax}, kv_amax=kv)
+    return replace(plan, activation_amax={m: amax[source_of(m)] for m in plan.activation_amax}, kv_amax=kv)
 
 
 def score_checkpoint(ckpt, plan, heldout, workdir: Path, label: str) -> float:
@@ -129,7 +129,7 @@ def main():
             [("int8-sq", float(a), args.sq_methods) for a in args.alphas.split(",")] if "int8-sq" in wanted else [])
         for precision, alpha, methods in jobs:
             start = time.monotonic()
-            opts = CalibrateOptions(precision, recipe, alpha=alpha or 0.5, damp=args.damp, progress=False)
+            opts = CalibrateOptions(precision, recipe, alpha=DEFAULT_ALPHA if alpha is None else alpha, damp=args.damp, progress=False)
             plan, reports, _, _ = calibrate_statistics(model, ckpt, samples, opts)
             tag = precision if alpha is None else f"{precision}-alpha{alpha}"
             record(f"{tag}_stats_seconds", round(time.monotonic() - start, 1))

@@ -152,11 +152,12 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
 @click.option("--alpha", type=float, default=None,
               help="SmoothQuant migration strength (int8-sq; default 0.8, chosen by measurement).")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --method percentile.")
-@click.option("--weight-rounding", type=click.Choice(["gptq", "nearest"]), default="gptq", show_default=True,
-              help="gptq: round weights with error feedback through the calibration inputs (same format, "
-                   "lower error); nearest: round each weight independently (as modelopt does).")
-@click.option("--damp", type=float, default=0.3, show_default=True,
-              help="GPTQ damping, as a fraction of the mean input second moment.")
+@click.option("--weight-rounding", type=click.Choice(["gptq", "nearest"]), default=None,
+              help="gptq (default): round weights with error feedback through the calibration inputs (same "
+                   "format, lower error); nearest: round each weight independently (as modelopt does).")
+@click.option("--damp", type=float, default=None,
+              help="GPTQ damping, as a fraction of the mean input second moment (default 0.3, chosen by "
+                   "measurement).")
 @click.option("--exclude", multiple=True, help="Keep matching modules unquantized (fnmatch on names such as "
               "transformer.layers.0.mlp.proj; repeatable). lm_head is always excluded.")
 @click.option("--eval-samples", type=int, default=40, show_default=True,
@@ -175,13 +176,13 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
     """
     from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
-    from .calibrate.stage import DEFAULT_ALPHA
 
     recipe = resolve_recipe(dataset, text_field=text_field, samples=samples, seq_len=seq_len, seed=seed)
+    defaulted = {"alpha": alpha, "weight_rounding": weight_rounding, "damp": damp}   # None: CalibrateOptions'
     options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
-                               alpha=DEFAULT_ALPHA if alpha is None else alpha, percentile=percentile,
-                               weight_rounding=weight_rounding, damp=damp, exclude=tuple(exclude),
-                               eval_samples=eval_samples, force=force, progress=not quiet and not as_json)
+                               percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
+                               force=force, progress=not quiet and not as_json,
+                               **{k: v for k, v in defaulted.items() if v is not None})
     result = calibrate_checkpoint(checkpoint, out, options)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
 

@@ -10,7 +10,6 @@ class UserError(Exception):
     exit_code = 2
 
 
-
 def read_config_json(directory: Path, not_found: str) -> dict:
     """DIRECTORY/config.json as a dict; a UserError saying `not_found` when it is absent, or why it is unreadable."""
     path = Path(directory) / "config.json"

@@ -9,7 +9,6 @@ calibration never sees the evaluation lines.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
+from .plan import is_trtllm_checkpoint
 
 HELDOUT_FRACTION = 0.2
 DEFAULT_WINDOW = 512
@@ -78,20 +78,16 @@ def evaluate(model: str | Path, dataset: str | None = None, *, tokenizer: Path |
     return EvalResult(result.perplexity, result.tokens, str(model), kind, description, time.perf_counter() - start)
 
 
-def is_trtllm_checkpoint(path: Path) -> bool:
-    """A TensorRT-LLM checkpoint has rank files, or a config.json with `architecture` (HF has `architectures`)."""
-    if any(path.glob("rank*.safetensors")):
-        return True
-    try:
-        return "architecture" in json.loads((path / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return False
+def is_checkpoint_dir(path: Path) -> bool:
+    """Rank files (a checkpoint, even without its config.json: the runtime then names what is missing), or
+    a TensorRT-LLM config.json."""
+    return any(path.glob("rank*.safetensors")) or is_trtllm_checkpoint(path)
 
 
 def open_model(spec: str, tokenizer: Path | None):
     """("checkpoint" | "huggingface", an object with forward(ids) -> logits, the tokenizer directory)."""
     path = Path(spec).expanduser()
-    if path.is_dir() and is_trtllm_checkpoint(path):
+    if path.is_dir() and is_checkpoint_dir(path):
         from .runtime import ReferenceModel
 
         model = ReferenceModel.load(path)

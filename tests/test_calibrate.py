@@ -322,6 +322,8 @@ def test_cli_prints_a_summary_and_json(tiny_ckpt, text_file, tmp_path):
     data = json.loads(result.output)
     assert data["method"] == "max" and data["samples"] == 3
     assert data["perplexity"]["quantized"] > 0 and data["perplexity"]["float"] > 0
+    defaults = report(out)                       # options left out take the stage's measured defaults
+    assert (defaults["alpha"], defaults["weight_rounding"], defaults["damp"]) == (0.8, "gptq", 0.3)
     text = cli(tiny_ckpt, "-o", tmp_path / "q2", "--precision", "fp8", "--dataset", text_file, "--samples", "2",
                "--seq-len", "16", "--eval-samples", "0", "--quiet")
     assert text.exit_code == 0 and "SNR dB" in text.output and "FP8" in text.output

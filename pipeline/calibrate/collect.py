@@ -65,37 +65,33 @@ def collect_histograms(model, samples: list[list[int]], prequant: dict[str, torc
                        hessians: frozenset[str] = frozenset()) -> ActivationStats:
     """Histograms and running maxima of every linear input (times its smoothing, if any) and of K / V,
     and x^T x of the linear inputs in `hessians`."""
-    stats = ActivationStats()
-    prequant = prequant or {}
-
-    def observe(name: str, x: torch.Tensor) -> None:
-        key = stats_key(name)
-        if key is None:
-            return
-        if key in prequant:
-            x = x * prequant[key]
-        stats.histograms.setdefault(key, StreamingHistogram()).collect(x)
-        if key in hessians:
-            stats.hessians.setdefault(key, HessianStats()).collect(x)
-
-    _run(model, samples, observe, stats, desc if progress else None)
-    return stats
+    return _collect(model, samples, prequant or {}, True, hessians, desc if progress else None)
 
 
 def collect_hessians(model, samples: list[list[int]], names: frozenset[str],
                      prequant: dict[str, torch.Tensor] | None = None, progress: bool = True,
                      desc: str = "calibration (GPTQ statistics)") -> dict[str, HessianStats]:
     """x^T x (times smoothing, if any) of the linear inputs in `names` only."""
+    return _collect(model, samples, prequant or {}, False, names, desc if progress else None).hessians
+
+
+def _collect(model, samples: list[list[int]], prequant: dict[str, torch.Tensor], histograms: bool,
+             hessians: frozenset[str], desc: str | None) -> ActivationStats:
     stats = ActivationStats()
-    prequant = prequant or {}
 
     def observe(name: str, x: torch.Tensor) -> None:
         key = stats_key(name)
-        if key in names:
-            stats.hessians.setdefault(key, HessianStats()).collect(x * prequant[key] if key in prequant else x)
+        if key is None or not (histograms or key in hessians):
+            return
+        if key in prequant:
+            x = x * prequant[key]
+        if histograms:
+            stats.histograms.setdefault(key, StreamingHistogram()).collect(x)
+        if key in hessians:
+            stats.hessians.setdefault(key, HessianStats()).collect(x)
 
-    _run(model, samples, observe, stats, desc if progress else None)
-    return stats.hessians
+    _run(model, samples, observe, stats, desc)
+    return stats
 
 
 def _run(model, samples: list[list[int]], observe, stats: ActivationStats, desc: str | None) -> None:

@@ -223,6 +223,7 @@ def calibrate_statistics(model, ckpt: FloatCheckpoint, samples: list[list[int]],
         reports.append(tensor_report(name, "kv" if is_kv else "activation", hist, kv_fmt if is_kv else act_fmt,
                                      method, options.percentile))
     chosen = {t.name: t.chosen_amax for t in reports}
+    hessians = {name: h.mean() for name, h in stats.hessians.items()}
     plan = QuantPlan(
         precision=options.precision, kv_cache=options.kv_cache,
         activation_amax={m: chosen[source_of(m)] for m in modules},
@@ -231,7 +232,7 @@ def calibrate_statistics(model, ckpt: FloatCheckpoint, samples: list[list[int]],
         kv_amax={i: (chosen[f"transformer.layers.{i}.attention.k"], chosen[f"transformer.layers.{i}.attention.v"])
                  for i in range(ckpt.num_layers)} if options.kv_cache else {},
         exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None,
-        hessians={m: stats.hessians[source_of(m)].mean() for m in modules if source_of(m) in stats.hessians},
+        hessians={m: hessians[source_of(m)] for m in modules if source_of(m) in hessians},
         damp=options.damp)
     return plan, reports, stats.histograms, stats.tokens
 
