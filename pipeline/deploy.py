@@ -8,7 +8,7 @@ contract (see `tritonconfig`): `ensemble`, `preprocessing`, `tensorrt_llm`, `pos
   the engine directory, which need not exist yet (deploy renders from the plan alone; `trtpipe check`
   verifies the repository against the engine's config.json once it exists, and deploy does so now when
   it already exists).
-- The cpu target: `tensorrt_llm` is a Python-backend model (model_repo/tensorrt_llm) that runs
+- The cpu target: `tensorrt_llm` is a Python-backend model (data/model_repo/tensorrt_llm) that runs
   trtpipe's reference runtime over the checkpoint copied into `tensorrt_llm/1/checkpoint`. The runtime
   package is copied too (`tensorrt_llm/1/pipeline/`, exactly the modules `pipeline.runtime` imports),
   so the server's Python needs torch, safetensors, numpy and transformers but not trtpipe itself.
@@ -37,8 +37,8 @@ from .tritonconfig import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, PO
 STAGE = "deploy"
 MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 PACKAGE_DIR = Path(__file__).resolve().parent
-#: The Python model sources shipped with trtpipe (the project's model_repo/ folder).
-MODEL_SOURCES = PACKAGE_DIR.parent / "model_repo"
+#: The Python model sources shipped with trtpipe as package data.
+MODEL_SOURCES = PACKAGE_DIR / "data" / "model_repo"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
                    "chat_template.jinja")
@@ -284,13 +284,12 @@ def model_specs(s: DeploySettings) -> list[ModelSpec]:
 # ------------------------------------------------------------------------------------------- the files
 
 def model_source_files(cpu: bool) -> list[Path]:
-    """The model.py files deploy copies from model_repo/."""
+    """The model.py files deploy copies from the package's data/model_repo/."""
     names = ["preprocessing", "postprocessing", "tensorrt_llm_bls"] + (["tensorrt_llm"] if cpu else [])
     files = [MODEL_SOURCES / name / "1" / "model.py" for name in names]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise UserError(f"trtpipe's model sources are missing ({', '.join(missing)}); reinstall trtpipe "
-                        "from its source tree")
+        raise UserError(f"trtpipe's model sources are missing ({', '.join(missing)}); reinstall trtpipe")
     return files
 
 

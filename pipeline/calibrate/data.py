@@ -1,4 +1,4 @@
-"""Calibration data: recipes (calibration/*.json), text loading through `datasets`, tokenized samples.
+"""Calibration data: recipes (pipeline/data/calibration/*.json), text loading through `datasets`, tokenized samples.
 
 A recipe names the dataset, the text field, the number of samples, the sequence length and the seed;
 the same recipe always gives the same token samples. `--dataset` is a recipe name, a local
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import UserError
 
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "calibration"
+RECIPE_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 DEFAULT_RECIPE = "news"
 OFFLINE_CORPUS = "trtpipe:news"
 LOCAL_BUILDERS = {".txt": "text", ".cor": "text", ".text": "text", ".jsonl": "json", ".json": "json",
