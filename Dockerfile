@@ -3,7 +3,8 @@
 # backend (reference/upstream-facts.md, section 0).
 #
 #   docker build -t trtpipe .
-#   docker run --gpus all --rm -v "$PWD:/work" trtpipe trtpipe build llama-3-8b --target rtx4090 --precision fp8
+#   docker run --rm trtpipe                                 # prints trtpipe --help
+#   docker run --gpus all --rm -v "$PWD:/work" -e HF_TOKEN trtpipe trtpipe build llama-3-8b --target rtx4090 --precision fp8
 #   docker run --gpus all --rm -v "$PWD:/work" trtpipe trtpipe compile out/ckpt --plan plan.json -o out/engine
 #
 # Unverified here: trtpipe's development machine has no GPU and cannot pull this image, so the image is
@@ -14,19 +15,21 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 
-WORKDIR /opt/trtpipe
-COPY pyproject.toml ./
-COPY pipeline ./pipeline
-COPY model_repo ./model_repo
+# The package is all a wheel needs: the Triton model sources and calibration recipes are package data
+# (pipeline/data/), so a regular (non-editable) install carries them and the sources are removed after.
+COPY pyproject.toml /tmp/trtpipe-src/
+COPY pipeline /tmp/trtpipe-src/pipeline
 
 # The container already provides torch, transformers, safetensors, numpy and tensorrt_llm 1.2.1;
 # resolving trtpipe's own pins would replace them. trtpipe is installed without dependencies, then
 # only what the container lacks is added, pinned (tritonclient from the same Triton generation).
-# Editable, so that deploy finds the Triton model sources in /opt/trtpipe/model_repo.
-RUN pip install --no-deps -e . \
+# The last line checks that the installed package finds its recipes and model sources.
+RUN pip install --no-deps /tmp/trtpipe-src \
+    && rm -rf /tmp/trtpipe-src \
     && pip install "click==8.5.1" "rich==15.0.0" "gguf==0.19.0" "accelerate==1.15.0" \
         "tritonclient[grpc,http]==2.64.0" \
-    && trtpipe --version
+    && trtpipe --version \
+    && python3 -c "from pipeline.calibrate.data import load_recipe; from pipeline.deploy import model_source_files; load_recipe('news'); model_source_files(cpu=True)"
 
 WORKDIR /work
 CMD ["trtpipe", "--help"]

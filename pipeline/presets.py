@@ -1,7 +1,8 @@
 """Model presets: a short name, where its weights come from, and its architecture numbers.
 
 The numbers are those of each model's published Hugging Face `config.json`, so `trtpipe plan` works
-with no weights on the machine.
+with no weights on the machine; the weights are downloaded from the hub id when a stage first needs them
+(`pipeline.sources`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Model sources: one resolver that every stage uses.
 
-A source is a local Hugging Face directory, a GGUF file, a preset name or a hub id. Hub ids are
-resolved offline only: from a directory the user names (--model-dir / $TRTPIPE_MODEL_DIR) or from
-the local Hugging Face cache. Nothing here touches the network.
+A source is a local Hugging Face directory, a GGUF file, a preset name or a hub id. Presets and hub ids
+are looked up first in a directory the user names (--model-dir / $TRTPIPE_MODEL_DIR), then through
+huggingface_hub: downloaded into its cache (only the files conversion reads) when the network is
+allowed, read from that cache alone when HF_HUB_OFFLINE is set. Weights are fetched when a stage first
+needs them (`ModelSource.hf_dir`), so planning a preset downloads nothing.
 """
 
 from __future__ import annotations
@@ -11,11 +13,29 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
+
 from .arch import ModelArch
 from .assets import cache_dir, smollm2_gguf_path
 from .errors import UserError, read_config_json
 from .outputs import atomic_output_dir
-from .presets import PRESETS
+from .presets import PRESETS, Preset
+
+#: What conversion reads from a hub repository: the configs, safetensors weights and the tokenizer.
+HUB_FILES = ["config.json", "generation_config.json", "model.safetensors.index.json", "*.safetensors",
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+             "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"]
+#: Sub-folders (e.g. Meta's original/ checkpoint) and Mistral's consolidated copy of the same weights.
+HUB_SKIP = ["*/*", "consolidated*"]
+TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 
 
 @dataclass(frozen=True)
@@ -23,10 +43,11 @@ class ModelSource:
     """A resolved model: what the user named, the architecture numbers, and where weights are."""
 
     spec: str
-    kind: str                 # "hf-dir" | "gguf" | "preset" (architecture only, no weights here)
+    kind: str                 # "hf-dir" | "gguf" | "hub" (downloaded on first use) | "preset" (no weights here)
     arch: ModelArch
     path: Path | None = None  # the HF directory or the GGUF file
     missing_weights_hint: str = ""
+    hub_id: str | None = None
 
     def hf_dir(self) -> Path:
         """A Hugging Face directory with safetensors weights (a GGUF is dequantized into the cache once)."""
@@ -34,6 +55,8 @@ class ModelSource:
             return self.path
         if self.kind == "gguf":
             return materialize_gguf(self.path)
+        if self.kind == "hub":
+            return download_model(self.hub_id)
         raise UserError(self.missing_weights_hint)
 
 
@@ -48,39 +71,108 @@ def resolve_model(spec: str, model_dir: Path | None = None) -> ModelSource:
         return ModelSource(spec, "gguf", read_gguf_arch(path), path.resolve())
     preset = PRESETS.get(spec)
     if preset and preset.hub_id is None:
-        gguf = smollm2_gguf_path()
-        return ModelSource(spec, "gguf", preset.arch, gguf)
-    hub_id = preset.hub_id if preset else spec
+        return ModelSource(spec, "gguf", preset.arch, smollm2_gguf_path())
     if not preset and spec.count("/") != 1:
         raise UserError(f"model {spec!r} is not a directory, a .gguf file, a preset "
                         f"({', '.join(PRESETS)}) or a hub id (org/name)")
-    found, looked = find_local_hub_model(hub_id, spec, model_dir)
+    return resolve_hub_model(spec, preset.hub_id if preset else spec, preset, model_dir)
+
+
+def resolve_hub_model(spec: str, hub_id: str, preset: Preset | None, model_dir: Path | None) -> ModelSource:
+    """A preset or hub id: a user directory, else the hub (online) or the local hub cache (offline)."""
+    found, looked = find_user_model(hub_id, spec, model_dir)
     if found:
         return ModelSource(spec, "hf-dir", read_hf_arch(found), found)
-    hint = (f"weights for {spec!r} ({hub_id}) are not on this machine; looked in {', '.join(looked)}. "
-            f"Download them where the network is reachable (`hf download {hub_id}`) and point "
-            "--model-dir or $TRTPIPE_MODEL_DIR at the directory, or pass the directory itself")
+    if not hub_offline():
+        arch = preset.arch if preset else read_hf_arch(hub_snapshot(hub_id, ["config.json"]))
+        return ModelSource(spec, "hub", arch, hub_id=hub_id)
+    cached = cached_model(hub_id)
+    if cached:
+        return ModelSource(spec, "hf-dir", read_hf_arch(cached), cached)
+    hint = (f"weights for {spec!r} ({hub_id}) are not on this machine (looked in "
+            f"{', '.join([*looked, f'the Hugging Face cache {hub_cache()}'])}) and HF_HUB_OFFLINE is set: unset it "
+            f"to download them (set HF_TOKEN for gated models), or download them where the network is reachable "
+            f"(`hf download {hub_id}`) and pass --model-dir DIR or set $TRTPIPE_MODEL_DIR")
     if preset:
         return ModelSource(spec, "preset", preset.arch, None, hint)
     raise UserError(hint)
 
 
-def find_local_hub_model(hub_id: str, name: str, model_dir: Path | None) -> tuple[Path | None, list[str]]:
+def find_user_model(hub_id: str, name: str, model_dir: Path | None) -> tuple[Path | None, list[str]]:
+    """The model in --model-dir or $TRTPIPE_MODEL_DIR (as NAME, ORG/NAME, NAME of the hub id, or the root)."""
     looked = []
-    roots = [Path(p) for p in (model_dir, os.environ.get("TRTPIPE_MODEL_DIR")) if p]
+    roots = [Path(p).expanduser() for p in (model_dir, os.environ.get("TRTPIPE_MODEL_DIR")) if p]
     for root in roots:
         for candidate in (root / name, root / hub_id, root / hub_id.split("/")[-1], root):
             looked.append(str(candidate))
             if (candidate / "config.json").is_file():
                 return candidate.resolve(), looked
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.constants import HF_HUB_CACHE
-    looked.append(f"the Hugging Face cache {HF_HUB_CACHE}")
+    return None, looked
+
+
+# ------------------------------------------------------------------------------ the Hugging Face Hub
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now; huggingface_hub reads it once, at import."""
+    return any(os.environ.get(name, "").upper() in TRUE_VALUES for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_cache() -> Path:
+    """$HF_HUB_CACHE as set now, else huggingface_hub's own default (from HF_HOME)."""
+    return Path(os.environ.get("HF_HUB_CACHE") or hub_constants.HF_HUB_CACHE).expanduser()
+
+
+def cached_model(hub_id: str) -> Path | None:
+    """The cached snapshot of `hub_id` when it holds a config and safetensors weights (nothing downloaded)."""
     try:
-        snap = Path(snapshot_download(hub_id, local_files_only=True))
-    except Exception:
-        return None, looked
-    return (snap, looked) if (snap / "config.json").is_file() else (None, looked)
+        snap = Path(snapshot_download(hub_id, cache_dir=hub_cache(), local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
+    except HFValidationError as exc:
+        raise hub_error(exc, hub_id) from None
+    return snap if (snap / "config.json").is_file() and any(snap.glob("*.safetensors")) else None
+
+
+def download_model(hub_id: str) -> Path:
+    """The files conversion reads, downloaded into the hub cache (what is already there is not fetched again)."""
+    snap = hub_snapshot(hub_id, HUB_FILES)
+    if not any(snap.glob("*.safetensors")):
+        raise UserError(f"{hub_id} has no safetensors weights on the Hugging Face Hub; trtpipe reads safetensors: "
+                        "download the model, save it with transformers' save_pretrained(safe_serialization=True) "
+                        "and pass that directory")
+    return snap
+
+
+def hub_snapshot(hub_id: str, patterns: list[str]) -> Path:
+    """Download `patterns` of `hub_id` (shows progress); falls back to the cache when the hub is unreachable."""
+    try:
+        return Path(snapshot_download(hub_id, allow_patterns=patterns, ignore_patterns=HUB_SKIP,
+                                      cache_dir=hub_cache()))
+    except (HfHubHTTPError, HFValidationError) as exc:
+        raise hub_error(exc, hub_id) from None
+
+
+def hub_error(exc: Exception, hub_id: str) -> Exception:
+    """huggingface_hub's exception as one line saying what to do (UserError), or `exc` when it is not ours to fix."""
+    page = f"https://huggingface.co/{hub_id}"
+    login = "set HF_TOKEN or run `huggingface-cli login`"
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, HFValidationError):
+        return UserError(f"{hub_id!r} is not a valid Hugging Face hub id (org/name)")
+    if isinstance(exc, GatedRepoError):
+        return UserError(f"{hub_id} is a gated model: accept its license at {page} while logged in, then give "
+                         f"trtpipe a token of that account: {login}")
+    if isinstance(exc, RepositoryNotFoundError):
+        return UserError(f"{hub_id} was not found on the Hugging Face Hub: check the id ({page}); "
+                         f"if the model is private, {login}")
+    if isinstance(exc, LocalEntryNotFoundError):
+        return UserError(f"{hub_id} could not be downloaded (the Hugging Face Hub is not reachable) and is not in "
+                         f"the cache {hub_cache()}: check the network, or download it where the network is "
+                         f"reachable (`hf download {hub_id}`) and pass --model-dir DIR or set $TRTPIPE_MODEL_DIR")
+    if status in (401, 403):
+        return UserError(f"the Hugging Face Hub refused the token for {hub_id} (HTTP {status}): {login} with a "
+                         "valid token that may read the model (https://huggingface.co/settings/tokens)")
+    return exc
 
 
 def read_hf_arch(directory: Path) -> ModelArch:
@@ -97,7 +189,7 @@ def _load_gguf_config(path: Path):
     from transformers import AutoConfig
     try:
         return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    except Exception as exc:  # transformers raises many types for a bad GGUF
+    except Exception as exc:  # noqa: BLE001 -- transformers raises many types for a bad GGUF
         raise UserError(f"{path}: cannot read GGUF metadata ({type(exc).__name__}: {exc})") from None
 
 
@@ -126,7 +218,7 @@ def materialize_gguf(path: Path) -> Path:
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- as above, for the weights
         raise UserError(f"{path}: cannot load GGUF weights ({type(exc).__name__}: {exc})") from None
     model.config = config_cls.from_dict({k: v for k, v in clean.items() if k != "transformers_version"})
     with atomic_output_dir(out) as tmp:

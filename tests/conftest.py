@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Tests never reach the Hugging Face Hub and never find models the machine happens to have in a user
+# directory. Set here, before huggingface_hub is imported: it reads HF_HUB_OFFLINE once, at import.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.pop("TRTPIPE_MODEL_DIR", None)
 
 #: Tiny random Llama variants covering the attention layouts and options the converter must handle.
 TINY_VARIANTS: dict[str, dict] = {
