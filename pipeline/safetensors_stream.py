@@ -75,6 +75,10 @@ class SafetensorsWriter:
         self._file.write(struct.pack("<Q", len(raw)))
         self._file.write(raw)
 
+    def pending(self) -> str | None:
+        """The name of the next tensor to write (None when all are written)."""
+        return self._specs[self._next].name if self._next < len(self._specs) else None
+
     def write(self, data: torch.Tensor | list[SourceRows]) -> None:
         """Write the next declared tensor: a tensor, or source rows copied file-to-file unchanged."""
         spec = self._specs[self._next]
@@ -120,21 +124,57 @@ class SafetensorsWriter:
             self._file.close()
 
 
-class LazyWeights:
-    """The tensors of a Hugging Face directory, read on demand with positioned reads.
+class SafetensorsFile:
+    """One safetensors file whose tensors are read on demand with positioned reads.
 
     Plain reads rather than a memory map: pages of a mapped file count in the process's RSS for as long
     as the mapping lives, so streaming a whole model through one would grow RSS to the model's size.
     """
 
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._data_start, header = read_header(self.path)
+        self._info = {name: info for name, info in header.items() if name != "__metadata__"}
+
+    def names(self) -> set[str]:
+        return set(self._info)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._info[name]["shape"])
+
+    def dtype_code(self, name: str) -> str:
+        """The safetensors dtype code ("F16", "F8_E4M3", ...) of a tensor."""
+        return self._info[name]["dtype"]
+
+    def rows(self, name: str, rows: tuple[int, int] | None = None) -> SourceRows:
+        """Where the tensor, or the given range of its rows, lies on disk (nothing is read)."""
+        info = self._info[name]
+        dtype = _TORCH_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise UserError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
+        shape = list(info["shape"])
+        begin, end = info["data_offsets"]
+        if rows is not None:
+            row_bytes = (end - begin) // shape[0] if shape[0] else 0
+            begin, end = begin + rows[0] * row_bytes, begin + rows[1] * row_bytes
+            shape[0] = rows[1] - rows[0]
+        return SourceRows(self.path, self._data_start + begin, end - begin, dtype, tuple(shape))
+
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The tensor, or only the given range of its rows (reading only those bytes)."""
+        return self.rows(name, rows).load()
+
+
+class LazyWeights:
+    """The tensors of a Hugging Face directory (one or many safetensors files), read on demand."""
+
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self._where: dict[str, tuple[Path, int, dict]] = {}
+        self._where: dict[str, SafetensorsFile] = {}
         for f in self._list_files():
-            data_start, header = read_header(f)
-            for name, info in header.items():
-                if name != "__metadata__":
-                    self._where[name] = (f, data_start, info)
+            file = SafetensorsFile(f)
+            for name in file.names():
+                self._where[name] = file
 
     def _list_files(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
@@ -161,21 +201,11 @@ class LazyWeights:
         return set(self._where)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._where[name][2]["shape"])
+        return self._where[name].shape(name)
 
     def rows(self, name: str, rows: tuple[int, int] | None = None) -> SourceRows:
         """Where the tensor, or the given range of its rows, lies on disk (nothing is read)."""
-        path, data_start, info = self._where[name]
-        dtype = _TORCH_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise UserError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
-        shape = list(info["shape"])
-        begin, end = info["data_offsets"]
-        if rows is not None:
-            row_bytes = (end - begin) // shape[0] if shape[0] else 0
-            begin, end = begin + rows[0] * row_bytes, begin + rows[1] * row_bytes
-            shape[0] = rows[1] - rows[0]
-        return SourceRows(path, data_start + begin, end - begin, dtype, tuple(shape))
+        return self._where[name].rows(name, rows)
 
     def read(self, name: str, rows: tuple[int, int] | None = None,
              cols: tuple[int, int] | None = None) -> torch.Tensor:
@@ -192,12 +222,12 @@ def read_header(path: Path) -> tuple[int, dict]:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise UserError(f"{path}: truncated safetensors file (no header); download it again")
+            raise UserError(f"{path}: not a readable safetensors file (truncated, no header); write or download it again")
         (n,) = struct.unpack("<Q", head)
         try:
             header = json.loads(f.read(n))
         except (ValueError, MemoryError):
-            raise UserError(f"{path}: corrupt safetensors header; download it again") from None
+            raise UserError(f"{path}: not a readable safetensors file (corrupt header); write or download it again") from None
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     size = path.stat().st_size
     if size < 8 + n + end:

@@ -61,6 +61,25 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def checkpoint(tiny_llama, tmp_path_factory):
+    """Factory: checkpoint(variant, tp, pp) -> float32 TensorRT-LLM checkpoint of that tiny model."""
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    made: dict[tuple, Path] = {}
+
+    def get(variant: str, tp: int = 1, pp: int = 1) -> Path:
+        key = (variant, tp, pp)
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"ckpt-{variant}-tp{tp}-pp{pp}") / "ckpt"
+            made[key] = convert_model(resolve_model(str(tiny_llama(variant))), out, dtype="float32",
+                                      tp=tp, pp=pp, progress=False).path
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf_dir() -> Path:
     """SmolLM2-135M-Instruct dequantized from the offline GGUF into a float32 HF directory (cached)."""
     from pipeline.sources import resolve_model

@@ -213,21 +213,26 @@ def test_sharded_checkpoints_quantize_like_the_unsharded_one(tiny_hf, text_file,
         assert torch.allclose(logits, single, atol=1e-3, rtol=1e-3), f"tp={tp} pp={pp}"
 
 
-def test_gptq_statistics_split_over_passes_give_the_same_checkpoint(tiny_ckpt, text_file, tmp_path, monkeypatch):
-    """A model whose x^T x statistics exceed the memory budget gets them in several passes, same result."""
-    from pipeline.calibrate import stage
+def test_statistics_live_for_one_layer_and_gptq_differs_from_nearest(tiny_ckpt, text_file, tmp_path, monkeypatch):
+    """Each layer's statistics are complete (every sample seen) when its weights are rounded, then dropped."""
+    from pipeline.calibrate import collect
 
-    whole = run_calibrate(tiny_ckpt, tmp_path / "whole", "int8-sq", text_file)
-    passes = []
-    real = stage.collect_hessians
-    monkeypatch.setattr(stage, "collect_hessians", lambda *a, **k: passes.append(a[2]) or real(*a, **k))
-    monkeypatch.setattr(stage, "HESSIAN_BUDGET_BYTES", 1)
-    split = run_calibrate(tiny_ckpt, tmp_path / "split", "int8-sq", text_file)
-    assert len(passes) == 4 * 4 - 1 and all(len(names) == 1 for names in passes)   # 4 layers x 4 inputs
-    a, b = tensors(whole.path), tensors(split.path)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    held = []
+    real_finish = collect.LayerCalibrator.finish
+
+    def finish(self, layer):
+        held.append((sorted({name.split(".")[2] for name in self._layer.histograms}),
+                     {h.tokens for h in self._layer.hessians.values()}))
+        real_finish(self, layer)
+        assert self._layer is None
+
+    monkeypatch.setattr(collect.LayerCalibrator, "finish", finish)
+    gptq = run_calibrate(tiny_ckpt, tmp_path / "gptq", "int8-sq", text_file)
+    tokens = {gptq.tokens}
+    assert held == [([str(i)], tokens) for i in range(4)]       # 4 layers, x^T x of every token
     nearest = tensors(run_calibrate(tiny_ckpt, tmp_path / "nearest", "int8-sq", text_file,
                                     weight_rounding="nearest").path)
+    a = tensors(gptq.path)
     assert not torch.equal(nearest["transformer.layers.1.mlp.proj.weight"], a["transformer.layers.1.mlp.proj.weight"])
 
 

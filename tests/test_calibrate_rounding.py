@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.calibrate.rounding import DEFAULT_DAMP, HessianStats, fp8_codes, int8_codes, round_weight
+from pipeline.calibrate.rounding import (DEFAULT_DAMP, HessianStats, fp8_codes, gptq_inverse, int8_codes,
+                                         round_weight)
 
 
 def correlated_inputs(tokens: int, features: int, seed: int = 0) -> torch.Tensor:
@@ -36,7 +37,7 @@ def test_gptq_keeps_the_grid_and_cuts_the_output_error(fmt):
     assert torch.allclose(stats.mean(), x.T @ x / 4096, rtol=1e-4, atol=1e-3)
 
     nearest = round_weight(w, scale, codes, None)
-    gptq = round_weight(w, scale, codes, stats.mean(), damp=0.01)
+    gptq = round_weight(w, scale, codes, gptq_inverse(stats.mean(), damp=0.01))
     for c in (nearest, gptq):
         assert torch.equal(codes(c), c)             # every value is on the format's grid
     if fmt == "fp8":
@@ -51,7 +52,7 @@ def test_gptq_keeps_the_grid_and_cuts_the_output_error(fmt):
     err_nearest, err_gptq = output_error(held_out, w, nearest * s), output_error(held_out, w, gptq * s)
     assert err_gptq < 0.5 * err_nearest, (err_gptq, err_nearest)
     # more damping trusts the statistics less: between GPTQ and nearest (measured 0.78 x nearest)
-    damped = output_error(held_out, w, round_weight(w, scale, codes, stats.mean(), damp=DEFAULT_DAMP) * s)
+    damped = output_error(held_out, w, round_weight(w, scale, codes, gptq_inverse(stats.mean(), damp=DEFAULT_DAMP)) * s)
     assert err_gptq < damped < 0.9 * err_nearest
 
 
@@ -60,7 +61,7 @@ def test_inputs_that_never_fire_are_rounded_to_nearest_not_dropped():
     x[:, 5] = 0.0
     w = torch.randn(8, 32, generator=torch.Generator().manual_seed(2))
     scale = w.abs().amax(dim=1) / 127
-    q = round_weight(w, scale, int8_codes, x.T @ x / 512)
+    q = round_weight(w, scale, int8_codes, gptq_inverse(x.T @ x / 512))
     assert torch.equal(q[:, 5], int8_codes(w[:, 5] / scale))
 
 
@@ -69,11 +70,12 @@ def test_rank_deficient_statistics_are_damped_and_broken_ones_fall_back_to_neare
     scale = w.abs().amax(dim=1) / 127
     nearest = round_weight(w, scale, int8_codes, None)
     few = correlated_inputs(4, 32)                    # 4 tokens, 32 features: H has rank 4
-    q = round_weight(w, scale, int8_codes, few.T @ few / 4)
+    q = round_weight(w, scale, int8_codes, gptq_inverse(few.T @ few / 4))
     assert torch.isfinite(q).all() and not torch.equal(q, nearest)
     indefinite = torch.eye(32)
     indefinite[0, 1] = indefinite[1, 0] = 2.0          # eigenvalue -1: needs 10x the damping
-    q = round_weight(w, scale, int8_codes, indefinite)
+    q = round_weight(w, scale, int8_codes, gptq_inverse(indefinite))
     assert torch.isfinite(q).all() and not torch.equal(q, nearest)
     broken = torch.full((32, 32), float("nan"))
-    assert torch.equal(round_weight(w, scale, int8_codes, broken), nearest)
+    assert gptq_inverse(broken) is None
+    assert torch.equal(round_weight(w, scale, int8_codes, gptq_inverse(broken)), nearest)

@@ -31,22 +31,6 @@ VARIANTS = ["mha", "gqa", "mqa", "tied", "llama3-rope", "head-dim", "mistral"]
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tiny_llama, tmp_path_factory):
-    """Factory: checkpoint(variant, tp, pp) -> float32 TensorRT-LLM checkpoint of that tiny model."""
-    made: dict[tuple, Path] = {}
-
-    def get(variant: str, tp: int = 1, pp: int = 1) -> Path:
-        key = (variant, tp, pp)
-        if key not in made:
-            out = tmp_path_factory.mktemp(f"ckpt-{variant}-tp{tp}-pp{pp}") / "ckpt"
-            made[key] = convert_model(resolve_model(str(tiny_llama(variant))), out, dtype="float32",
-                                      tp=tp, pp=pp, progress=False).path
-        return made[key]
-
-    return get
-
-
-@pytest.fixture(scope="session")
 def hf_model(tiny_llama):
     """Factory: hf_model(variant) -> the transformers model in float32, EOS disabled for generate()."""
     from transformers import AutoModelForCausalLM

@@ -21,6 +21,10 @@ lm_head and the embedding stay in the model dtype.
 GPTQ rounding of a row-parallel linear (dense, proj) sharded over tp ranks works on the full width
 (each shard with its own scales), so the ranks' errors cancel in their summed output; an FP8 tp=2
 checkpoint holds the same values as the tp=1 one, split.
+
+`QuantizedCheckpointWriter` declares every output tensor up front (from the float rank files' headers)
+and then takes the quantized tensors one decoder layer at a time, as calibration finishes each layer:
+the rank files are written as they go and nothing holds more than one layer.
 """
 
 from __future__ import annotations
@@ -32,13 +36,11 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-from tqdm import tqdm
 
 from ..errors import UserError, read_config_json
+from ..safetensors_stream import SafetensorsFile, SafetensorsWriter, TensorSpec
 from .formats import E4M3_MAX
-from .rounding import DEFAULT_DAMP, fp8_codes, int8_codes, round_weight
+from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
 
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 LINEAR_NAMES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
@@ -56,6 +58,7 @@ class RankFile:
     tp_rank: int
     pp_rank: int
     layer_offset: int      # global index of this rank's local layer 0
+    file: SafetensorsFile = field(repr=False, compare=False)
 
     def global_name(self, name: str) -> str:
         m = LAYER_TENSOR.match(name)
@@ -106,10 +109,10 @@ def open_float_checkpoint(path: Path) -> FloatCheckpoint:
         raise UserError(f"{path} lacks {', '.join(missing)} (tp={tp}, pp={pp} needs {tp * pp} rank files)")
     ranks, offset = [], 0
     for pp_rank in range(pp):
-        layers = _local_layer_count(files[pp_rank * tp])
+        layers = _local_layer_count(SafetensorsFile(files[pp_rank * tp]))
         for tp_rank in range(tp):
             r = pp_rank * tp + tp_rank
-            ranks.append(RankFile(files[r], r, tp_rank, pp_rank, offset))
+            ranks.append(RankFile(files[r], r, tp_rank, pp_rank, offset, SafetensorsFile(files[r])))
         offset += layers
     if offset != config["num_hidden_layers"]:
         raise UserError(f"{path}: the rank files hold {offset} layers but config.json says "
@@ -117,10 +120,8 @@ def open_float_checkpoint(path: Path) -> FloatCheckpoint:
     return FloatCheckpoint(path, config, ranks)
 
 
-def _local_layer_count(path: Path) -> int:
-    with safe_open(path, "pt") as f:
-        layers = {int(m.group(1)) for m in map(LAYER_TENSOR.match, f.keys()) if m}
-    return len(layers)
+def _local_layer_count(file: SafetensorsFile) -> int:
+    return len({int(m.group(1)) for m in map(LAYER_TENSOR.match, file.names()) if m})
 
 
 def linear_of(global_name: str) -> str | None:
@@ -157,16 +158,15 @@ def weight_statistics(ckpt: FloatCheckpoint, modules: set[str]) -> WeightStats:
     amax: dict[str, float] = {}
     shards: dict[str, dict[int, torch.Tensor]] = {}
     for rf in ckpt.ranks:
-        with safe_open(rf.path, "pt") as f:
-            for name in f.keys():
-                module = linear_of(rf.global_name(name))
-                if module not in modules:
-                    continue
-                w = f.get_tensor(name).float().abs()
-                amax[module] = max(amax.get(module, 0.0), float(w.max()))
-                col = w.amax(dim=0)
-                prev = shards.setdefault(module, {}).get(rf.tp_rank)
-                shards[module][rf.tp_rank] = col if prev is None else torch.maximum(prev, col)
+        for name in sorted(rf.file.names()):
+            module = linear_of(rf.global_name(name))
+            if module not in modules:
+                continue
+            w = rf.file.read(name).float().abs()
+            amax[module] = max(amax.get(module, 0.0), float(w.max()))
+            col = w.amax(dim=0)
+            prev = shards.setdefault(module, {}).get(rf.tp_rank)
+            shards[module][rf.tp_rank] = col if prev is None else torch.maximum(prev, col)
     column_max = {}
     for module, per_rank in shards.items():
         ordered = [per_rank[t] for t in sorted(per_rank)]
@@ -191,32 +191,111 @@ class QuantPlan:
     alpha: float | None = None
     hessians: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> E[x x^T] (GPTQ); absent: nearest
     damp: float = DEFAULT_DAMP
+    #: (statistics, factor) last inverted: fc and gate share theirs, so it is computed once for both
+    _inverse: list = field(default_factory=lambda: [None, None], repr=False, compare=False)
+
+    def gptq_inverse(self, module: str) -> torch.Tensor | None:
+        """GPTQ's factor for `module` (None: round to nearest)."""
+        hessian = self.hessians.get(module)
+        if hessian is None:
+            return None
+        if self._inverse[0] is not hessian:
+            self._inverse[:] = [None, None]          # release the previous factor before making the next
+            self._inverse[:] = [hessian, gptq_inverse(hessian, self.damp)]
+        return self._inverse[1]
 
 
-def write_quantized_checkpoint(ckpt: FloatCheckpoint, plan: QuantPlan, out: Path, progress: bool = False) -> dict:
-    """Write config.json and every rank file of the quantized checkpoint into `out`; returns the config."""
-    desc = "rounding weights (GPTQ)" if plan.hessians else "quantizing weights"
-    for rf in ckpt.ranks:
-        tensors = {}
-        with safe_open(rf.path, "pt") as f:
-            for name in tqdm(list(f.keys()), desc=f"{desc}, rank {rf.rank}", unit="tensor", disable=not progress,
-                             leave=False):
-                tensors.update(_quantized_tensors(rf, name, f.get_tensor(name), ckpt, plan))
-        if plan.kv_cache:
-            tensors.update(_kv_scales(rf, tensors, plan))
-        save_file(tensors, str(out / rf.path.name), metadata={"format": "pt"})
-    config = quantized_config(ckpt.config, plan)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return config
+class QuantizedCheckpointWriter:
+    """The quantized twin of `ckpt` in `out`, written a decoder layer at a time (`write_layer`, in order)."""
+
+    def __init__(self, ckpt: FloatCheckpoint, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
+                 alpha: float | None, out: Path):
+        self.ckpt, self.precision, self.kv_cache, self.exclude, self.alpha = ckpt, precision, kv_cache, exclude, alpha
+        self.out = Path(out)
+        self._writers: dict[int, SafetensorsWriter] = {}
+        self._layer_names: dict[int, dict[int, list[str]]] = {}     # rank -> local layer -> float tensor names
+        for rf in ckpt.ranks:
+            outer, layers = [], {}
+            for name in sorted(rf.file.names()):
+                m = LAYER_TENSOR.match(name)
+                (layers.setdefault(int(m.group(1)), []) if m else outer).append(name)
+            self._layer_names[rf.rank] = layers
+            specs = [spec for name in outer for spec in self._specs(rf, name)]
+            specs += [spec for local in sorted(layers) for name in layers[local] for spec in self._specs(rf, name)]
+            specs += [spec for local in sorted(layers) for spec in self._kv_specs(local)]
+            writer = SafetensorsWriter(self.out / rf.path.name, _in_layer_order(specs), metadata={"format": "pt"})
+            for name in outer:                       # embedding, ln_f, lm_head: copied unchanged
+                writer.write([rf.file.rows(name)])
+            self._writers[rf.rank] = writer
+
+    def _specs(self, rf: RankFile, name: str) -> list[TensorSpec]:
+        dtype = DTYPES[self.ckpt.config["dtype"]]
+        shape = rf.file.shape(name)
+        module = linear_of(rf.global_name(name))
+        if module is None or is_excluded(module, self.exclude):
+            return [TensorSpec(name, _file_dtype(rf.file, name), shape)]
+        prefix = name[: -len(".weight")]
+        one = (1,)
+        if self.precision == "fp8":
+            return [TensorSpec(name, torch.float8_e4m3fn, shape),
+                    TensorSpec(prefix + ".weights_scaling_factor", torch.float32, one),
+                    TensorSpec(prefix + ".activation_scaling_factor", torch.float32, one)]
+        return [TensorSpec(name, torch.int8, shape),
+                TensorSpec(prefix + ".weights_scaling_factor", torch.float32, (shape[0],)),
+                TensorSpec(prefix + ".prequant_scaling_factor", dtype, (shape[1],)),
+                TensorSpec(prefix + ".activation_scaling_factor", torch.float32, one)]
+
+    def _kv_specs(self, local: int) -> list[TensorSpec]:
+        if not self.kv_cache:
+            return []
+        p = f"transformer.layers.{local}.attention."
+        return [TensorSpec(p + key + "_scaling_factor", torch.float32, (1,)) for key in ("k_cache", "v_cache", "kv_cache")]
+
+    def write_layer(self, layer: int, plan: QuantPlan) -> None:
+        """Quantize global layer `layer` with `plan` (which covers at least its modules) into every rank file."""
+        for rf in self.ckpt.ranks:
+            local = layer - rf.layer_offset
+            if local not in self._layer_names[rf.rank]:
+                continue
+            tensors = {}
+            for name in self._layer_names[rf.rank][local]:
+                tensors.update(_quantized_tensors(rf, name, rf.file.read(name), self.ckpt, plan))
+            if plan.kv_cache:
+                tensors.update(_kv_scales(rf, tensors, plan))
+            writer = self._writers[rf.rank]
+            while writer.pending() in tensors:
+                writer.write(tensors.pop(writer.pending()))
+            if tensors:
+                raise AssertionError(f"layer {layer}: tensors out of declared order: {sorted(tensors)[:3]}")
+
+    def close(self) -> dict:
+        """Finish every rank file and write config.json; returns the config."""
+        for writer in self._writers.values():
+            writer.close()
+        config = quantized_config(self.ckpt.config, self.precision, self.kv_cache, self.exclude, self.alpha)
+        (self.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return config
 
 
-def quantized_config(config: dict, plan: QuantPlan) -> dict:
+def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
+    """Non-layer tensors first, then each layer's tensors (its linears' and its KV scales) together."""
+    def key(spec: TensorSpec):
+        m = LAYER_TENSOR.match(spec.name)
+        return (-1, "") if m is None else (int(m.group(1)), "")
+    return sorted(specs, key=key)      # stable: keeps each group's own order
+
+
+def _file_dtype(file: SafetensorsFile, name: str) -> torch.dtype:
+    return file.rows(name).dtype
+
+
+def quantized_config(config: dict, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
+                     alpha: float | None) -> dict:
     quant = dict(config.get("quantization") or {})
-    quant.update(quant_algo=QUANT_ALGOS[plan.precision],
-                 kv_cache_quant_algo=KV_ALGOS[plan.kv_cache] if plan.kv_cache else None,
-                 exclude_modules=["lm_head", *plan.exclude])
-    if plan.precision == "int8-sq":
-        quant["smoothquant_val"] = plan.alpha
+    quant.update(quant_algo=QUANT_ALGOS[precision], kv_cache_quant_algo=KV_ALGOS[kv_cache] if kv_cache else None,
+                 exclude_modules=["lm_head", *exclude])
+    if precision == "int8-sq":
+        quant["smoothquant_val"] = alpha
     return {**config, "quantization": quant}
 
 
@@ -254,20 +333,19 @@ def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: to
     engine sums the ranks' partial products: every rank rounds the whole weight (with each shard's own
     scales) and keeps its own columns."""
     codes = fp8_codes if plan.precision == "fp8" else int8_codes
-    hessian = plan.hessians.get(module)
-    if hessian is None or not module.endswith(ROW_PARALLEL) or ckpt.tp_size == 1:
-        return round_weight(w, wsf, codes, hessian, plan.damp)
+    hinv = plan.gptq_inverse(module)
+    if hinv is None or not module.endswith(ROW_PARALLEL) or ckpt.tp_size == 1:
+        return round_weight(w, wsf, codes, hinv)
     shards = []
     for peer in (r for r in ckpt.ranks if r.pp_rank == rf.pp_rank):
         if peer is rf:
             shards.append((w, wsf))
         else:
-            with safe_open(peer.path, "pt") as f:
-                shards.append(_rounding_input(plan, module, f.get_tensor(name), peer.tp_rank, ckpt.tp_size))
+            shards.append(_rounding_input(plan, module, peer.file.read(name), peer.tp_rank, ckpt.tp_size))
     full = torch.cat([s[0] for s in shards], dim=1)
     scale = torch.cat([s[1].reshape(-1, 1).expand(-1, s[0].shape[1]) for s in shards], dim=1)
     width = w.shape[1]
-    return round_weight(full, scale, codes, hessian, plan.damp)[:, rf.tp_rank * width:(rf.tp_rank + 1) * width]
+    return round_weight(full, scale, codes, hinv)[:, rf.tp_rank * width:(rf.tp_rank + 1) * width]
 
 
 def local_prequant(full: torch.Tensor, module: str, tp_rank: int, tp_size: int) -> torch.Tensor:

@@ -1,22 +1,29 @@
-"""Run calibration samples through the reference runtime and keep streaming statistics per tensor.
+"""Statistics, scales and weight rounding of one decoder layer at a time, driven by the layer stream.
 
-The runtime's observer hands over the input of every quantizable linear and the K / V values that
-enter the KV cache. `mlp.fc` and `mlp.gate` read the same input, so only `fc` is recorded and `gate`
-shares its statistics. For SmoothQuant a first pass records per-channel maxima and a second pass
-histograms the smoothed inputs (x * prequant_scaling_factor), which is what the engine quantizes.
-The same pass accumulates, for GPTQ weight rounding, x^T x of the linear inputs named in `hessians`;
-`collect_hessians` runs further passes for the names that did not fit in memory the first time.
+`LayerStream` pushes every calibration sample through layer i with the observers `passes(i)` yields,
+then releases the layer and calls `finish(i)`. The observer hands over the input of every quantizable
+linear and the K / V values that enter the KV cache. `mlp.fc` and `mlp.gate` read the same input, so
+only `fc` is recorded and `gate` shares its statistics. For SmoothQuant a first pass records
+per-channel maxima and a second pass histograms the smoothed inputs (x * prequant_scaling_factor),
+which is what the engine quantizes; the same pass accumulates, for GPTQ, x^T x of the linear inputs.
+`finish(i)` picks every amax of the layer, rounds its weights and hands them to the checkpoint writer,
+so statistics are only ever held for one layer (x^T x is in^2 floats per input: 0.8 GB for
+Llama-3-8B's mlp.proj).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
-from tqdm import tqdm
 
+from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, weight_statistics
+from .formats import FP8, INT8
 from .histogram import ChannelMax, StreamingHistogram
+from .report import TensorReport, tensor_report
 from .rounding import HessianStats
+from .smoothquant import smoothing_factors
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 KV = ("attention.k", "attention.v")
@@ -39,67 +46,91 @@ def source_of(name: str) -> str:
     return name
 
 
+def is_kv(name: str) -> bool:
+    return name.endswith((".attention.k", ".attention.v"))
+
+
 @dataclass
-class ActivationStats:
-    histograms: dict[str, StreamingHistogram] = field(default_factory=dict)
+class LayerStatistics:
+    """What the observers of one layer collected."""
+
     channel_max: dict[str, ChannelMax] = field(default_factory=dict)
+    histograms: dict[str, StreamingHistogram] = field(default_factory=dict)
     hessians: dict[str, HessianStats] = field(default_factory=dict)
-    tokens: int = 0
+    prequant: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def collect_channel_max(model, samples: list[list[int]], progress: bool = True) -> dict[str, torch.Tensor]:
-    """Per-input-channel max |x| of every linear input (SmoothQuant's first pass)."""
-    stats = ActivationStats()
+class LayerCalibrator:
+    """Calibrates `ckpt` layer by layer into `writer`; `reports` and `histograms` collect every tensor's."""
 
-    def observe(name: str, x: torch.Tensor) -> None:
+    def __init__(self, ckpt: FloatCheckpoint, options, writer: QuantizedCheckpointWriter,
+                 modules: dict[int, list[str]]):
+        self.ckpt, self.options, self.writer, self.modules = ckpt, options, writer, modules
+        self.reports: list[TensorReport] = []
+        self.histograms: dict[str, StreamingHistogram] = {}
+        self._layer: LayerStatistics | None = None
+        self._weights = None
+
+    def passes(self, layer: int) -> Iterator:
+        """The observers of layer `layer`: channel maxima first for SmoothQuant, then histograms and x^T x."""
+        modules = self.modules[layer]
+        stats = self._layer = LayerStatistics()
+        self._weights = weight_statistics(self.ckpt, set(modules))
+        if self.options.precision == "int8-sq":
+            yield lambda name, x: self._observe_channel_max(stats, name, x)
+            recorded = {k: v.values for k, v in stats.channel_max.items()
+                        if source_of(k) in modules or k in modules}
+            stats.prequant = smoothing_factors(recorded, self._weights.column_max, self.options.alpha,
+                                               self.ckpt.dtype)
+        gptq = {source_of(m) for m in modules} if self.options.weight_rounding == "gptq" else set()
+        yield lambda name, x: self._observe(stats, gptq, name, x)
+
+    @staticmethod
+    def _observe_channel_max(stats: LayerStatistics, name: str, x: torch.Tensor) -> None:
         key = stats_key(name)
-        if key is not None and not _is_kv(key):
+        if key is not None and not is_kv(key):
             stats.channel_max.setdefault(key, ChannelMax()).collect(x)
 
-    _run(model, samples, observe, stats, "calibration pass 1/2 (channel max)" if progress else None)
-    return {k: v.values for k, v in stats.channel_max.items()}
-
-
-def collect_histograms(model, samples: list[list[int]], prequant: dict[str, torch.Tensor] | None = None,
-                       progress: bool = True, desc: str = "calibration",
-                       hessians: frozenset[str] = frozenset()) -> ActivationStats:
-    """Histograms and running maxima of every linear input (times its smoothing, if any) and of K / V,
-    and x^T x of the linear inputs in `hessians`."""
-    return _collect(model, samples, prequant or {}, True, hessians, desc if progress else None)
-
-
-def collect_hessians(model, samples: list[list[int]], names: frozenset[str],
-                     prequant: dict[str, torch.Tensor] | None = None, progress: bool = True,
-                     desc: str = "calibration (GPTQ statistics)") -> dict[str, HessianStats]:
-    """x^T x (times smoothing, if any) of the linear inputs in `names` only."""
-    return _collect(model, samples, prequant or {}, False, names, desc if progress else None).hessians
-
-
-def _collect(model, samples: list[list[int]], prequant: dict[str, torch.Tensor], histograms: bool,
-             hessians: frozenset[str], desc: str | None) -> ActivationStats:
-    stats = ActivationStats()
-
-    def observe(name: str, x: torch.Tensor) -> None:
+    @staticmethod
+    def _observe(stats: LayerStatistics, gptq: set[str], name: str, x: torch.Tensor) -> None:
         key = stats_key(name)
-        if key is None or not (histograms or key in hessians):
+        if key is None:
             return
-        if key in prequant:
-            x = x * prequant[key]
-        if histograms:
-            stats.histograms.setdefault(key, StreamingHistogram()).collect(x)
-        if key in hessians:
+        if key in stats.prequant:
+            x = x * stats.prequant[key]
+        stats.histograms.setdefault(key, StreamingHistogram()).collect(x)
+        if key in gptq:
             stats.hessians.setdefault(key, HessianStats()).collect(x)
 
-    _run(model, samples, observe, stats, desc)
-    return stats
+    def finish(self, layer: int) -> None:
+        """Pick the layer's amaxes, round its weights and write them; keep only reports and histograms."""
+        stats, options, modules = self._layer, self.options, self.modules[layer]
+        act_fmt = FP8 if options.precision == "fp8" else INT8
+        kv_fmt = FP8 if options.kv_cache == "fp8" else INT8
+        reports = []
+        for name, hist in stats.histograms.items():
+            if is_kv(name) and not options.kv_cache:
+                continue
+            reports.append(tensor_report(name, "kv" if is_kv(name) else "activation", hist,
+                                         kv_fmt if is_kv(name) else act_fmt, options.chosen_method,
+                                         options.percentile))
+        chosen = {t.name: t.chosen_amax for t in reports}
+        hessians = {name: h.mean() for name, h in stats.hessians.items()}
+        prefix = f"transformer.layers.{layer}.attention."
+        plan = QuantPlan(
+            precision=options.precision, kv_cache=options.kv_cache,
+            activation_amax={m: chosen[source_of(m)] for m in modules},
+            weight_amax=self._weights.amax,
+            prequant={m: stats.prequant[source_of(m)] for m in modules if source_of(m) in stats.prequant},
+            kv_amax={layer: (chosen[prefix + "k"], chosen[prefix + "v"])} if options.kv_cache else {},
+            exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None,
+            hessians={m: hessians[source_of(m)] for m in modules if source_of(m) in hessians},
+            damp=options.damp)
+        self.writer.write_layer(layer, plan)
+        self.reports += reports
+        self.histograms.update(stats.histograms)
+        self._layer = self._weights = None
 
-
-def _run(model, samples: list[list[int]], observe, stats: ActivationStats, desc: str | None) -> None:
-    with torch.inference_mode():
-        for ids in tqdm(samples, desc=desc, unit="sample", disable=desc is None, leave=False):
-            model.forward(torch.tensor([ids], dtype=torch.long), observer=observe)
-            stats.tokens += len(ids)
-
-
-def _is_kv(name: str) -> bool:
-    return name.endswith((".attention.k", ".attention.v"))
+    def close(self) -> dict:
+        """Finish the checkpoint (config.json); returns its config."""
+        return self.writer.close()

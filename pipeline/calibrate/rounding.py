@@ -57,29 +57,50 @@ def int8_codes(x: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.round(x), -128.0, 127.0)
 
 
-def round_weight(weight: torch.Tensor, scale: torch.Tensor, codes: Codes, hessian: torch.Tensor | None,
-                 damp: float = DEFAULT_DAMP) -> torch.Tensor:
+def round_weight(weight: torch.Tensor, scale: torch.Tensor, codes: Codes, hinv: torch.Tensor | None) -> torch.Tensor:
     """Quantized codes (float tensor of grid values) of `weight` [out, in].
 
     `scale` is [1] (per tensor), [out] (per row) or [out or 1, in] (per row and input block, for a
-    row-parallel weight whose tp shards have scales of their own). With `hessian` None the codes are
-    nearest rounding; otherwise GPTQ against that [in, in] matrix.
+    row-parallel weight whose tp shards have scales of their own). With `hinv` None the codes are
+    nearest rounding; otherwise GPTQ with that factor of the damped inverse statistics (`gptq_inverse`).
     """
     scale = scale.reshape(-1, 1) if scale.dim() == 1 else scale
-    if hessian is None:
+    if hinv is None:
         return codes(weight.float() / scale.float())
-    return gptq_codes(weight, hessian, scale.to(torch.float64).expand(weight.shape), codes, damp)
+    return gptq_codes(weight, hinv, scale.to(torch.float64).expand(weight.shape), codes)
 
 
-def gptq_codes(weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, codes: Codes,
-               damp: float) -> torch.Tensor:
-    w = weight.to(torch.float64).clone()
-    h = hessian.to(torch.float64).clone()
-    dead = torch.diagonal(h) <= 0              # inputs that never fired: rounded to nearest, no feedback
+def gptq_inverse(hessian: torch.Tensor, damp: float = DEFAULT_DAMP) -> torch.Tensor | None:
+    """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1 for H = E[x x^T] [in, in], the matrix GPTQ
+    rounds with, raising the damping (x10) while the factorization of H fails; None when it never succeeds
+    (e.g. non-finite statistics) or the inverse does not factorize: the weights are then rounded to nearest.
+    Inputs that never fired get a unit diagonal: they are rounded to nearest and take no error feedback.
+
+    H is damped in place and at most two [in, in] float64 matrices live at once (for Llama-3-8B's
+    mlp.proj input, 14336 wide, each is 1.6 GB).
+    """
+    h = hessian.to(torch.float64, copy=True)
+    dead = torch.diagonal(h) <= 0
     h[dead, dead] = 1.0
-    hinv = inverse_cholesky(h, damp)
-    if hinv is None:                           # not positive definite even when damped: no feedback
-        return codes(weight.float() / scale.float())
+    mean_diag = float(torch.diagonal(h).mean())
+    if not torch.isfinite(h).all() or mean_diag <= 0:
+        return None
+    diagonal = torch.diagonal(h).clone()
+    for attempt in range(DAMP_RETRIES + 1):
+        torch.diagonal(h).copy_(diagonal + damp * 10 ** attempt * mean_diag)
+        factor, info = torch.linalg.cholesky_ex(h)
+        if int(info) == 0:
+            del h
+            inverse = torch.cholesky_inverse(factor)
+            del factor
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            return upper if int(info) == 0 else None
+        del factor
+    return None
+
+
+def gptq_codes(weight: torch.Tensor, hinv: torch.Tensor, scale: torch.Tensor, codes: Codes) -> torch.Tensor:
+    w = weight.to(torch.float64).clone()
     out = torch.empty_like(w)
     for start in range(0, w.shape[1], BLOCK):
         stop = min(start + BLOCK, w.shape[1])
@@ -94,19 +115,3 @@ def gptq_codes(weight: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor,
             errors[:, j:j + 1] = err
         w[:, stop:] -= errors @ hinv[start:stop, stop:]
     return out.float()
-
-
-def inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor | None:
-    """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, raising the damping (x10) while the
-    factorization fails; None if it never succeeds (e.g. non-finite statistics)."""
-    mean_diag = float(torch.diagonal(h).mean())
-    if not torch.isfinite(h).all() or mean_diag <= 0:
-        return None
-    for attempt in range(DAMP_RETRIES + 1):
-        damped = h + damp * 10 ** attempt * mean_diag * torch.eye(len(h), dtype=h.dtype)
-        factor, info = torch.linalg.cholesky_ex(damped)
-        if int(info) == 0:
-            inverse, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(factor), upper=True)
-            if int(info) == 0:
-                return inverse
-    return None

@@ -13,20 +13,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from .. import __version__
 from ..errors import UserError
 from ..outputs import atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date, write_manifest
 from .amax import DEFAULT_PERCENTILE, METHODS
-from .checkpoint import (LINEAR_NAMES, FloatCheckpoint, QuantPlan, is_excluded, open_float_checkpoint,
-                         weight_statistics, write_quantized_checkpoint)
-from .collect import collect_channel_max, collect_hessians, collect_histograms, source_of
+from .checkpoint import LINEAR_NAMES, FloatCheckpoint, QuantizedCheckpointWriter, is_excluded, open_float_checkpoint
+from .collect import LayerCalibrator
 from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples
-from .formats import FP8, INT8, QuantFormat
 from .rounding import DEFAULT_DAMP, ROUNDINGS
-from .report import TensorReport, most_sensitive, plot_histograms, tensor_report, write_report_json
-from .smoothquant import smoothing_factors
+from .report import TensorReport, most_sensitive, plot_histograms, write_report_json
 from .trtcache import write_calibration_cache
 
 STAGE = "calibrate"
@@ -37,9 +33,6 @@ DEFAULT_METHOD = {"fp8": "max", "int8-sq": "max"}
 #: perplexity 0.5 +32.9%, 0.7 +6.0%, 0.8 +4.3%, 0.9 +4.5%
 DEFAULT_ALPHA = 0.8
 DEFAULT_ROUNDING = "gptq"
-#: GPTQ statistics (float32 x^T x per linear input) kept in memory per calibration pass; past it, the
-#: remaining linears get their statistics in further passes (large models only)
-HESSIAN_BUDGET_BYTES = 2 << 30
 EVAL_WINDOW = 512
 REPORT_DIR = "calibration"
 
@@ -56,6 +49,7 @@ class CalibrateOptions:
     weight_rounding: str = DEFAULT_ROUNDING
     damp: float = DEFAULT_DAMP
     eval_samples: int = 40
+    device: str = "auto"
     force: bool = False
     progress: bool = True
 
@@ -125,32 +119,37 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
         return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)
     check_output_free(out, options.force)
 
+    from ..runtime import LayerStream, perplexity, resolve_device
+
+    device = resolve_device(options.device)
     tokenizer = load_tokenizer(checkpoint)
     samples = tokenize_samples(load_texts(options.recipe), tokenizer, options.recipe)
     heldout = heldout_sequences(tokenizer, options.eval_samples)
-
-    from ..runtime import ReferenceModel, perplexity
-
-    model = ReferenceModel.load(checkpoint)
-    plan, tensors, histograms, tokens = calibrate_statistics(model, ckpt, samples, options)
-    float_ppl = perplexity(model, heldout, window=EVAL_WINDOW, progress=options.progress,
+    stream = LayerStream(checkpoint, device)
+    float_ppl = perplexity(stream, heldout, window=EVAL_WINDOW, progress=options.progress,
                            desc="perplexity (float)") if heldout else None
-    del model
 
     with atomic_output_dir(out) as tmp:
-        config = write_quantized_checkpoint(ckpt, plan, tmp, progress=options.progress)
+        writer = QuantizedCheckpointWriter(ckpt, options.precision, options.kv_cache, options.exclude,
+                                           options.alpha if options.precision == "int8-sq" else None, tmp)
+        calibrator = LayerCalibrator(ckpt, options, writer, quantized_modules(ckpt, options.exclude))
+        stream.run_layers(samples, passes=calibrator.passes, after_layer=calibrator.finish,
+                          desc="calibration" if options.progress else None)
+        config = calibrator.close()
         shutil.copytree(checkpoint / "tokenizer", tmp / "tokenizer")
         ppl = None
         if float_ppl is not None:
-            quant_ppl = perplexity(ReferenceModel.load(tmp), heldout, window=EVAL_WINDOW,
+            quant_ppl = perplexity(LayerStream(tmp, device), heldout, window=EVAL_WINDOW,
                                    progress=options.progress, desc="perplexity (quantized)")
             ppl = {"float": float_ppl.perplexity, "quantized": quant_ppl.perplexity,
                    "ratio": quant_ppl.perplexity / float_ppl.perplexity, "tokens": quant_ppl.tokens}
-        write_reports(tmp / REPORT_DIR, options, plan, tensors, histograms, ppl, len(samples), tokens)
+        tokens = sum(len(s) for s in samples)
+        write_reports(tmp / REPORT_DIR, options, calibrator.reports, calibrator.histograms, ppl, len(samples), tokens)
         seconds = time.monotonic() - started
         write_manifest(tmp, STAGE, inputs, params, {"source_checkpoint": str(checkpoint.resolve()),
                                                     "seconds": round(seconds, 2)})
-    return CalibrationResult(out, config, options.chosen_method, tensors, ppl, len(samples), tokens, seconds)
+    return CalibrationResult(out, config, options.chosen_method, calibrator.reports, ppl, len(samples), tokens,
+                             seconds)
 
 
 def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
@@ -198,70 +197,18 @@ def heldout_sequences(tokenizer, count: int) -> list[list[int]]:
     return [s for s in seqs if len(s) >= 2]
 
 
-def calibrate_statistics(model, ckpt: FloatCheckpoint, samples: list[list[int]], options: CalibrateOptions):
-    """Collect statistics, pick amax per tensor, and assemble the writer's plan."""
-    modules = quantized_modules(ckpt, options.exclude)
-    weights = weight_statistics(ckpt, set(modules))
-    prequant: dict[str, torch.Tensor] = {}
-    if options.precision == "int8-sq":
-        channel_max = collect_channel_max(model, samples, options.progress)
-        prequant = smoothing_factors({k: v for k, v in channel_max.items() if source_of(k) in modules or k in modules},
-                                     weights.column_max, options.alpha, ckpt.dtype)
-    groups = hessian_groups(modules, weights) if options.weight_rounding == "gptq" else []
-    stats = collect_histograms(model, samples, prequant, options.progress,
-                               desc="calibration pass 2/2 (histograms)" if prequant else "calibration",
-                               hessians=groups[0] if groups else frozenset())
-    for group in groups[1:]:
-        stats.hessians.update(collect_hessians(model, samples, group, prequant, options.progress))
-    act_fmt: QuantFormat = FP8 if options.precision == "fp8" else INT8
-    kv_fmt = FP8 if options.kv_cache == "fp8" else INT8
-    method, reports = options.chosen_method, []
-    for name, hist in stats.histograms.items():
-        is_kv = name.endswith((".attention.k", ".attention.v"))
-        if is_kv and not options.kv_cache:
-            continue
-        reports.append(tensor_report(name, "kv" if is_kv else "activation", hist, kv_fmt if is_kv else act_fmt,
-                                     method, options.percentile))
-    chosen = {t.name: t.chosen_amax for t in reports}
-    hessians = {name: h.mean() for name, h in stats.hessians.items()}
-    plan = QuantPlan(
-        precision=options.precision, kv_cache=options.kv_cache,
-        activation_amax={m: chosen[source_of(m)] for m in modules},
-        weight_amax=weights.amax,
-        prequant={m: prequant[source_of(m)] for m in modules if source_of(m) in prequant},
-        kv_amax={i: (chosen[f"transformer.layers.{i}.attention.k"], chosen[f"transformer.layers.{i}.attention.v"])
-                 for i in range(ckpt.num_layers)} if options.kv_cache else {},
-        exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None,
-        hessians={m: hessians[source_of(m)] for m in modules if source_of(m) in hessians},
-        damp=options.damp)
-    return plan, reports, stats.histograms, stats.tokens
+def quantized_modules(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> dict[int, list[str]]:
+    """The quantized linears of each layer (global names)."""
+    return {i: [f"transformer.layers.{i}.{lin}" for lin in LINEAR_NAMES
+                if not is_excluded(f"transformer.layers.{i}.{lin}", exclude)] for i in range(ckpt.num_layers)}
 
 
-def hessian_groups(modules: list[str], weights) -> list[frozenset[str]]:
-    """The recorded linear inputs whose x^T x GPTQ needs, split into groups that fit the memory budget."""
-    groups: list[set[str]] = [set()]
-    used = 0
-    for name in dict.fromkeys(source_of(m) for m in modules):
-        size = 4 * weights.column_max[name].numel() ** 2
-        if groups[-1] and used + size > HESSIAN_BUDGET_BYTES:
-            groups.append(set())
-            used = 0
-        groups[-1].add(name)
-        used += size
-    return [frozenset(g) for g in groups if g]
-
-
-def quantized_modules(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> list[str]:
-    return [f"transformer.layers.{i}.{lin}" for i in range(ckpt.num_layers) for lin in LINEAR_NAMES
-            if not is_excluded(f"transformer.layers.{i}.{lin}", exclude)]
-
-
-def write_reports(directory: Path, options: CalibrateOptions, plan: QuantPlan, tensors: list[TensorReport],
+def write_reports(directory: Path, options: CalibrateOptions, tensors: list[TensorReport],
                   histograms: dict, ppl: dict | None, samples: int, tokens: int) -> None:
     directory.mkdir()
     header = {"tool_version": __version__, "precision": options.precision, "kv_cache": options.kv_cache,
               "method": options.chosen_method, "default_method": DEFAULT_METHOD[options.precision],
-              "alpha": plan.alpha, "percentile": options.percentile, "weight_rounding": options.weight_rounding,
+              "alpha": options.alpha if options.precision == "int8-sq" else None, "percentile": options.percentile, "weight_rounding": options.weight_rounding,
               "damp": options.damp if options.weight_rounding == "gptq" else None, "recipe": options.recipe.to_dict(),
               "samples": samples, "tokens": tokens, "perplexity": ppl}
     write_report_json(directory / "report.json", header, tensors)

@@ -1,13 +1,16 @@
-"""trtpipe's reference runtime: TensorRT-LLM checkpoints executed with torch on the CPU.
+"""trtpipe's reference runtime: TensorRT-LLM checkpoints executed with torch.
 
-    from pipeline.runtime import ReferenceModel, SamplingConfig
-    model = ReferenceModel.load(ckpt_dir)
+    from pipeline.runtime import LayerStream, ReferenceModel, SamplingConfig, perplexity
+    model = ReferenceModel.load(ckpt_dir)                  # the whole model, for serving
     logits = model.forward(input_ids)                      # [B, T] -> float32 [B, T, vocab]
     outs = model.generate(prompts, SamplingConfig(max_new_tokens=32))
+    stream = LayerStream(ckpt_dir, device)                 # one layer at a time, for statistics and scores
+    ppl = perplexity(stream, sequences)
 """
 
 from .model import ReferenceModel
 from .perplexity import PerplexityResult, perplexity
 from .sampling import SamplingConfig
+from .stream import LayerStream, resolve_device
 
-__all__ = ["ReferenceModel", "PerplexityResult", "SamplingConfig", "perplexity"]
+__all__ = ["LayerStream", "ReferenceModel", "PerplexityResult", "SamplingConfig", "perplexity", "resolve_device"]

@@ -1,4 +1,4 @@
-"""Load a TensorRT-LLM checkpoint of any tp/pp layout back into one set of float32 weights.
+"""Read a TensorRT-LLM checkpoint of any tp/pp layout back as float32 weights, whole or a layer at a time.
 
 Every rank file is checked against the layout TensorRT-LLM defines (upstream-facts A1) before a
 tensor is read: missing or unexpected tensors, wrong shapes and wrong dtypes are all reported by
@@ -8,6 +8,11 @@ dim 0 and row-parallel ones (attention.dense, mlp.proj) on dim 1, duplicated K/V
 num_key_value_heads) are collapsed after checking that the copies agree, and vocab padding is cut.
 Quantized weights are dequantized rank by rank with their own scales, so the merged float32 weight
 is exactly the value the engine's GEMM sees.
+
+`CheckpointReader` validates every rank file from the headers alone and then merges one piece at a
+time (the embedding, one decoder layer, the final norm, a range of lm_head rows), reading only that
+piece's bytes: the layer stream (`stream.py`) never holds more than one layer. `load_checkpoint`
+merges everything at once for the serving runtime.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from ..errors import UserError
+from ..safetensors_stream import SafetensorsFile
 from .config import RuntimeConfig, read_config
 from .quant import TensorQuant, dequantize_weight, fake_quant_fp8
 
@@ -78,29 +83,68 @@ class RankFile:
     tp_rank: int
     pp_rank: int
     path: Path
-    handle: object = field(repr=False)
+    file: SafetensorsFile = field(repr=False)
 
     def names(self) -> set[str]:
-        return set(self.handle.keys())
+        return self.file.names()
 
-    def get(self, name: str) -> torch.Tensor:
-        return self.handle.get_tensor(name)
+    def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        return self.file.read(name, rows)
 
     def maybe(self, name: str) -> torch.Tensor | None:
-        return self.get(name) if name in self.handle.keys() else None
+        return self.get(name) if name in self.file.names() else None
+
+
+class CheckpointReader:
+    """A validated checkpoint whose merged float32 pieces are read on demand (nothing is held)."""
+
+    def __init__(self, ckpt_dir: Path):
+        self.path = Path(ckpt_dir)
+        self.config, self.cfg = read_config(self.path)
+        self.ranks = open_rank_files(self.path, self.cfg)
+        self.stage_layers = layers_per_stage(self.ranks, self.cfg)
+        problems = []
+        for rf in self.ranks:
+            problems += check_rank(rf, expected_tensors(self.cfg, rf, self.stage_layers))
+        report(self.path, problems)
+        self._stages = [[rf for rf in self.ranks if rf.pp_rank == s] for s in range(self.cfg.pp_size)]
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.num_layers
+
+    def embedding(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The float32 embedding [vocab, hidden], or only the given range of vocabulary rows."""
+        return merge_embedding(self.cfg, self._stages[0], rows)
+
+    def layer(self, index: int) -> Layer:
+        stage = next(s for s in range(self.cfg.pp_size) if index < first_layer(self.stage_layers, s + 1))
+        return merge_layer(self.cfg, self._stages[stage], index - first_layer(self.stage_layers, stage), index)
+
+    def final_norm(self) -> torch.Tensor:
+        return self._stages[-1][0].get("transformer.ln_f.weight").float()
+
+    @property
+    def tied_lm_head(self) -> bool:
+        return "lm_head.weight" not in self._stages[-1][0].names()
+
+    def lm_head(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The float32 lm_head [vocab, hidden] (the embedding when tied), or only a range of its rows."""
+        if self.tied_lm_head:
+            return self.embedding(rows)
+        start, stop = rows or (0, self.cfg.vocab_size)
+        return torch.cat([part.float() for part in _vocab_shards(self._stages[-1], "lm_head.weight", start, stop)])
+
+    def merge_all(self) -> ModelWeights:
+        embedding = self.embedding()
+        return ModelWeights(embedding, [self.layer(i) for i in range(self.num_layers)], self.final_norm(),
+                            embedding if self.tied_lm_head else self.lm_head())
 
 
 def load_checkpoint(ckpt_dir: Path) -> tuple[dict, RuntimeConfig, ModelWeights]:
     """Read, validate and merge a checkpoint; UserError (naming every problem) if it is not runnable."""
-    ckpt_dir = Path(ckpt_dir)
-    raw, cfg = read_config(ckpt_dir)
-    ranks = open_rank_files(ckpt_dir, cfg)
-    stage_layers = layers_per_stage(ranks, cfg)
-    problems = []
-    for rf in ranks:
-        problems += check_rank(rf, expected_tensors(cfg, rf, stage_layers))
-    report(ckpt_dir, problems)
-    return raw, cfg, merge(cfg, ranks, stage_layers)
+    reader = CheckpointReader(ckpt_dir)
+    return reader.config, reader.cfg, reader.merge_all()
 
 
 def open_rank_files(ckpt_dir: Path, cfg: RuntimeConfig) -> list[RankFile]:
@@ -117,11 +161,7 @@ def open_rank_files(ckpt_dir: Path, cfg: RuntimeConfig) -> list[RankFile]:
     files = []
     for r in range(world):
         path = ckpt_dir / f"rank{r}.safetensors"
-        try:
-            handle = safe_open(str(path), framework="pt", device="cpu")
-        except Exception as exc:  # safetensors raises its own error types for damaged files
-            raise UserError(f"{path}: not a readable safetensors file ({exc})") from None
-        files.append(RankFile(r, r % cfg.tp_size, r // cfg.tp_size, path, handle))
+        files.append(RankFile(r, r % cfg.tp_size, r // cfg.tp_size, path, SafetensorsFile(path)))
     return files
 
 
@@ -220,15 +260,14 @@ def check_rank(rf: RankFile, expected: dict[str, Expect]) -> list[str]:
         problems.append(f"{where}: unexpected tensor {name}")
     for name in sorted(present & set(expected)):
         exp = expected[name]
-        sl = rf.handle.get_slice(name)
-        shape = tuple(sl.get_shape())
-        dtype = ST_DTYPES.get(sl.get_dtype())
+        shape = rf.file.shape(name)
+        dtype = ST_DTYPES.get(rf.file.dtype_code(name))
         ok_shape = shape == exp.shape or (exp.shape == SCALAR and shape in ((), (1,)))
         if not ok_shape:
             problems.append(f"{where}: tensor {name} has shape {list(shape)}, expected {list(exp.shape)}")
         if dtype not in exp.dtypes:
             allowed = "/".join(str(d).removeprefix("torch.") for d in exp.dtypes)
-            problems.append(f"{where}: tensor {name} has dtype {sl.get_dtype()}, expected {allowed}")
+            problems.append(f"{where}: tensor {name} has dtype {rf.file.dtype_code(name)}, expected {allowed}")
     return problems
 
 
@@ -244,27 +283,25 @@ def report(ckpt_dir: Path, problems: list[str]) -> None:
 # ---------------------------------------------------------------- merging
 
 
-def merge(cfg: RuntimeConfig, ranks: list[RankFile], stage_layers: list[int]) -> ModelWeights:
-    stages = [[rf for rf in ranks if rf.pp_rank == s] for s in range(cfg.pp_size)]
-    first, last = stages[0], stages[-1]
-    embedding = merge_embedding(cfg, first)
-    layers = []
-    for s, stage in enumerate(stages):
-        for local in range(stage_layers[s]):
-            layers.append(merge_layer(cfg, stage, local, first_layer(stage_layers, s) + local))
-    if "lm_head.weight" in last[0].names():
-        lm_head = torch.cat([rf.get("lm_head.weight").float() for rf in last], dim=0)[: cfg.vocab_size]
-    else:
-        lm_head = embedding
-    return ModelWeights(embedding, layers, last[0].get("transformer.ln_f.weight").float(), lm_head)
-
-
-def merge_embedding(cfg: RuntimeConfig, stage: list[RankFile]) -> torch.Tensor:
+def merge_embedding(cfg: RuntimeConfig, stage: list[RankFile], rows: tuple[int, int] | None = None) -> torch.Tensor:
     name = "transformer.vocab_embedding.weight"
+    start, stop = rows or (0, cfg.vocab_size)
     if not (cfg.use_parallel_embedding and cfg.tp_size > 1):
-        return stage[0].get(name).float()
-    dim = cfg.embedding_sharding_dim
-    return torch.cat([rf.get(name).float() for rf in stage], dim=dim)[: cfg.vocab_size]
+        return stage[0].get(name, (start, stop)).float()
+    if cfg.embedding_sharding_dim == 0:
+        return torch.cat([part.float() for part in _vocab_shards(stage, name, start, stop)])
+    return torch.cat([rf.get(name, (start, stop)).float() for rf in stage], dim=1)
+
+
+def _vocab_shards(stage: list[RankFile], name: str, start: int, stop: int) -> list[torch.Tensor]:
+    """Rows start..stop of a tensor split over the tp ranks by vocabulary rows (padding rows never read)."""
+    shard = stage[0].file.shape(name)[0]
+    parts = []
+    for rf in stage:
+        lo, hi = max(start, rf.tp_rank * shard), min(stop, (rf.tp_rank + 1) * shard)
+        if lo < hi:
+            parts.append(rf.get(name, (lo - rf.tp_rank * shard, hi - rf.tp_rank * shard)))
+    return parts
 
 
 def merge_layer(cfg: RuntimeConfig, stage: list[RankFile], local: int, layer: int) -> Layer:

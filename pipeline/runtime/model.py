@@ -47,14 +47,20 @@ class Step:
     visible: torch.Tensor            # [B, 1, T, S] key j visible to the query at position p iff j <= p
     used: int                        # S: cache positions the step reads
 
-    def store(self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, T, kv_heads, d] into the cache; return the cached K, V [B, kv_heads, S, d]."""
+    def store(self, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, T, kv_heads, d] into one layer's cache [rows, kv_heads, capacity, d]; return the
+        cached K, V [B, kv_heads, S, d]."""
         d = k.shape[-1]
-        cache.k[layer].view(-1, d).index_copy_(0, self.slots, k.reshape(-1, d))
-        cache.v[layer].view(-1, d).index_copy_(0, self.slots, v.reshape(-1, d))
+        keys.view(-1, d).index_copy_(0, self.slots, k.reshape(-1, d))
+        values.view(-1, d).index_copy_(0, self.slots, v.reshape(-1, d))
         if self.rows is None:
-            return cache.k[layer, :, :, :self.used], cache.v[layer, :, :, :self.used]
-        return cache.k[layer][self.rows, :, :self.used], cache.v[layer][self.rows, :, :self.used]
+            return keys[:, :, :self.used], values[:, :, :self.used]
+        return keys[self.rows, :, :self.used], values[self.rows, :, :self.used]
+
+    def to(self, device: torch.device) -> "Step":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Step(move(self.rows), move(self.slots), move(self.cos), move(self.sin), move(self.visible), self.used)
 
 
 class ReferenceModel:
@@ -65,7 +71,6 @@ class ReferenceModel:
         self.cfg = cfg
         self.weights = weights
         self.rotary = RotaryTable(cfg)
-        self.scale = 1.0 / math.sqrt(cfg.head_size)
         self._fused_mlp = [fuse_fc_gate(layer) for layer in weights.layers]
 
     @classmethod
@@ -103,62 +108,14 @@ class ReferenceModel:
 
     def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
-        step = self._step(positions, rows, cache)
-        eps = self.cfg.norm_epsilon
+        step = make_step(self.cfg, self.rotary, positions, rows, cache.k.shape[3])
         h = self.weights.embedding[tokens]
         for i, layer in enumerate(self.weights.layers):
-            h = h + self._attention_block(i, layer, rms_norm(h, layer.input_norm, eps), step, cache, observer)
-            h = h + self._mlp_block(i, layer, rms_norm(h, layer.post_norm, eps), observer)
+            h = decoder_layer(self.cfg, i, layer, self._fused_mlp[i], h, step, cache.k[i], cache.v[i], observer)
         return h
-
-    def _step(self, positions: torch.Tensor, rows: torch.Tensor | None, cache: KVCache) -> Step:
-        cos, sin = self.rotary.lookup(positions)
-        used = int(positions.max()) + 1
-        j = torch.arange(used)
-        visible = j[None, None, :] <= positions[:, :, None]
-        if self.cfg.sliding_window:
-            visible &= j[None, None, :] > positions[:, :, None] - int(self.cfg.sliding_window)
-        kv_heads, capacity = cache.k.shape[2], cache.k.shape[3]
-        batch_rows = torch.arange(positions.shape[0]) if rows is None else rows
-        head_rows = batch_rows[:, None, None] * kv_heads + torch.arange(kv_heads)[None, None, :]
-        slots = (head_rows * capacity + positions[:, :, None]).reshape(-1)
-        return Step(rows, slots, cos, sin, visible[:, None], used)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(hidden, self.weights.final_norm, self.cfg.norm_epsilon), self.weights.lm_head)
-
-    def _attention_block(self, i: int, layer: Layer, x: torch.Tensor, step: Step, cache: KVCache,
-                         observer: Observer | None) -> torch.Tensor:
-        cfg = self.cfg
-        b, t, _ = x.shape
-        hd, nq, nkv = cfg.head_size, cfg.num_heads, cfg.num_kv_heads
-        qkv = linear(x, layer.qkv, observer, f"transformer.layers.{i}.attention.qkv")
-        qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
-        q, k = rotate(qk.reshape(b, t, nq + nkv, hd), step.cos, step.sin).split([nq, nkv], dim=2)
-        v = v.reshape(b, t, nkv, hd)
-        if observer is not None:
-            observer(f"transformer.layers.{i}.attention.k", k.reshape(b * t, nkv * hd))
-            observer(f"transformer.layers.{i}.attention.v", v.reshape(b * t, nkv * hd))
-        if layer.kv_quant is not None:
-            k, v = layer.kv_quant(k), layer.kv_quant(v)
-        keys, values = step.store(cache, i, k, v)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=step.visible,
-                                             scale=self.scale, enable_gqa=nq != nkv)
-        return linear(out.transpose(1, 2).reshape(b, t, nq * hd), layer.dense, observer,
-                      f"transformer.layers.{i}.attention.dense")
-
-    def _mlp_block(self, i: int, layer: Layer, x: torch.Tensor, observer: Observer | None) -> torch.Tensor:
-        p = f"transformer.layers.{i}.mlp."
-        fused = self._fused_mlp[i]
-        if fused is not None:
-            if observer is not None:
-                observer(p + "fc", x.reshape(-1, x.shape[-1]))
-                observer(p + "gate", x.reshape(-1, x.shape[-1]))
-            fc, gate = linear(x, fused, None, p + "fc").chunk(2, dim=-1)
-        else:
-            fc = linear(x, layer.fc, observer, p + "fc")
-            gate = linear(x, layer.gate, observer, p + "gate")
-        return linear(F.silu(fc) * gate, layer.proj, observer, p + "proj")
 
     # ------------------------------------------------------------------ generation
 
@@ -222,6 +179,63 @@ class ReferenceModel:
                 raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
                                 f"max_position_embeddings {self.cfg.max_position_embeddings}")
         return configs
+
+
+def make_step(cfg: RuntimeConfig, rotary: RotaryTable, positions: torch.Tensor, rows: torch.Tensor | None,
+              capacity: int) -> Step:
+    """Where a forward step's tokens go in a cache of `capacity` positions and what each may attend to."""
+    cos, sin = rotary.lookup(positions)
+    used = int(positions.max()) + 1
+    j = torch.arange(used)
+    visible = j[None, None, :] <= positions[:, :, None]
+    if cfg.sliding_window:
+        visible &= j[None, None, :] > positions[:, :, None] - int(cfg.sliding_window)
+    kv_heads = cfg.num_kv_heads
+    batch_rows = torch.arange(positions.shape[0]) if rows is None else rows
+    head_rows = batch_rows[:, None, None] * kv_heads + torch.arange(kv_heads)[None, None, :]
+    slots = (head_rows * capacity + positions[:, :, None]).reshape(-1)
+    return Step(rows, slots, cos, sin, visible[:, None], used)
+
+
+def decoder_layer(cfg: RuntimeConfig, i: int, layer: Layer, fused_mlp: Linear | None, h: torch.Tensor, step: Step,
+                  keys: torch.Tensor, values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+    """Layer `i` applied to hidden states h [B, T, hidden], with its K/V cache `keys`, `values`."""
+    eps = cfg.norm_epsilon
+    h = h + attention_block(cfg, i, layer, rms_norm(h, layer.input_norm, eps), step, keys, values, observer)
+    return h + mlp_block(i, layer, fused_mlp, rms_norm(h, layer.post_norm, eps), observer)
+
+
+def attention_block(cfg: RuntimeConfig, i: int, layer: Layer, x: torch.Tensor, step: Step, keys: torch.Tensor,
+                    values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+    b, t, _ = x.shape
+    hd, nq, nkv = cfg.head_size, cfg.num_heads, cfg.num_kv_heads
+    qkv = linear(x, layer.qkv, observer, f"transformer.layers.{i}.attention.qkv")
+    qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
+    q, k = rotate(qk.reshape(b, t, nq + nkv, hd), step.cos, step.sin).split([nq, nkv], dim=2)
+    v = v.reshape(b, t, nkv, hd)
+    if observer is not None:
+        observer(f"transformer.layers.{i}.attention.k", k.reshape(b * t, nkv * hd))
+        observer(f"transformer.layers.{i}.attention.v", v.reshape(b * t, nkv * hd))
+    if layer.kv_quant is not None:
+        k, v = layer.kv_quant(k), layer.kv_quant(v)
+    cached_k, cached_v = step.store(keys, values, k, v)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), cached_k, cached_v, attn_mask=step.visible,
+                                         scale=1.0 / math.sqrt(hd), enable_gqa=nq != nkv)
+    return linear(out.transpose(1, 2).reshape(b, t, nq * hd), layer.dense, observer,
+                  f"transformer.layers.{i}.attention.dense")
+
+
+def mlp_block(i: int, layer: Layer, fused: Linear | None, x: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+    p = f"transformer.layers.{i}.mlp."
+    if fused is not None:
+        if observer is not None:
+            observer(p + "fc", x.reshape(-1, x.shape[-1]))
+            observer(p + "gate", x.reshape(-1, x.shape[-1]))
+        fc, gate = linear(x, fused, None, p + "fc").chunk(2, dim=-1)
+    else:
+        fc = linear(x, layer.fc, observer, p + "fc")
+        gate = linear(x, layer.gate, observer, p + "gate")
+    return linear(F.silu(fc) * gate, layer.proj, observer, p + "proj")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

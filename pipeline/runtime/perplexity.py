@@ -1,4 +1,5 @@
-"""Perplexity of token sequences under any model with `forward(input_ids [1, T]) -> logits [1, T, vocab]`."""
+"""Perplexity of token sequences under a model with `forward(input_ids [1, T]) -> logits [1, T, vocab]`, or
+under a `LayerStream`, which scores every window in one pass through the layers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import UserError
+from .stream import LayerStream
 
 
 class LogitsModel(Protocol):
@@ -27,7 +29,7 @@ class PerplexityResult:
         return {"perplexity": self.perplexity, "tokens": self.tokens}
 
 
-def perplexity(model: LogitsModel, sequences: Sequence[Sequence[int]], *, window: int = 512,
+def perplexity(model: LogitsModel | LayerStream, sequences: Sequence[Sequence[int]], *, window: int = 512,
                progress: bool = False, desc: str = "perplexity") -> PerplexityResult:
     """exp(mean NLL) of every token after the first of each window of `window` tokens.
 
@@ -41,12 +43,15 @@ def perplexity(model: LogitsModel, sequences: Sequence[Sequence[int]], *, window
     total = sum(len(c) - 1 for c in chunks)
     if total == 0:
         raise UserError("the dataset has no text to score (every sample is shorter than 2 tokens)")
-    nll_sum = 0.0
-    with torch.inference_mode(), tqdm(total=total, desc=desc, unit="tok", disable=not progress, leave=False) as bar:
-        for chunk in chunks:
-            ids = torch.tensor([chunk])
-            logits = model.forward(ids)[0, :-1].float()
-            nll_sum += float(F.cross_entropy(logits, ids[0, 1:], reduction="sum"))
-            bar.update(len(chunk) - 1)
+    if isinstance(model, LayerStream):
+        nll_sum = sum(float(s.nll.double().sum()) for s in model.token_scores(chunks, desc if progress else None))
+    else:
+        nll_sum = 0.0
+        with torch.inference_mode(), tqdm(total=total, desc=desc, unit="tok", disable=not progress, leave=False) as bar:
+            for chunk in chunks:
+                ids = torch.tensor([chunk])
+                logits = model.forward(ids)[0, :-1].float()
+                nll_sum += float(F.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+                bar.update(len(chunk) - 1)
     mean = nll_sum / total
     return PerplexityResult(math.exp(mean), total, mean)

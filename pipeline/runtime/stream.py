@@ -1,0 +1,157 @@
+"""Run many sequences through a checkpoint one decoder layer at a time (calibration, eval, golden checks).
+
+Holding a whole model is what a serving runtime does; a stage that only needs statistics, perplexity
+or the argmax of a few sequences does not. `LayerStream` reads one merged layer (`CheckpointReader`),
+moves it to the device, pushes every sequence through it, frees it and goes on, keeping only the
+hidden states between layers. The embedding and lm_head are read in vocabulary chunks of at most
+`VOCAB_CHUNK_BYTES` of float32. Every sequence goes through a layer on its own, with the same
+operations `ReferenceModel.forward` applies to a batch of one, so the results are bit for bit the
+whole-model ones (tests/test_stream.py): peak memory is one layer plus the activations, whatever the
+depth of the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..errors import UserError
+from .checkpoint import CheckpointReader, Layer, Linear
+from .model import Observer, decoder_layer, fuse_fc_gate, make_step, rms_norm
+from .rope import RotaryTable
+
+DEVICES = ("auto", "cpu", "cuda")
+#: float32 bytes of embedding / lm_head rows read at once
+VOCAB_CHUNK_BYTES = 256 << 20
+#: what a stage runs for each layer: observers, one pass over all sequences each (None: no observer)
+LayerPasses = Callable[[int], Iterable[Observer | None]]
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`: CUDA when torch sees a GPU, else the CPU; `cuda` without a GPU is the user's mistake."""
+    if name not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)} (got {name!r})")
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if name == "cuda":
+        raise UserError("--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); "
+                        "use --device cpu, or run inside NVIDIA's container with the GPU visible")
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Per predicted token of one sequence (positions 1..T-1): its negative log-likelihood and the argmax."""
+
+    nll: torch.Tensor        # float32 [T-1]
+    argmax: torch.Tensor     # int64 [T-1]: the greedy choice after each prefix
+
+
+class LayerStream:
+    """A TensorRT-LLM checkpoint executed a decoder layer at a time on `device`."""
+
+    def __init__(self, ckpt_dir: str | Path, device: torch.device | str = "cpu"):
+        self.reader = CheckpointReader(Path(ckpt_dir))
+        self.cfg = self.reader.cfg
+        self.device = torch.device(device)
+        self.rotary = RotaryTable(self.cfg)
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.num_layers
+
+    @torch.inference_mode()
+    def run_layers(self, sequences: Sequence[Sequence[int]], passes: LayerPasses | None = None,
+                   after_layer: Callable[[int], None] | None = None, desc: str | None = None) -> list[torch.Tensor]:
+        """Hidden states [1, T, hidden] of each sequence after the last decoder layer (before ln_f).
+
+        For layer i, `passes(i)` yields observers lazily (a later one may depend on what an earlier one
+        saw); each gets one pass of every sequence through the layer, in order. `after_layer(i)` runs
+        once the layer's weights are released.
+        """
+        hidden = self.embed(sequences)
+        steps = {}
+        for i in tqdm(range(self.num_layers), desc=desc, unit="layer", disable=desc is None, leave=False):
+            layer = _to_device(self.reader.layer(i), self.device)
+            fused = fuse_fc_gate(layer)
+            for observer in (passes(i) if passes else (None,)):
+                out = []
+                for h in hidden:
+                    t = h.shape[1]
+                    if t not in steps:
+                        positions = torch.arange(t)[None]
+                        steps[t] = make_step(self.cfg, self.rotary, positions, None, t).to(self.device)
+                    keys = torch.zeros(1, self.cfg.num_kv_heads, t, self.cfg.head_size, device=self.device)
+                    out.append(decoder_layer(self.cfg, i, layer, fused, h, steps[t], keys, torch.zeros_like(keys),
+                                             observer))
+            hidden = out
+            del layer, fused
+            if after_layer is not None:
+                after_layer(i)
+        return hidden
+
+    def embed(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """float32 [1, T, hidden] embeddings of each sequence, reading the table a vocabulary chunk at a time."""
+        if not sequences or any(len(s) == 0 for s in sequences):
+            raise UserError("every sequence needs at least one token")
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
+        vocab = self.cfg.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise UserError(f"token ids must be in [0, {vocab}) (got {int(ids.min())}..{int(ids.max())})")
+        flat = torch.empty(len(ids), self.cfg.hidden_size)
+        for start, stop in self.vocab_ranges():
+            hit = (ids >= start) & (ids < stop)
+            if bool(hit.any()):
+                flat[hit] = self.reader.embedding((start, stop))[ids[hit] - start]
+        return [part[None].to(self.device) for part in flat.split([len(s) for s in sequences])]
+
+    def vocab_ranges(self) -> Iterator[tuple[int, int]]:
+        rows = max(1, VOCAB_CHUNK_BYTES // (4 * self.cfg.hidden_size))
+        for start in range(0, self.cfg.vocab_size, rows):
+            yield start, min(start + rows, self.cfg.vocab_size)
+
+    @torch.inference_mode()
+    def token_scores(self, sequences: Sequence[Sequence[int]], desc: str | None = None) -> list[TokenScores]:
+        """NLL and argmax of every next token of each sequence, from logits computed a vocabulary chunk at a time."""
+        hidden = self.run_layers(sequences, desc=desc)
+        norm = self.reader.final_norm().to(self.device)
+        normed = [rms_norm(h[0, :-1], norm, self.cfg.norm_epsilon) for h in hidden]
+        targets = [torch.tensor(list(s[1:]), dtype=torch.long, device=self.device) for s in sequences]
+        lse = [torch.full((len(t),), float("-inf"), device=self.device) for t in targets]
+        picked = [torch.zeros(len(t), device=self.device) for t in targets]
+        best = [torch.full((len(t),), float("-inf"), device=self.device) for t in targets]
+        best_id = [torch.zeros(len(t), dtype=torch.long, device=self.device) for t in targets]
+        for start, stop in self.vocab_ranges():
+            head = self.reader.lm_head((start, stop)).to(self.device)
+            for j, x in enumerate(normed):
+                logits = F.linear(x, head)
+                lse[j] = torch.logaddexp(lse[j], torch.logsumexp(logits, dim=-1))
+                inside = (targets[j] >= start) & (targets[j] < stop)
+                rows = inside.nonzero().squeeze(1)
+                picked[j][rows] = logits[rows, targets[j][rows] - start]
+                value, index = logits.max(dim=-1)
+                better = value > best[j]           # strict: the first maximum wins, as torch.argmax
+                best[j] = torch.where(better, value, best[j])
+                best_id[j] = torch.where(better, index + start, best_id[j])
+        return [TokenScores((lse[j] - picked[j]).cpu(), best_id[j].cpu()) for j in range(len(sequences))]
+
+
+def _to_device(layer: Layer, device: torch.device) -> Layer:
+    if device.type == "cpu":
+        return layer
+    moved = {}
+    for name, value in vars(layer).items():
+        if isinstance(value, Linear):
+            value = Linear(*(None if t is None else t.to(device) for t in (value.weight, value.bias)),
+                           value.act_quant, None if value.prequant is None else value.prequant.to(device))
+        elif isinstance(value, torch.Tensor):
+            value = value.to(device)
+        moved[name] = value
+    return Layer(**moved)
