@@ -41,7 +41,7 @@ def corpus_split(seed: int = 0) -> tuple[list[str], list[str]]:
     order = list(range(len(lines)))
     random.Random(seed).shuffle(order)
     held = set(order[: max(1, round(len(lines) * HELDOUT_FRACTION))])
-    return ([l for i, l in enumerate(lines) if i not in held], [l for i, l in enumerate(lines) if i in held])
+    return ([t for i, t in enumerate(lines) if i not in held], [t for i, t in enumerate(lines) if i in held])
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,18 @@ class EvalResult:
 
 
 def evaluate(model: str | Path, dataset: str | None = None, *, tokenizer: Path | None = None,
-             window: int = DEFAULT_WINDOW, max_samples: int | None = None, progress: bool = True) -> EvalResult:
-    """Perplexity of `model` (checkpoint dir, HF dir, preset, GGUF or hub id) over `dataset`."""
+             window: int = DEFAULT_WINDOW, max_samples: int | None = None, device: str = "auto",
+             progress: bool = True) -> EvalResult:
+    """Perplexity of `model` (checkpoint dir, HF dir, preset, GGUF or hub id) over `dataset`.
+
+    A checkpoint is scored a decoder layer at a time on `device` (`LayerStream`), so its size does not
+    bound what fits; a Hugging Face model runs whole in transformers (float32, CPU).
+    """
     if max_samples is not None and max_samples < 1:
         raise UserError(f"--max-samples must be positive (got {max_samples})")
     description, texts = load_texts(dataset)
     texts = texts[:max_samples] if max_samples else texts
-    kind, runner, tok_dir = open_model(str(model), tokenizer)
+    kind, runner, tok_dir = open_model(str(model), tokenizer, device)
     sequences = tokenize(tok_dir, texts)
     from .runtime import perplexity
 
@@ -84,13 +89,13 @@ def is_checkpoint_dir(path: Path) -> bool:
     return any(path.glob("rank*.safetensors")) or is_trtllm_checkpoint(path)
 
 
-def open_model(spec: str, tokenizer: Path | None):
-    """("checkpoint" | "huggingface", an object with forward(ids) -> logits, the tokenizer directory)."""
+def open_model(spec: str, tokenizer: Path | None, device: str = "auto"):
+    """("checkpoint" | "huggingface", a model `perplexity` scores, the tokenizer directory)."""
     path = Path(spec).expanduser()
     if path.is_dir() and is_checkpoint_dir(path):
-        from .runtime import ReferenceModel
+        from .runtime import LayerStream, resolve_device
 
-        model = ReferenceModel.load(path)
+        model = LayerStream(path, resolve_device(device))
         tok_dir = tokenizer or path / "tokenizer"
         if not (tok_dir / "tokenizer_config.json").is_file() and not (tok_dir / "tokenizer.json").is_file():
             raise UserError(f"no tokenizer in {tok_dir}; pass --tokenizer with the Hugging Face model directory "
@@ -134,7 +139,7 @@ def load_texts(dataset: str | None) -> tuple[str, list[str]]:
         return "the held-out offline news corpus", corpus_split()[1]
     path = Path(dataset).expanduser()
     if path.is_file():
-        texts = [l.strip() for l in path.read_text(encoding="utf-8", errors="replace").splitlines() if l.strip()]
+        texts = [t.strip() for t in path.read_text(encoding="utf-8", errors="replace").splitlines() if t.strip()]
         if not texts:
             raise UserError(f"{path} has no text (every line is empty)")
         return str(path), texts

@@ -3,7 +3,8 @@
 Checks (each pass/fail with detail and, when failing, what to fix):
   models_ready     every model of the repository is loaded and READY
   config_matches   the configuration the server reports equals each config.pbtxt (every field it sets)
-  golden           greedy generation through `ensemble` equals a reference (Hugging Face transformers)
+  golden           greedy generation through `ensemble` equals a reference (Hugging Face transformers,
+                   run a decoder layer at a time: `golden.py`)
   streaming        with `stream` true, tokens arrive one response at a time (gRPC stream, as NVIDIA's
                    clients do) and join to the non-streamed text
   http_generate    /v2/models/ensemble/generate and generate_stream with the JSON NVIDIA's clients send
@@ -90,12 +91,12 @@ class ValidateOptions:
 
 
 class GoldenReference(Protocol):
-    """What the golden check compares the server with: greedy completions of prompts."""
+    """What the golden check compares the server with: greedy completions of prompts (`golden.py`)."""
 
     name: str
     exact: bool  # token-identical expected (unquantized); otherwise token agreement is reported
 
-    def complete(self, prompt: str, max_tokens: int) -> str: ...
+    def complete_all(self, prompts: list[str], max_tokens: int) -> list[str]: ...
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -362,8 +363,7 @@ def check_golden(client: EnsembleClient, options: ValidateOptions) -> CheckResul
         return CheckResult("golden", False, "no reference model to compare with",
                            fix="pass --golden MODEL (the model the repository was built from)")
     cases, agreements = [], []
-    for prompt in options.prompts:
-        expected = reference.complete(prompt, options.max_tokens)
+    for prompt, expected in zip(options.prompts, reference.complete_all(list(options.prompts), options.max_tokens)):
         try:
             got = client.generate(prompt, options.max_tokens)
         except RequestFailed as exc:
@@ -652,45 +652,6 @@ def default_grpc_url(http_url: str) -> str:
 # ------------------------------------------------------------------------------------ golden reference
 
 
-class TransformersReference:
-    """Greedy completions from the Hugging Face transformers model the repository was built from."""
-
-    def __init__(self, hf_dir: Path, exact: bool = True, weights_dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.name = f"transformers ({Path(hf_dir).name})"
-        self.exact = exact
-        self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-        # Weights rounded to the checkpoint's dtype, computed in float32 like the reference runtime.
-        self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, weights_dtype)).float().eval()
-        self._torch = torch
-
-    @classmethod
-    def from_spec(cls, spec: str, exact: bool = True, weights_dtype: str = "float32") -> "TransformersReference":
-        from .sources import resolve_model
-
-        return cls(resolve_model(spec).hf_dir(), exact=exact, weights_dtype=weights_dtype)
-
-    def complete(self, prompt: str, max_tokens: int) -> str:
-        ids = self.tokenizer(prompt, return_tensors="pt")
-        with self._torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=max_tokens, do_sample=False, num_beams=1,
-                                      pad_token_id=self.tokenizer.eos_token_id)
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def agreement(self, prompt: str, completion: str) -> tuple[int, int]:
-        prompt_ids, tokens = self.tokenizer(prompt)["input_ids"], self.tokenize(completion)
-        if not tokens:
-            return 0, 0
-        with self._torch.no_grad():
-            logits = self.model(self._torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1]
-        return int((logits.argmax(-1) == self._torch.tensor(tokens)).sum()), len(tokens)
-
-
 def golden_spec_from_repo(repo: Path) -> tuple[str | None, bool]:
     """(model spec, exact) recorded by deploy: the plan's model when it is not a bare checkpoint."""
     try:
@@ -706,12 +667,14 @@ def golden_spec_from_repo(repo: Path) -> tuple[str | None, bool]:
 
 
 
-def reference_for(repo: Path | None, golden: str | None) -> GoldenReference | None:
+def reference_for(repo: Path | None, golden: str | None, device: str = "auto") -> GoldenReference | None:
     """The golden reference: --golden MODEL, else the model recorded in the repository's plan, else None."""
+    from .golden import GoldenReference as StreamedReference
+
     spec, exact = golden_spec_from_repo(Path(repo)) if repo else (None, True)
     spec = golden or spec
     dtype = served_checkpoint_dtype(Path(repo)) if repo else "float32"
-    return TransformersReference.from_spec(spec, exact=exact, weights_dtype=dtype) if spec else None
+    return StreamedReference.from_spec(spec, exact=exact, weights_dtype=dtype, device=device) if spec else None
 
 
 def served_checkpoint_dtype(repo: Path) -> str:

@@ -34,6 +34,9 @@ class ReverseEcho:
             tokens[self.wrong_after:] = [" different"] * (max_tokens - self.wrong_after)
         return "".join(tokens)
 
+    def complete_all(self, prompts: list[str], max_tokens: int) -> list[str]:
+        return [self.complete(p, max_tokens) for p in prompts]
+
     def tokenize(self, text: str) -> list[str]:
         return text.split()
 
