@@ -7,16 +7,22 @@
     OUT/model_repo/               deploy
     OUT/validation/               validate (the embedded Triton for the cpu target, or --url)
     OUT/build.json                the summary: where everything is, sizes, times, the verdict
+
+A GPU target's repository is deployed only for an engine that was built (or, with --dry-run, as the
+preview it asks for). When the engine is not built the build stops after compile, writes build.json and
+says why: trtllm-build failed (exit 1, with its last lines), or this machine has no GPU / TensorRT-LLM
+1.2.x (exit 2: the command is written; --dry-run is the way to ask for only that).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from .compile import CompileResult, CompileStatus, compile_checkpoint, not_built_here_message
 from .errors import UserError
 
 QUANTIZED = ("fp8", "int8-sq")
@@ -49,6 +55,7 @@ class StageRecord:
     seconds: float
     detail: str = ""
     bytes: int = 0
+    status: str = ""   # done | skipped | not built | FAILED
 
 
 @dataclass
@@ -57,20 +64,25 @@ class BuildSummary:
     stages: list[StageRecord] = field(default_factory=list)
     verdict: str = "not validated"
     passed: bool | None = None
+    tool_output: str = ""   # the failing tool's last lines
 
     def to_dict(self) -> dict:
         return {"options": self.options, "stages": [asdict(s) for s in self.stages], "verdict": self.verdict,
-                "passed": self.passed}
+                "passed": self.passed, "tool_output": self.tool_output}
 
     def render(self) -> str:
         lines = [f"{'stage':<10} {'status':<9} {'time':>7} {'size':>10}  output"]
         for s in self.stages:
-            status = "skipped" if s.skipped else "done"
             size = f"{s.bytes / 1e6:.1f} MB" if s.bytes else ""
-            lines.append(f"{s.stage:<10} {status:<9} {s.seconds:>6.1f}s {size:>10}  {s.path}"
+            lines.append(f"{s.stage:<10} {s.status:<9} {s.seconds:>6.1f}s {size:>10}  {s.path}"
                          + (f"  ({s.detail})" if s.detail else ""))
         lines.append(f"validation: {self.verdict}")
+        if self.tool_output:
+            lines += ["last lines of its output:", *("  " + line for line in self.tool_output.splitlines())]
         return "\n".join(lines)
+
+    def save(self, out: Path) -> None:
+        (out / "build.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def directory_bytes(path: Path) -> int:
@@ -82,7 +94,6 @@ def directory_bytes(path: Path) -> int:
 
 def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSummary:
     """Run convert -> calibrate -> plan -> compile -> deploy -> validate for one model and target."""
-    from .compile import compile_engine
     from .convert import convert_model
     from .plan import load_plan, make_plan, resolve_model_info, save_plan
     from .sources import resolve_model
@@ -93,10 +104,12 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
 
-    def record(stage: str, path: Path, started: float, skipped: bool, detail: str = "") -> None:
-        rec = StageRecord(stage, str(path), skipped, time.monotonic() - started, detail, directory_bytes(path))
+    def record(stage: str, path: Path, started: float, skipped: bool, detail: str = "", status: str = "") -> None:
+        status = status or ("skipped" if skipped else "done")
+        rec = StageRecord(stage, str(path), skipped, time.monotonic() - started, detail, directory_bytes(path),
+                          status)
         summary.stages.append(rec)
-        say(f"[{stage}] {'up to date' if skipped else 'done'} in {rec.seconds:.1f}s: {path}"
+        say(f"[{stage}] {'up to date' if skipped else status} in {rec.seconds:.1f}s: {path}"
             + (f" ({detail})" if detail else ""))
 
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
@@ -128,21 +141,18 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 
     engine = None
     if target.is_gpu:
-        started = time.monotonic()
-        engine = out / "engine"
-        try:
-            compiled = compile_engine(checkpoint, load_plan(plan_path), engine, dry_run=options.dry_run, force=True)
-        except UserError as exc:  # no GPU / TensorRT-LLM here: the command is written, carry on as a dry run
-            if options.dry_run:
-                raise
-            say(f"[compile] {exc}")
-            compiled = None
-        if compiled is not None:
-            record("compile", engine, started, compiled.skipped, "dry run" if compiled.dry_run else "engine built")
-            if compiled.dry_run:
-                say("engine build command (run it on the GPU machine):\n  " + " ".join(compiled.command))
-        else:
-            record("compile", engine, started, False, "not built here: no GPU / TensorRT-LLM")
+        compiled = run_compile(checkpoint, plan_path, out / "engine", options, record, say)
+        if compiled.status is CompileStatus.FAILED:
+            summary.passed, summary.tool_output = False, compiled.output_tail
+            summary.verdict = f"not validated: the engine build failed ({compiled.reason}); nothing deployed"
+            summary.save(out)
+            return summary
+        if compiled.status is CompileStatus.NOT_BUILT_HERE:
+            summary.verdict = f"not validated: the engine was not built here ({compiled.reason}); nothing deployed"
+            summary.save(out)
+            raise UserError(f"{not_built_here_message(compiled, plan)}. The build stopped before deploy (there "
+                            "is no engine to serve); pass --dry-run to do only what needs no GPU")
+        engine = compiled.engine_dir
 
     from .deploy import deploy_repository
 
@@ -159,7 +169,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     else:
         golden = str(source.hf_dir())
         summary.passed, summary.verdict = run_validation(repo, out / "validation", golden, options, record)
-    (out / "build.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    summary.save(out)
     return summary
 
 
@@ -172,6 +182,19 @@ def checkpoint_dtype(precision: str, model_dtype: str, gpu: bool) -> str:
     if precision in FLOAT_DTYPES:
         return FLOAT_DTYPES[precision]
     return model_dtype if gpu else "float32"
+
+
+def run_compile(checkpoint: Path, plan_path: Path, engine: Path, options: BuildOptions, record,
+                say: Callable[[str], None]) -> CompileResult:
+    from .plan import load_plan
+
+    started = time.monotonic()
+    compiled = compile_checkpoint(checkpoint, load_plan(plan_path), engine, dry_run=options.dry_run, force=True)
+    status = {CompileStatus.FAILED: "FAILED", CompileStatus.NOT_BUILT_HERE: "not built"}.get(compiled.status, "")
+    record("compile", engine, started, compiled.skipped, compiled.describe(), status)
+    if compiled.dry_run:
+        say("engine build command (run it on the GPU machine):\n  " + compiled.shell_command)
+    return compiled
 
 
 def run_calibration(checkpoint: Path, out: Path, options: BuildOptions):

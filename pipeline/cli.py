@@ -453,5 +453,28 @@ def serve(repo, port, host, log_path, timeout):
     serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout, echo=click.echo)
 
 
+@main.command()
+@click.option("--target", default="rtx4090", show_default=True, help="The GPU target this box should be "
+              "(`trtpipe targets`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor(target, as_json):
+    """Check that this machine can build and serve TensorRT-LLM 1.2.1 engines for a GPU target.
+
+    \b
+    One line per check, PASS / FAIL / SKIP with what to do: nvidia-smi and the driver, the GPU's name,
+    compute capability and memory against the target catalogue, TensorRT-LLM 1.2.1 importable,
+    trtllm-build and tritonserver (with the tensorrtllm backend) on PATH, torch with CUDA.
+    Exit status 0 when every check passes, 1 when one fails, 2 for an unknown or non-GPU target.
+    Examples:
+      trtpipe doctor
+      trtpipe doctor --target l40s --json
+    """
+    from .doctor import run_doctor
+
+    report = run_doctor(target)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
+    sys.exit(0 if report.ok else 1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,10 +1,19 @@
 """The compile stage: a TensorRT-LLM 1.2.1 engine from a checkpoint and a plan.
 
-`compile_engine` always produces the exact `trtllm-build` command line and the `--build_config`
-JSON that carries the plan's BuildConfig and PluginConfig. With `dry_run` (or on a machine without
-TensorRT-LLM 1.2.x and a GPU) it writes them into the output directory and stops. Otherwise the
-small adapter `build_with_trtllm` runs trtllm-build, streams its log, checks the engine's
-config.json against the plan and records the TensorRT-LLM/TensorRT versions and the GPU.
+`compile_checkpoint` always produces the exact `trtllm-build` command line and the `--build_config`
+JSON that carries the plan's BuildConfig and PluginConfig, and returns a `CompileResult` whose status
+says what happened:
+
+- `built`: trtllm-build ran, wrote every rank's engine, and the engine's config.json agrees with the plan;
+- `dry-run`: asked for; the command and build config are written, nothing is run;
+- `not-built-here`: the requirement check found no TensorRT-LLM 1.2.x / trtllm-build / CUDA GPU on this
+  machine (`reason` says which); the command and build config are written;
+- `failed`: trtllm-build could not run, exited non-zero, or wrote an engine that disagrees with the plan;
+  `reason` and `output_tail` (its last lines) say why, and nothing is left in the output directory.
+
+The user's mistakes (a checkpoint that is not the plan's, a plan without an engine, a GPU that is not the
+plan's target, an occupied output) raise `UserError` before anything is written. `compile_engine` is the
+command line's form: `not-built-here` becomes a `UserError` (exit 2), `failed` an `EngineBuildFailed` (exit 1).
 
 trtllm-build 1.2.x semantics this relies on (tensorrt_llm/commands/build.py): when `--build_config`
 is given, the max_* command-line options are ignored and `BuildConfig.from_json_file(path,
@@ -12,8 +21,10 @@ plugin_config=<PluginConfig from the plugin flags>)` is used, the JSON's `plugin
 flag-built one (pydantic `model_copy(update=...)`, so the JSON holds real values: true/false/null).
 The plugin flags are therefore passed too, with the same values, so both routes agree.
 
-The real-build adapter has not been run here (no GPU, TensorRT-LLM does not install on this machine):
-it is unverified until run inside the container described by the Dockerfile.
+The real-build adapter has only run here against a fake `trtllm-build` (tests/test_compile.py): there is
+no GPU and TensorRT-LLM does not install on this machine. It is unverified until `trtpipe doctor` passes
+and scripts/gpu-acceptance.sh runs inside the container described by the Dockerfile
+(docs/gpu-acceptance.md).
 """
 
 from __future__ import annotations
@@ -21,14 +32,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 
 from .errors import UserError
-from .outputs import (atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date, read_manifest,
-                      write_manifest)
-from .plan import Plan, TENSORRT_LLM_VERSION, is_trtllm_checkpoint
+from .outputs import (
+    atomic_output_dir,
+    check_output_free,
+    fingerprint_inputs,
+    is_up_to_date,
+    read_manifest,
+    write_manifest,
+)
+from .plan import TENSORRT_LLM_VERSION, Plan, is_trtllm_checkpoint
 
 BUILD_CONFIG_FILE = "build_config.json"
 COMMAND_FILE = "trtllm-build.sh"
@@ -50,21 +69,62 @@ CHECKED_PLUGIN_KEYS = ("context_fmha", "remove_input_padding", "paged_kv_cache",
                        "use_paged_context_fmha", "use_fp8_context_fmha", "multiple_profiles")
 
 
+#: How many of trtllm-build's last output lines a failure reports.
+OUTPUT_TAIL_LINES = 25
+
+
+class CompileStatus(str, Enum):
+    BUILT = "built"
+    DRY_RUN = "dry-run"
+    NOT_BUILT_HERE = "not-built-here"
+    FAILED = "failed"
+
+
+class EngineBuildFailed(UserError):
+    """trtllm-build failed or wrote an engine that is not the plan's: exit status 1, not 2.
+
+    Not the user's input at fault, but a `UserError` so that the command line prints the message (with
+    the tool's last lines) instead of a traceback.
+    """
+
+    exit_code = 1
+
+    def __init__(self, reason: str, output_tail: str = ""):
+        super().__init__(reason + (f"; the last lines trtllm-build printed:\n{output_tail}" if output_tail else ""))
+        self.reason = reason
+        self.output_tail = output_tail
+
+
 @dataclass(frozen=True)
 class CompileResult:
     engine_dir: Path
     command: list[str]
     build_config: dict
-    dry_run: bool
+    status: CompileStatus
     skipped: bool = False
+    reason: str = ""        # why it was not built here, or why the build failed
+    output_tail: str = ""   # trtllm-build's last output lines, when it failed
+
+    @property
+    def dry_run(self) -> bool:
+        """The command was written, not run."""
+        return self.status in (CompileStatus.DRY_RUN, CompileStatus.NOT_BUILT_HERE)
 
     @property
     def shell_command(self) -> str:
         return shlex.join(self.command)
 
+    def describe(self) -> str:
+        """One line for summaries; says "not built here" only with the requirement check's own reason."""
+        return {CompileStatus.BUILT: "engine up to date" if self.skipped else "engine built",
+                CompileStatus.DRY_RUN: "dry run: command written",
+                CompileStatus.NOT_BUILT_HERE: f"command written, not built here: {self.reason}",
+                CompileStatus.FAILED: self.reason}[self.status]
+
     def to_dict(self) -> dict:
         return {"engine_dir": str(self.engine_dir), "command": self.command, "shell_command": self.shell_command,
-                "build_config": self.build_config, "dry_run": self.dry_run, "skipped": self.skipped}
+                "build_config": self.build_config, "status": self.status.value, "dry_run": self.dry_run,
+                "skipped": self.skipped, "reason": self.reason, "output_tail": self.output_tail}
 
 
 def build_config_json(plan: Plan) -> dict:
@@ -147,6 +207,25 @@ def check_engine_config(engine_dir: Path, plan: Plan) -> None:
 
 def compile_engine(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
                    force: bool = False) -> CompileResult:
+    """`compile_checkpoint` for the command line: an engine that was not built is an error."""
+    result = compile_checkpoint(checkpoint, plan, out, dry_run=dry_run, workers=workers, force=force)
+    if result.status is CompileStatus.NOT_BUILT_HERE:
+        raise UserError(f"{not_built_here_message(result, plan)}\n{result.shell_command}")
+    if result.status is CompileStatus.FAILED:
+        raise EngineBuildFailed(result.reason, result.output_tail)
+    return result
+
+
+def not_built_here_message(result: CompileResult, plan: Plan) -> str:
+    return (f"{result.reason}. Wrote the exact trtllm-build command ({result.engine_dir / COMMAND_FILE}) and its "
+            f"--build_config ({result.engine_dir / BUILD_CONFIG_FILE}); build on a {plan.target.name}-class GPU "
+            f"inside the trtpipe container (Dockerfile, base {CONTAINER}): docker run --gpus all "
+            "-v $PWD:/work -w /work trtpipe trtpipe compile CHECKPOINT --plan PLAN -o ENGINE")
+
+
+def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
+                       force: bool = False) -> CompileResult:
+    """Write the command and build config into `out`, and build the engine when this machine can."""
     if plan.build_config is None or plan.plugin_config is None:
         raise UserError(f"the plan is for the {plan.target.name} target, which builds no engine; deploy the "
                         "checkpoint directly: trtpipe deploy --checkpoint CHECKPOINT --plan PLAN -o REPO")
@@ -157,26 +236,26 @@ def compile_engine(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = F
     config = build_config_json(plan)
     command = trtllm_build_command(plan, checkpoint, out, out / BUILD_CONFIG_FILE, workers)
     missing = None if dry_run else missing_build_requirements()
-    dry = dry_run or missing is not None
+    status = (CompileStatus.DRY_RUN if dry_run else
+              CompileStatus.NOT_BUILT_HERE if missing is not None else CompileStatus.BUILT)
+    gpu = check_gpu_is_the_target(plan) if status is CompileStatus.BUILT else None
     inputs = fingerprint_inputs([checkpoint])
-    params = {"plan": plan.to_dict(), "command": command, "dry_run": dry}
-    skipped = is_up_to_date(out, "compile", inputs, params)
-    if not skipped:
-        previous = read_manifest(out) or {}
-        check_output_free(out, force or (previous.get("stage") == "compile" and previous.get("dry_run") is True))
+    params = {"plan": plan.to_dict(), "command": command, "dry_run": status is not CompileStatus.BUILT}
+    if is_up_to_date(out, "compile", inputs, params):
+        return CompileResult(out, command, config, status, skipped=True, reason=missing or "")
+    previous = read_manifest(out) or {}
+    check_output_free(out, force or (previous.get("stage") == "compile" and previous.get("dry_run") is True))
+    try:
         with atomic_output_dir(out) as tmp:
             (tmp / BUILD_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
             (tmp / COMMAND_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile: the exact TensorRT-LLM "
                                             f"{TENSORRT_LLM_VERSION} engine build.\nexec {shlex.join(command)}\n")
-            extra = {"dry_run": True} if dry else build_with_trtllm(command, tmp, out, plan)
+            extra = build_with_trtllm(command, tmp, out, plan, gpu) if gpu is not None else {"dry_run": True}
             write_manifest(tmp, "compile", inputs, params, extra)
-    if missing is not None:
-        raise UserError(f"{missing}. Wrote the exact trtllm-build command ({out / COMMAND_FILE}) and its "
-                        f"--build_config ({out / BUILD_CONFIG_FILE}); build on a {plan.target.name}-class GPU "
-                        f"inside the trtpipe container (Dockerfile, base {CONTAINER}): docker run --gpus all "
-                        "-v $PWD:/work -w /work trtpipe trtpipe compile CHECKPOINT --plan PLAN -o ENGINE\n"
-                        f"{shlex.join(command)}")
-    return CompileResult(out, command, config, dry, skipped=skipped)
+    except EngineBuildFailed as exc:  # the partial output is gone; the result carries why
+        return CompileResult(out, command, config, CompileStatus.FAILED, reason=exc.reason,
+                             output_tail=exc.output_tail)
+    return CompileResult(out, command, config, status, reason=missing or "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,18 +263,15 @@ def compile_engine(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = F
 
 
 def missing_build_requirements() -> str | None:
-    """Why an engine cannot be built here, or None when TensorRT-LLM 1.2.x and a CUDA GPU are present."""
+    """Why an engine cannot be built here, or None when TensorRT-LLM 1.2.x, trtllm-build and a CUDA GPU are."""
     if importlib.util.find_spec("tensorrt_llm") is None:
         return f"TensorRT-LLM {TENSORRT_LLM_VERSION} is not importable on this machine"
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("tensorrt_llm")
-    except PackageNotFoundError:
-        found = "unknown"
+    found = installed_version("tensorrt_llm") or "unknown"
     if not found.startswith("1.2."):
         return (f"TensorRT-LLM {found} is installed, but trtpipe plans for {TENSORRT_LLM_VERSION} (later "
                 "releases removed trtllm-build)")
+    if shutil.which("trtllm-build") is None:
+        return "TensorRT-LLM is importable but its trtllm-build command is not on PATH"
     import torch
 
     if not torch.cuda.is_available():
@@ -203,7 +279,17 @@ def missing_build_requirements() -> str | None:
     return None
 
 
-def _gpu_description() -> dict:
+def installed_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def gpu_description() -> dict:
+    """The GPU trtllm-build will use (CUDA device 0, as CUDA_VISIBLE_DEVICES orders them)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(0)
@@ -211,37 +297,57 @@ def _gpu_description() -> dict:
             "memory_bytes": torch.cuda.get_device_properties(0).total_memory}
 
 
-def _tool_versions() -> dict:
-    from importlib.metadata import version
-
-    import tensorrt
-
-    return {"tensorrt_llm": version("tensorrt_llm"), "tensorrt": tensorrt.__version__}
-
-
-def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan) -> dict:
-    """Run trtllm-build into `tmp` (the command names `out`, so it is rewritten), stream its log."""
-    from rich.console import Console
-
-    gpu = _gpu_description()
+def check_gpu_is_the_target(plan: Plan) -> dict:
+    """This machine's GPU, when it is the plan's target kind: engines only run on the SM they were built for."""
+    gpu = gpu_description()
     if gpu["sm"] != plan.target.sm:
         raise UserError(f"this GPU ({gpu['name']}, sm_{gpu['sm']}) is not the plan's target {plan.target.name} "
-                        f"(sm_{plan.target.sm}); TensorRT engines only run on the GPU kind they were built for")
+                        f"(sm_{plan.target.sm}); TensorRT engines only run on the GPU kind they were built for. "
+                        "Plan for this GPU (`trtpipe targets`) or build on the target")
+    return gpu
+
+
+def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu: dict) -> dict:
+    """Run trtllm-build into `tmp` (the command names `out`, so it is rewritten) and check what it wrote.
+
+    Raises EngineBuildFailed when it cannot be run, exits non-zero, leaves out a rank's engine or writes
+    an engine config that disagrees with the plan (the builder overrides some settings silently).
+    """
     argv = [str(tmp) if a == str(out) else str(tmp / Path(a).name) if a == str(out / BUILD_CONFIG_FILE) else a
             for a in command]
+    try:
+        code, log_lines = run_logged(argv, tmp)
+    except OSError as exc:
+        raise EngineBuildFailed(f"could not run {argv[0]}: {exc}") from None
+    (tmp / "trtllm-build.log").write_text("".join(log_lines))
+    tail = "".join(log_lines[-OUTPUT_TAIL_LINES:]).rstrip()
+    if code != 0:
+        raise EngineBuildFailed(f"trtllm-build exited with status {code}", tail)
+    ranks = plan.tp_size * plan.pp_size
+    absent = [f"rank{r}.engine" for r in range(ranks) if not (tmp / f"rank{r}.engine").is_file()]
+    if absent:
+        raise EngineBuildFailed(f"trtllm-build exited with status 0 but wrote no {', '.join(absent)}", tail)
+    try:
+        check_engine_config(tmp, plan)
+    except UserError as exc:
+        raise EngineBuildFailed(str(exc), tail) from None
+    return {"dry_run": False, "gpu": gpu,
+            "versions": {name: installed_version(name) for name in ("tensorrt_llm", "tensorrt")}}
+
+
+def run_logged(argv: list[str], cwd: Path) -> tuple[int, list[str]]:
+    """Run `argv`, echo its output (stdout and stderr interleaved, in order) to stderr; exit status and lines."""
+    from rich.console import Console
+
     console = Console(stderr=True)
-    log_lines = []
-    with console.status("trtllm-build: building the engine") as status:
+    lines = []
+    with console.status(f"{Path(argv[0]).name}: building the engine") as status:
         # cwd: trtllm-build writes its timing cache (output_timing_cache 'model.cache') relative to it.
-        proc = subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)
         for line in proc.stdout:
-            log_lines.append(line)
+            lines.append(line)
             console.print(line.rstrip(), markup=False, highlight=False)
-            status.update(f"trtllm-build: {line.strip()[:100]}")
+            status.update(f"{Path(argv[0]).name}: {line.strip()[:100]}")
         code = proc.wait()
-    (tmp / "trtllm-build.log").write_text("".join(log_lines))
-    if code != 0:
-        raise UserError(f"trtllm-build failed with exit status {code}; see the log above")
-    check_engine_config(tmp, plan)
-    return {"dry_run": False, "versions": _tool_versions(), "gpu": gpu}
+    return code, lines

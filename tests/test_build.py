@@ -1,12 +1,17 @@
-"""`trtpipe build`: the main job end to end on the embedded default, and the fail-fast cases before it."""
+"""`trtpipe build`: the main job end to end on the embedded default, the fail-fast cases before it, and what
+a GPU target's build does when the engine is built, fails to build, or cannot be built on this machine
+(the requirement check monkeypatched both ways, a fake trtllm-build on PATH: see test_compile)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
+from test_compile import pretend_gpu_box, pretend_no_gpu
 
+import pipeline.compile as compile_module
 from pipeline.cli import main
 
 
@@ -50,3 +55,82 @@ def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
     assert again.exit_code == 0, again.output
     rerun = {s["stage"]: s for s in json.loads(again.stdout[again.stdout.index("{"):])["stages"]}
     assert all(rerun[name]["skipped"] for name in ("convert", "calibrate", "plan", "deploy"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_llama, tmp_path_factory):
+    """The tiny random Llama with a word-level tokenizer of its vocabulary (deploy copies the tokenizer), and
+    a context long enough for build's default workload (1024 + 256 tokens)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tmp_path_factory.mktemp("tiny-with-tokenizer") / "tiny"
+    shutil.copytree(tiny_llama("gqa"), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(101)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(model / "tokenizer.json"))
+    (model / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    return model
+
+
+def gpu_build(model, out, *extra):
+    result = build(model, "--target", "rtx4090", "--precision", "fp16", "-o", out, *extra)
+    saved = json.loads((out / "build.json").read_text()) if (out / "build.json").is_file() else None
+    return result, saved
+
+
+def compile_stage(summary: dict) -> dict:
+    return next(s for s in summary["stages"] if s["stage"] == "compile")
+
+
+def test_gpu_build_deploys_the_engine_trtllm_build_wrote(tiny_model, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin")
+    out = tmp_path / "out"
+    result, summary = gpu_build(tiny_model, out)
+    assert result.exit_code == 0, result.output
+    assert compile_stage(summary)["detail"] == "engine built" and compile_stage(summary)["status"] == "done"
+    assert (out / "engine" / "rank0.engine").is_file()
+    config = (out / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert str((out / "engine").resolve()) in config
+    assert summary["verdict"].startswith("not validated: serve the repository on the GPU machine")
+    assert "no GPU" not in result.output
+
+
+def test_gpu_build_stops_loudly_when_trtllm_build_fails(tiny_model, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin", mode="fail")
+    out = tmp_path / "out"
+    result, summary = gpu_build(tiny_model, out)
+    assert result.exit_code == 1, result.output
+    assert "CUDA out of memory while building layer 3" in result.output
+    assert "the engine build failed (trtllm-build exited with status 3)" in result.output
+    assert "no GPU" not in result.output and "Traceback" not in result.output
+    assert not (out / "model_repo").exists() and not (out / "engine").exists()
+    assert summary["passed"] is False and compile_stage(summary)["status"] == "FAILED"
+    assert "CUDA out of memory" in summary["tool_output"]
+    assert [s["stage"] for s in summary["stages"]] == ["convert", "plan", "compile"]
+
+
+def test_gpu_build_without_a_gpu_writes_the_command_and_exits_2(tiny_model, tmp_path, monkeypatch):
+    pretend_no_gpu(monkeypatch, "no CUDA GPU is visible on this machine")
+    out = tmp_path / "out"
+    result, summary = gpu_build(tiny_model, out)
+    assert result.exit_code == 2, result.output
+    assert "command written, not built here: no CUDA GPU is visible on this machine" in result.output
+    assert "pass --dry-run" in result.output and "Traceback" not in result.output
+    assert "trtllm-build --checkpoint_dir" in (out / "engine" / "trtllm-build.sh").read_text()
+    assert not (out / "model_repo").exists()
+    assert compile_stage(summary)["status"] == "not built" and summary["passed"] is None
+
+
+def test_gpu_dry_run_prints_the_command_and_never_asks_for_a_gpu(tiny_model, tmp_path, monkeypatch):
+    def unexpected():
+        raise AssertionError("a dry run must not check for a GPU")
+
+    monkeypatch.setattr(compile_module, "missing_build_requirements", unexpected)
+    out = tmp_path / "out"
+    result, summary = gpu_build(tiny_model, out, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "engine build command (run it on the GPU machine):\n  trtllm-build --checkpoint_dir" in result.output
+    assert compile_stage(summary)["detail"] == "dry run: command written"
+    assert summary["verdict"] == "not validated: dry run"

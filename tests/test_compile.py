@@ -1,10 +1,14 @@
-"""The compile stage on a machine without a GPU: the exact trtllm-build command and --build_config JSON,
-checked against the flags and config fields of TensorRT-LLM 1.2.1; the engine-config check; the
-Dockerfile lint. The real build (build_with_trtllm) needs the container and a GPU and is not run here."""
+"""The compile stage: the exact trtllm-build command and --build_config JSON, checked against the flags and
+config fields of TensorRT-LLM 1.2.1; the engine-config check; the Dockerfile lint; and what compile does
+with and without a GPU box. Nothing here depends on what the machine has: the requirement check and the
+GPU are monkeypatched, and a fake `trtllm-build` on PATH stands in for the real one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
 import shlex
 import subprocess
 import sys
@@ -12,11 +16,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+import pipeline.compile as compile_module
 from pipeline.cli import main
-from pipeline.compile import (BUILD_CONFIG_FILE, COMMAND_FILE, build_config_json, check_engine_config,
-                              compile_engine, missing_build_requirements, trtllm_build_command)
+from pipeline.compile import (
+    BUILD_CONFIG_FILE,
+    COMMAND_FILE,
+    CompileStatus,
+    build_config_json,
+    check_engine_config,
+    compile_checkpoint,
+    compile_engine,
+    missing_build_requirements,
+    trtllm_build_command,
+)
 from pipeline.errors import UserError
 from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
 from pipeline.targets import get_target
@@ -145,8 +160,44 @@ def test_fp8_plan_command_flags(tmp_path):
     assert argv[argv.index("--multiple_profiles") + 1] == "enable"
 
 
-def test_without_tensorrt_llm_writes_the_command_and_says_where_to_build(fp16_checkpoint, gpu_plan, tmp_path):
-    assert missing_build_requirements() is not None   # this machine: no TensorRT-LLM, no GPU
+FAKE_TRTLLM_BUILD = """
+import json, pathlib, sys
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--output_dir") + 1])
+build = json.loads(pathlib.Path(args[args.index("--build_config") + 1]).read_text())
+print("[TRT-LLM] [I] Set dtype to float16.")
+if MODE == "fail":
+    print("[TRT-LLM] [E] fake-trtllm-build: CUDA out of memory while building layer 3", file=sys.stderr)
+    sys.exit(3)
+build.update(OVERRIDES)
+if MODE == "build":
+    (out / "rank0.engine").write_bytes(b"not really an engine")
+(out / "config.json").write_text(json.dumps({"version": "1.2.1", "build_config": build,
+    "pretrained_config": {"mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}}))
+"""
+
+
+def pretend_gpu_box(monkeypatch, bindir: Path, mode: str = "build", sm: int = 89, **overrides) -> None:
+    """This machine as an RTX 4090 box with TensorRT-LLM 1.2.1, whose trtllm-build (a fake on PATH) fails
+    (mode "fail": message on stderr, exit 3), writes no engine ("no-engine"), or writes rank0.engine and
+    config.json with the --build_config it was given, `overrides` changed ("build")."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    script = bindir / "trtllm-build"
+    script.write_text(f"#!{sys.executable}\nMODE = {mode!r}\nOVERRIDES = {overrides!r}\n{FAKE_TRTLLM_BUILD}")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(compile_module, "missing_build_requirements", lambda: None)
+    monkeypatch.setattr(compile_module, "gpu_description",
+                        lambda: {"name": "NVIDIA GeForce RTX 4090", "sm": sm, "memory_bytes": 24 << 30})
+
+
+def pretend_no_gpu(monkeypatch, reason: str = "no CUDA GPU is visible on this machine") -> None:
+    monkeypatch.setattr(compile_module, "missing_build_requirements", lambda: reason)
+
+
+def test_without_tensorrt_llm_writes_the_command_and_says_where_to_build(fp16_checkpoint, gpu_plan, tmp_path,
+                                                                         monkeypatch):
+    pretend_no_gpu(monkeypatch, "TensorRT-LLM 1.2.1 is not importable on this machine")
     plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
     out = tmp_path / "engine"
     result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
@@ -155,6 +206,97 @@ def test_without_tensorrt_llm_writes_the_command_and_says_where_to_build(fp16_ch
     assert "tritonserver:25.12-trtllm-python-py3" in result.output and "Traceback" not in result.output
     assert (out / BUILD_CONFIG_FILE).is_file() and (out / COMMAND_FILE).is_file()
     assert "trtllm-build --checkpoint_dir" in result.output   # the exact command is printed too
+    result = compile_checkpoint(fp16_checkpoint, gpu_plan, out)
+    assert result.status is CompileStatus.NOT_BUILT_HERE and result.skipped and result.dry_run
+    assert result.describe() == "command written, not built here: TensorRT-LLM 1.2.1 is not importable on this machine"
+
+
+@pytest.mark.parametrize("found,trtllm_build,cuda,reason", [
+    (None, True, True, "TensorRT-LLM 1.2.1 is not importable on this machine"),
+    ("1.3.0", True, True, "TensorRT-LLM 1.3.0 is installed, but trtpipe plans for 1.2.1"),
+    ("1.2.1", False, True, "its trtllm-build command is not on PATH"),
+    ("1.2.1", True, False, "no CUDA GPU is visible on this machine"),
+    ("1.2.1", True, True, None),
+])
+def test_requirement_check_names_what_is_missing(found, trtllm_build, cuda, reason, monkeypatch, tmp_path):
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name == "tensorrt_llm":
+            return object() if found else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(compile_module, "installed_version", lambda name: found)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    if trtllm_build:
+        (tmp_path / "trtllm-build").write_text("#!/bin/sh\n")
+        (tmp_path / "trtllm-build").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) if trtllm_build else "/nonexistent")
+    missing = missing_build_requirements()
+    assert missing is None if reason is None else reason in missing
+
+
+def test_built_with_trtllm_build(fp16_checkpoint, gpu_plan, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin")
+    plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"engine written: {out.absolute()}" in result.output and "Set dtype to float16" in result.output
+    assert (out / "rank0.engine").is_file() and (out / "config.json").is_file()
+    assert "Set dtype to float16" in (out / "trtllm-build.log").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dry_run"] is False and manifest["gpu"]["sm"] == 89 and "tensorrt_llm" in manifest["versions"]
+    again = compile_checkpoint(fp16_checkpoint, gpu_plan, out)
+    assert again.status is CompileStatus.BUILT and again.skipped and again.describe() == "engine up to date"
+
+
+def test_failed_trtllm_build_exits_1_with_its_output(fp16_checkpoint, gpu_plan, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin", mode="fail")
+    plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    error = result.output[result.output.index("error: "):]
+    assert "trtllm-build exited with status 3" in error and "CUDA out of memory while building layer 3" in error
+    assert "Traceback" not in result.output and "no GPU" not in result.output
+    assert not out.exists() and not list(tmp_path.glob(".engine.partial-*"))
+
+
+def test_failed_build_is_a_result_and_leaves_the_previous_output(fp16_checkpoint, gpu_plan, tmp_path, monkeypatch):
+    out = tmp_path / "engine"
+    compile_checkpoint(fp16_checkpoint, gpu_plan, out, dry_run=True)
+    pretend_gpu_box(monkeypatch, tmp_path / "bin", mode="fail")
+    result = compile_checkpoint(fp16_checkpoint, gpu_plan, out)
+    assert result.status is CompileStatus.FAILED and not result.dry_run
+    assert result.reason == "trtllm-build exited with status 3"
+    assert result.output_tail.splitlines()[-1].endswith("CUDA out of memory while building layer 3")
+    assert json.loads((out / "manifest.json").read_text())["dry_run"] is True   # the dry run's, untouched
+    assert not list(out.glob("*.engine"))
+
+
+@pytest.mark.parametrize("mode,overrides,message", [
+    ("no-engine", {}, "trtllm-build exited with status 0 but wrote no rank0.engine"),
+    ("build", {"max_batch_size": 2048}, ("does not match the plan (the Triton parameters would disagree with it): "
+                                         "build_config.max_batch_size 2048 (plan 16)")),
+])
+def test_engine_that_is_not_the_plans_fails_the_build(mode, overrides, message, fp16_checkpoint, gpu_plan, tmp_path,
+                                                       monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin", mode=mode, **overrides)
+    with pytest.raises(compile_module.EngineBuildFailed, match=re.escape(message)) as exc:
+        compile_engine(fp16_checkpoint, gpu_plan, tmp_path / "engine")
+    assert exc.value.exit_code == 1 and not (tmp_path / "engine").exists()
+
+
+def test_a_gpu_that_is_not_the_target_is_the_users_mistake(fp16_checkpoint, gpu_plan, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin", sm=86)
+    plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "this GPU (NVIDIA GeForce RTX 4090, sm_86) is not the plan's target rtx4090 (sm_89)" in result.output
+    assert not out.exists()
 
 
 def test_cli_dry_run_prints_the_command(fp16_checkpoint, gpu_plan, tmp_path):
@@ -209,9 +351,9 @@ def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
     text = (REPO / "Dockerfile").read_text()
     assert "FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3" in text
     hadolint = Path(sys.executable).parent / "hadolint"
-    result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     # and the linter does reject a bad Dockerfile (so a clean result means something)
     bad = subprocess.run([str(hadolint), "-"], input="FROM ubuntu\nRUN pip install requests\n",
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert bad.returncode != 0
