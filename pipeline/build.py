@@ -44,6 +44,7 @@ class BuildOptions:
     load_test: bool = False
     model_dir: Path | None = None
     calibration_samples: int | None = None
+    device: str = "auto"          # where calibration and the golden reference run, a layer at a time
     progress: bool = True
 
 
@@ -204,14 +205,15 @@ def run_calibration(checkpoint: Path, out: Path, options: BuildOptions):
     kv = options.kv_cache if options.kv_cache in ("fp8", "int8") else None
     return calibrate_checkpoint(checkpoint, out, CalibrateOptions(precision=options.precision, recipe=recipe,
                                                                   kv_cache=kv, eval_samples=BUILD_EVAL_SAMPLES,
-                                                                  force=True, progress=options.progress))
+                                                                  device=options.device, force=True,
+                                                                  progress=options.progress))
 
 
 def run_validation(repo: Path, out: Path, golden: str, options: BuildOptions, record) -> tuple[bool, str]:
     from .validate import ValidateOptions, reference_for, validate_repository
 
     started = time.monotonic()
-    report = validate_repository(repo, out, ValidateOptions(golden=reference_for(repo, golden),
+    report = validate_repository(repo, out, ValidateOptions(golden=reference_for(repo, golden, options.device),
                                                             load_test=options.load_test), url=options.url)
     failed = [c.name for c in report.checks if not c.passed]
     record("validate", out, started, False, f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed")

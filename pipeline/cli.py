@@ -40,6 +40,12 @@ class TrtpipeGroup(click.Group):
             sys.exit(1)
 
 
+def device_option(what: str):
+    """--device of the stages that run the model a decoder layer at a time (one spelling for all)."""
+    return click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                        help=f"Where {what}, one decoder layer in memory at a time (auto: CUDA when torch sees a GPU).")
+
+
 @click.group(cls=TrtpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trtpipe")
 def main():
@@ -107,8 +113,9 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--load-test", is_flag=True, help="Add the bounded load test to validation.")
 @click.option("--samples", type=int, default=None, help="Calibration samples (default: the recipe's).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
+@device_option("calibration and the golden reference run")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
-def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir, as_json):
+def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir, device, as_json):
     """Run every stage: convert, calibrate, plan, compile, deploy, validate.
 
     \b
@@ -124,7 +131,7 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
     out = out or Path("out") / f"{safe_name}-{target}-{precision}"
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
                            dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
-                           calibration_samples=samples, progress=not as_json)
+                           calibration_samples=samples, device=device, progress=not as_json)
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:
@@ -162,11 +169,12 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
               "transformer.layers.0.mlp.proj; repeatable). lm_head is always excluded.")
 @click.option("--eval-samples", type=int, default=40, show_default=True,
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
+@device_option("the model runs")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field, samples, seq_len, seed, alpha,
-              percentile, weight_rounding, damp, exclude, eval_samples, force, quiet, as_json):
+              percentile, weight_rounding, damp, exclude, eval_samples, device, force, quiet, as_json):
     """Calibrate the float CHECKPOINT into an FP8 or INT8-SmoothQuant TensorRT-LLM checkpoint.
 
     \b
@@ -181,7 +189,7 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
     defaulted = {"alpha": alpha, "weight_rounding": weight_rounding, "damp": damp}   # None: CalibrateOptions'
     options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
                                percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
-                               force=force, progress=not quiet and not as_json,
+                               device=device, force=force, progress=not quiet and not as_json,
                                **{k: v for k, v in defaulted.items() if v is not None})
     result = calibrate_checkpoint(checkpoint, out, options)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
@@ -196,9 +204,10 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
               help="Tokenizer directory (default: CHECKPOINT/tokenizer, or the model's own).")
 @click.option("--window", type=int, default=512, show_default=True, help="Tokens per scored window.")
 @click.option("--max-samples", type=int, default=None, help="Score only the first N samples.")
+@device_option("the model runs")
 @click.option("--json", "as_json", is_flag=True, help='Print {"perplexity": ..., "tokens": ...}.')
-def eval_(checkpoint, dataset, tokenizer, window, max_samples, as_json):
-    """Perplexity of CHECKPOINT with the reference runtime (CPU).
+def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
+    """Perplexity of CHECKPOINT with the reference runtime, one decoder layer in memory at a time.
 
     \b
     CHECKPOINT is a TensorRT-LLM checkpoint directory; a Hugging Face directory, preset, GGUF file or
@@ -211,7 +220,7 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, as_json):
     from .evaluate import evaluate
 
     result = evaluate(checkpoint, dataset, tokenizer=tokenizer, window=window, max_samples=max_samples,
-                      progress=not as_json)
+                      device=device, progress=not as_json)
     click.echo(json.dumps(result.to_dict()) if as_json else result.summary())
 
 
@@ -407,8 +416,9 @@ def check(repo, engine, as_json):
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Report directory (default: validation/ beside REPO).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the server to be ready.")
+@device_option("the golden reference runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, out, timeout, as_json):
+def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, out, timeout, device, as_json):
     """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests.
 
     \b
@@ -424,7 +434,7 @@ def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, ou
     except ValueError:
         raise UserError(f"--concurrency must be comma-separated integers, got {concurrency!r}") from None
     out = out or Path(repo).absolute().parent / "validation"
-    options = ValidateOptions(golden=reference_for(repo, golden), load_test=load_test, concurrencies=levels,
+    options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test, concurrencies=levels,
                               max_tokens=max_tokens)
     report = validate_repository(repo, out, options, url=url, grpc_url=grpc_url, ready_timeout=timeout,
                                  progress=lambda step: click.echo(f"... {step}", err=True))

@@ -148,3 +148,19 @@ def test_layers_move_every_tensor_to_the_device(checkpoint):
             tensors += [t for t in (value.weight, value.bias, value.prequant) if t is not None]
     assert len(tensors) == 2 + 5 + 2 and all(t.device.type == "meta" for t in tensors)
     assert layer.qkv.weight.device.type == "cpu"        # the source layer is left as it was
+
+
+@pytest.mark.parametrize("command", ["eval", "calibrate"])
+def test_cli_device_cuda_without_a_gpu_exits_2_with_one_line(checkpoint, command, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = {"eval": ["eval", str(checkpoint("gqa")), "--device", "cuda"],
+            "calibrate": ["calibrate", str(checkpoint("gqa")), "-o", str(tmp_path / "q"), "--precision", "fp8",
+                          "--device", "cuda", "--quiet"]}[command]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "torch sees no CUDA GPU" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "q").exists()
