@@ -27,18 +27,25 @@ def smollm2_histograms(samples: int, seq_len: int) -> dict:
     import tempfile
     from pathlib import Path
 
-    from pipeline.calibrate.collect import collect_histograms
+    from pipeline.calibrate.collect import stats_key
     from pipeline.calibrate.data import load_texts, load_tokenizer, resolve_recipe, tokenize_samples
+    from pipeline.calibrate.histogram import StreamingHistogram
     from pipeline.convert import convert_model
-    from pipeline.runtime import ReferenceModel
+    from pipeline.runtime import LayerStream
     from pipeline.sources import resolve_model
+
+    histograms: dict[str, StreamingHistogram] = {}
+
+    def observe(name: str, x: torch.Tensor) -> None:
+        if stats_key(name) is not None:
+            histograms.setdefault(name, StreamingHistogram()).collect(x)
 
     with tempfile.TemporaryDirectory() as tmp:
         ck = convert_model(resolve_model("smollm2-135m"), Path(tmp) / "ck", dtype="float32", progress=False).path
         recipe = resolve_recipe(None, samples=samples, seq_len=seq_len)
         ids = tokenize_samples(load_texts(recipe), load_tokenizer(ck), recipe)
-        stats = collect_histograms(ReferenceModel.load(ck), ids, desc="collecting histograms")
-    return {name: h.histogram() for name, h in stats.histograms.items()}
+        LayerStream(ck).run_layers(ids, passes=lambda i: [observe], desc="collecting histograms")
+    return {name: h.histogram() for name, h in histograms.items()}
 
 
 def modelopt_amax(counts: np.ndarray, edges: np.ndarray) -> float:
