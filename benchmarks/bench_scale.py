@@ -14,6 +14,10 @@ at full vocabulary size.
 
 The vocabulary of the 1.1b shape is SmolLM2's (49152, not TinyLlama's 32000) so the offline
 tokenizer's ids fit; calibration and eval text is the offline corpus.
+
+The checkpoint is written by a child process and this one never imports torch: Linux keeps a process's
+peak RSS across exec, and a child forked from a large parent starts from the parent's RSS, so a big
+benchmark process would inflate every figure it measures.
 """
 
 from __future__ import annotations
@@ -27,12 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from pipeline.safetensors_stream import SafetensorsWriter, TensorSpec  # noqa: E402
 
 SHAPES = {
     "1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
@@ -46,7 +45,11 @@ SHARD_BYTES = 2 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def hf_tensors(cfg: dict) -> list[TensorSpec]:
+def hf_tensors(cfg: dict) -> list:
+    import torch
+
+    from pipeline.safetensors_stream import TensorSpec
+
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     d = h // cfg["num_attention_heads"]
     kv = cfg["num_key_value_heads"] * d
@@ -67,9 +70,18 @@ def hf_tensors(cfg: dict) -> list[TensorSpec]:
 
 
 def make_checkpoint(directory: Path, cfg: dict) -> Path:
-    """A random fp16 Llama in Hugging Face layout (sharded safetensors + index), written tensor by tensor."""
-    if (directory / "config.json").is_file():
-        return directory
+    """A random fp16 Llama in Hugging Face layout (sharded safetensors + index), written by a child process."""
+    if not (directory / "config.json").is_file():
+        subprocess.run([sys.executable, __file__, "--write-checkpoint", str(directory), json.dumps(cfg)], check=True)
+    return directory
+
+
+def write_checkpoint(directory: Path, cfg: dict) -> None:
+    """Write the checkpoint tensor by tensor (this process imports torch: never the measuring one)."""
+    import torch
+
+    from pipeline.safetensors_stream import SafetensorsWriter
+
     tmp = directory.with_name(directory.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -91,6 +103,7 @@ def make_checkpoint(directory: Path, cfg: dict) -> Path:
                 base = 1.0 if "norm" in spec.name else 0.0
                 writer.write((base + scale * torch.randn(spec.shape, generator=gen)).to(torch.float16))
                 weight_map[spec.name] = name
+    (tmp / "largest.json").write_text(json.dumps({"bytes": max(s.nbytes for s in hf_tensors(cfg))}))
     (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float16",
               "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "hidden_act": "silu",
@@ -102,7 +115,6 @@ def make_checkpoint(directory: Path, cfg: dict) -> Path:
     for f in TOKENIZER_FILES:
         shutil.copy(tok_dir / f, tmp / f)
     tmp.rename(directory)
-    return directory
 
 
 def run(cmd: list[str]) -> tuple[float, int, str]:
@@ -129,7 +141,7 @@ def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str
     tag = f"{shape}-L{cfg['num_hidden_layers']}"
     hf = make_checkpoint(cache / f"hf-{tag}", cfg)
     size = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
-    largest = max(s.nbytes for s in hf_tensors(cfg))
+    largest = json.loads((hf / "largest.json").read_text())["bytes"]
     print(f"== {shape} shape, {cfg['num_hidden_layers']} layers: {gib(size)} fp16 in {hf}", flush=True)
 
     work = cache / f"work-{tag}"
@@ -172,6 +184,10 @@ def calibrate(work: Path, cfg: dict, shape: str, trtpipe: str, goal: int) -> Non
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--write-checkpoint"]:
+        sys.path.insert(0, str(ROOT))
+        write_checkpoint(Path(sys.argv[2]), json.loads(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
     parser.add_argument("--layers", type=int, default=None, help="Decoder layers (default: the shape's own).")

@@ -115,7 +115,7 @@ class LayerCalibrator:
                                          kv_fmt if is_kv(name) else act_fmt, options.chosen_method,
                                          options.percentile))
         chosen = {t.name: t.chosen_amax for t in reports}
-        hessians = {name: h.mean() for name, h in stats.hessians.items()}
+        hessians = {name: h.finish() for name, h in stats.hessians.items()}
         prefix = f"transformer.layers.{layer}.attention."
         plan = QuantPlan(
             precision=options.precision, kv_cache=options.kv_cache,

@@ -47,6 +47,10 @@ class HessianStats:
     def mean(self) -> torch.Tensor:
         return self.sum / max(self.tokens, 1)
 
+    def finish(self) -> torch.Tensor:
+        """The mean, computed in place: the running sum becomes it (no second [in, in] copy)."""
+        return self.sum.div_(max(self.tokens, 1))
+
 
 def fp8_codes(x: torch.Tensor) -> torch.Tensor:
     """Nearest E4M3 value of x (already divided by its scale), saturated at +-448, as float."""
@@ -76,31 +80,32 @@ def gptq_inverse(hessian: torch.Tensor, damp: float = DEFAULT_DAMP) -> torch.Ten
     (e.g. non-finite statistics) or the inverse does not factorize: the weights are then rounded to nearest.
     Inputs that never fired get a unit diagonal: they are rounded to nearest and take no error feedback.
 
-    H is damped in place and at most two [in, in] float64 matrices live at once (for Llama-3-8B's
-    mlp.proj input, 14336 wide, each is 1.6 GB).
+    One float64 [in, in] buffer is factorized, inverted and factorized again in place (LAPACK works in
+    place; the results are bit for bit those of the out-of-place calls): for Llama-3-8B's mlp.proj input,
+    14336 wide, that is 1.6 GB instead of three or four times as much.
     """
-    h = hessian.to(torch.float64, copy=True)
-    dead = torch.diagonal(h) <= 0
-    h[dead, dead] = 1.0
-    mean_diag = float(torch.diagonal(h).mean())
-    if not torch.isfinite(h).all() or mean_diag <= 0:
-        return None
-    diagonal = torch.diagonal(h).clone()
+    mean_diag = None
+    info = torch.empty((), dtype=torch.int32)
     for attempt in range(DAMP_RETRIES + 1):
-        torch.diagonal(h).copy_(diagonal + damp * 10 ** attempt * mean_diag)
-        factor, info = torch.linalg.cholesky_ex(h)
+        h = hessian.to(torch.float64, copy=True)
+        dead = torch.diagonal(h) <= 0
+        h[dead, dead] = 1.0
+        if mean_diag is None:
+            mean_diag = float(torch.diagonal(h).mean())
+            if not torch.isfinite(h).all() or mean_diag <= 0:
+                return None
+        torch.diagonal(h).add_(damp * 10 ** attempt * mean_diag)
+        torch.linalg.cholesky_ex(h, out=(h, info))
         if int(info) == 0:
-            del h
-            inverse = torch.cholesky_inverse(factor)
-            del factor
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
-            return upper if int(info) == 0 else None
-        del factor
+            torch.cholesky_inverse(h, out=h)
+            torch.linalg.cholesky_ex(h, upper=True, out=(h, info))
+            return h if int(info) == 0 else None
+        del h
     return None
 
 
 def gptq_codes(weight: torch.Tensor, hinv: torch.Tensor, scale: torch.Tensor, codes: Codes) -> torch.Tensor:
-    w = weight.to(torch.float64).clone()
+    w = weight.to(torch.float64, copy=True)
     out = torch.empty_like(w)
     for start in range(0, w.shape[1], BLOCK):
         stop = min(start + BLOCK, w.shape[1])
