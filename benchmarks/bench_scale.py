@@ -46,27 +46,25 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def hf_tensors(cfg: dict) -> list:
-    import torch
-
     from pipeline.safetensors_stream import TensorSpec
 
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     d = h // cfg["num_attention_heads"]
     kv = cfg["num_key_value_heads"] * d
-    specs = [TensorSpec("model.embed_tokens.weight", torch.float16, (v, h))]
+    specs = [TensorSpec("model.embed_tokens.weight", "F16", (v, h))]
     for n in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        specs += [TensorSpec(p + "input_layernorm.weight", torch.float16, (h,)),
-                  TensorSpec(p + "post_attention_layernorm.weight", torch.float16, (h,)),
-                  TensorSpec(p + "self_attn.q_proj.weight", torch.float16, (h, h)),
-                  TensorSpec(p + "self_attn.k_proj.weight", torch.float16, (kv, h)),
-                  TensorSpec(p + "self_attn.v_proj.weight", torch.float16, (kv, h)),
-                  TensorSpec(p + "self_attn.o_proj.weight", torch.float16, (h, h)),
-                  TensorSpec(p + "mlp.gate_proj.weight", torch.float16, (i, h)),
-                  TensorSpec(p + "mlp.up_proj.weight", torch.float16, (i, h)),
-                  TensorSpec(p + "mlp.down_proj.weight", torch.float16, (h, i))]
-    return specs + [TensorSpec("model.norm.weight", torch.float16, (h,)),
-                    TensorSpec("lm_head.weight", torch.float16, (v, h))]
+        specs += [TensorSpec(p + "input_layernorm.weight", "F16", (h,)),
+                  TensorSpec(p + "post_attention_layernorm.weight", "F16", (h,)),
+                  TensorSpec(p + "self_attn.q_proj.weight", "F16", (h, h)),
+                  TensorSpec(p + "self_attn.k_proj.weight", "F16", (kv, h)),
+                  TensorSpec(p + "self_attn.v_proj.weight", "F16", (kv, h)),
+                  TensorSpec(p + "self_attn.o_proj.weight", "F16", (h, h)),
+                  TensorSpec(p + "mlp.gate_proj.weight", "F16", (i, h)),
+                  TensorSpec(p + "mlp.up_proj.weight", "F16", (i, h)),
+                  TensorSpec(p + "mlp.down_proj.weight", "F16", (h, i))]
+    return specs + [TensorSpec("model.norm.weight", "F16", (h,)),
+                    TensorSpec("lm_head.weight", "F16", (v, h))]
 
 
 def make_checkpoint(directory: Path, cfg: dict) -> Path:

@@ -17,9 +17,8 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from . import TRTLLM_VERSION, __version__
@@ -27,10 +26,14 @@ from .arch import ModelArch
 from .errors import UserError
 from .outputs import (atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date,
                       write_manifest)
-from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec
+from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec, torch_dtype
 from .sources import ModelSource, read_hf_arch
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+if TYPE_CHECKING:
+    import torch
+
+#: checkpoint dtype -> safetensors code of its tensors
+DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 STAGE = "convert"
 
 
@@ -223,18 +226,21 @@ def checkpoint_config(arch: ModelArch, dtype: str, tp: int, pp: int) -> dict:
 Producer = Callable[[], "torch.Tensor | SourceRows | list[SourceRows]"]
 
 
-def as_output(data, dtype: torch.dtype) -> torch.Tensor | list[SourceRows]:
-    """Source rows already in the output dtype are copied byte for byte; anything else is cast."""
-    if isinstance(data, torch.Tensor):
-        return data.to(dtype)
+def as_output(data, dtype: str) -> torch.Tensor | list[SourceRows]:
+    """Source rows already in the output dtype are copied byte for byte; anything else is cast (only then
+    is torch imported)."""
+    if not isinstance(data, (SourceRows, list)):
+        return data.to(torch_dtype(dtype))
     pieces = [data] if isinstance(data, SourceRows) else data
     if all(p.dtype == dtype for p in pieces):
         return pieces
-    return torch.cat([p.load().to(dtype) for p in pieces])
+    import torch
+
+    return torch.cat([p.load().to(torch_dtype(dtype)) for p in pieces])
 
 
 def rank_jobs(arch: ModelArch, weights: LazyWeights, pos: RankPosition,
-              dtype: torch.dtype) -> list[tuple[TensorSpec, Producer]]:
+              dtype: str) -> list[tuple[TensorSpec, Producer]]:
     """The tensors of one rank file, in write order, each with a function that reads and shapes it."""
     jobs: list[tuple[TensorSpec, Producer]] = []
 
@@ -242,7 +248,7 @@ def rank_jobs(arch: ModelArch, weights: LazyWeights, pos: RankPosition,
         jobs.append((TensorSpec(name, dtype, shape), lambda: as_output(produce(), dtype)))
 
     tp, r = pos.tp_size, pos.tp_rank
-    h, hd = arch.hidden_size, arch.head_size
+    h = arch.hidden_size
     if pos.is_first_pp:
         add("transformer.vocab_embedding.weight", (arch.vocab_size, h),
             partial(weights.rows, "model.embed_tokens.weight"))
@@ -309,6 +315,8 @@ def _read_lm_head_shard(weights: LazyWeights, name: str, vocab: int, padded: int
     start, end = _shard(padded, tp, r)
     if end <= vocab:
         return weights.rows(name, (start, end))
+    import torch
+
     real = weights.read(name, (start, min(end, vocab))) if start < vocab else None
     pad = torch.zeros(end - max(start, vocab), weights.shape(name)[1], dtype=torch.float32)
     return pad if real is None else torch.cat([real.to(torch.float32), pad], dim=0)

@@ -3,6 +3,9 @@
 `safetensors.torch.save_file` needs every tensor of a file in memory at once. The converter instead
 knows each output tensor's name, dtype and shape up front, writes the header first and then streams
 the tensors in order, so peak memory follows the largest tensor rather than the model.
+
+Dtypes are safetensors codes ("F16", "F8_E4M3", ...) and torch is imported only where a tensor is read
+or written: a conversion whose tensors are all byte copies never loads torch (about 2 s of start-up).
 """
 
 from __future__ import annotations
@@ -13,20 +16,34 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 
-_ST_DTYPES = {
-    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3",
-    torch.int8: "I8", torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64",
-}
+if TYPE_CHECKING:
+    import torch
+
+#: bytes per element of each safetensors dtype code trtpipe reads or writes
+ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
+
+
+def torch_dtype(code: str) -> torch.dtype | None:
+    """The torch dtype of a safetensors dtype code (None for a code trtpipe does not handle)."""
+    import torch
+
+    return {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
+            "I8": torch.int8, "U8": torch.uint8, "I32": torch.int32, "I64": torch.int64}.get(code)
+
+
+def dtype_code(dtype: torch.dtype) -> str:
+    """The safetensors code of a torch dtype."""
+    return next(code for code in ITEM_SIZE if torch_dtype(code) == dtype)
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dtype: torch.dtype
+    dtype: str                     # safetensors code
     shape: tuple[int, ...]
 
     @property
@@ -34,7 +51,7 @@ class TensorSpec:
         n = 1
         for d in self.shape:
             n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return n * ITEM_SIZE[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -44,16 +61,18 @@ class SourceRows:
     path: Path
     offset: int          # absolute byte offset in the file
     length: int
-    dtype: torch.dtype
+    dtype: str           # safetensors code
     shape: tuple[int, ...]
 
     def load(self) -> torch.Tensor:
+        import torch
+
         buf = torch.empty(self.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             if f.readinto(buf.numpy()) != self.length:
                 raise UserError(f"{self.path}: a tensor is cut short; the file is truncated, download it again")
-        return buf.view(self.dtype).reshape(self.shape)
+        return buf.view(torch_dtype(self.dtype)).reshape(self.shape)
 
 
 class SafetensorsWriter:
@@ -66,7 +85,7 @@ class SafetensorsWriter:
         header: dict = {"__metadata__": metadata} if metadata else {}
         offset = 0
         for spec in self._specs:
-            header[spec.name] = {"dtype": _ST_DTYPES[spec.dtype], "shape": list(spec.shape),
+            header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape),
                                  "data_offsets": [offset, offset + spec.nbytes]}
             offset += spec.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -82,11 +101,11 @@ class SafetensorsWriter:
     def write(self, data: torch.Tensor | list[SourceRows]) -> None:
         """Write the next declared tensor: a tensor, or source rows copied file-to-file unchanged."""
         spec = self._specs[self._next]
-        if isinstance(data, torch.Tensor):
-            if data.dtype != spec.dtype or tuple(data.shape) != spec.shape:
+        if not isinstance(data, list):
+            if dtype_code(data.dtype) != spec.dtype or tuple(data.shape) != spec.shape:
                 raise AssertionError(f"{spec.name}: produced {data.dtype} {tuple(data.shape)}, "
                                      f"declared {spec.dtype} {spec.shape}")
-            self._file.write(data.contiguous().view(torch.uint8).numpy().data)
+            self._file.write(data.contiguous().view(-1).view(torch_dtype("U8")).numpy().data)
         else:
             if sum(p.length for p in data) != spec.nbytes or any(p.dtype != spec.dtype for p in data):
                 raise AssertionError(f"{spec.name}: source rows do not match the declared {spec.dtype} {spec.shape}")
@@ -106,7 +125,7 @@ class SafetensorsWriter:
                         raise UserError(f"{piece.path}: unexpected end of file; the file is truncated")
                     done += n
             except (AttributeError, OSError):  # no copy_file_range here: plain read and write
-                self._file.write(SourceRows(piece.path, piece.offset + done, piece.length - done, torch.uint8,
+                self._file.write(SourceRows(piece.path, piece.offset + done, piece.length - done, "U8",
                                             (piece.length - done,)).load().numpy().data)
 
     def close(self) -> None:
@@ -149,9 +168,9 @@ class SafetensorsFile:
     def rows(self, name: str, rows: tuple[int, int] | None = None) -> SourceRows:
         """Where the tensor, or the given range of its rows, lies on disk (nothing is read)."""
         info = self._info[name]
-        dtype = _TORCH_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise UserError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
+        dtype = info["dtype"]
+        if dtype not in ITEM_SIZE:
+            raise UserError(f"{self.path}: tensor {name} has unsupported dtype {dtype}")
         shape = list(info["shape"])
         begin, end = info["data_offsets"]
         if rows is not None:
@@ -214,20 +233,19 @@ class LazyWeights:
         return tensor[:, cols[0]:cols[1]] if cols is not None else tensor
 
 
-_TORCH_DTYPES = {code: dtype for dtype, code in _ST_DTYPES.items()}
-
-
 def read_header(path: Path) -> tuple[int, dict]:
     """(offset of the data section, header) of a safetensors file, refusing truncated files."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise UserError(f"{path}: not a readable safetensors file (truncated, no header); write or download it again")
+            raise UserError(f"{path}: not a readable safetensors file (truncated, no header); "
+                            "write or download it again")
         (n,) = struct.unpack("<Q", head)
         try:
             header = json.loads(f.read(n))
         except (ValueError, MemoryError):
-            raise UserError(f"{path}: not a readable safetensors file (corrupt header); write or download it again") from None
+            raise UserError(f"{path}: not a readable safetensors file (corrupt header); "
+                            "write or download it again") from None
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     size = path.stat().st_size
     if size < 8 + n + end:

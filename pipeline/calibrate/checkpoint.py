@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError, read_config_json
-from ..safetensors_stream import SafetensorsFile, SafetensorsWriter, TensorSpec
+from ..safetensors_stream import SafetensorsFile, SafetensorsWriter, TensorSpec, dtype_code
 from .formats import E4M3_MAX
 from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
 
@@ -229,27 +229,26 @@ class QuantizedCheckpointWriter:
             self._writers[rf.rank] = writer
 
     def _specs(self, rf: RankFile, name: str) -> list[TensorSpec]:
-        dtype = DTYPES[self.ckpt.config["dtype"]]
         shape = rf.file.shape(name)
         module = linear_of(rf.global_name(name))
         if module is None or is_excluded(module, self.exclude):
-            return [TensorSpec(name, _file_dtype(rf.file, name), shape)]
+            return [TensorSpec(name, rf.file.dtype_code(name), shape)]
         prefix = name[: -len(".weight")]
         one = (1,)
         if self.precision == "fp8":
-            return [TensorSpec(name, torch.float8_e4m3fn, shape),
-                    TensorSpec(prefix + ".weights_scaling_factor", torch.float32, one),
-                    TensorSpec(prefix + ".activation_scaling_factor", torch.float32, one)]
-        return [TensorSpec(name, torch.int8, shape),
-                TensorSpec(prefix + ".weights_scaling_factor", torch.float32, (shape[0],)),
-                TensorSpec(prefix + ".prequant_scaling_factor", dtype, (shape[1],)),
-                TensorSpec(prefix + ".activation_scaling_factor", torch.float32, one)]
+            return [TensorSpec(name, "F8_E4M3", shape),
+                    TensorSpec(prefix + ".weights_scaling_factor", "F32", one),
+                    TensorSpec(prefix + ".activation_scaling_factor", "F32", one)]
+        return [TensorSpec(name, "I8", shape),
+                TensorSpec(prefix + ".weights_scaling_factor", "F32", (shape[0],)),
+                TensorSpec(prefix + ".prequant_scaling_factor", dtype_code(self.ckpt.dtype), (shape[1],)),
+                TensorSpec(prefix + ".activation_scaling_factor", "F32", one)]
 
     def _kv_specs(self, local: int) -> list[TensorSpec]:
         if not self.kv_cache:
             return []
         p = f"transformer.layers.{local}.attention."
-        return [TensorSpec(p + key + "_scaling_factor", torch.float32, (1,)) for key in ("k_cache", "v_cache", "kv_cache")]
+        return [TensorSpec(p + key + "_scaling_factor", "F32", (1,)) for key in ("k_cache", "v_cache", "kv_cache")]
 
     def write_layer(self, layer: int, plan: QuantPlan) -> None:
         """Quantize global layer `layer` with `plan` (which covers at least its modules) into every rank file."""
@@ -283,10 +282,6 @@ def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
         m = LAYER_TENSOR.match(spec.name)
         return (-1, "") if m is None else (int(m.group(1)), "")
     return sorted(specs, key=key)      # stable: keeps each group's own order
-
-
-def _file_dtype(file: SafetensorsFile, name: str) -> torch.dtype:
-    return file.rows(name).dtype
 
 
 def quantized_config(config: dict, precision: str, kv_cache: str | None, exclude: tuple[str, ...],

@@ -25,12 +25,10 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..safetensors_stream import SafetensorsFile
+from ..safetensors_stream import SafetensorsFile, torch_dtype
 from .config import RuntimeConfig, read_config
 from .quant import TensorQuant, dequantize_weight, fake_quant_fp8
 
-ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "F8_E4M3": torch.float8_e4m3fn, "I8": torch.int8}
 MODEL_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SCALAR = (1,)
@@ -261,7 +259,7 @@ def check_rank(rf: RankFile, expected: dict[str, Expect]) -> list[str]:
     for name in sorted(present & set(expected)):
         exp = expected[name]
         shape = rf.file.shape(name)
-        dtype = ST_DTYPES.get(rf.file.dtype_code(name))
+        dtype = torch_dtype(rf.file.dtype_code(name))
         ok_shape = shape == exp.shape or (exp.shape == SCALAR and shape in ((), (1,)))
         if not ok_shape:
             problems.append(f"{where}: tensor {name} has shape {list(shape)}, expected {list(exp.shape)}")
