@@ -191,18 +191,23 @@ class QuantPlan:
     alpha: float | None = None
     hessians: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> E[x x^T] (GPTQ); absent: nearest
     damp: float = DEFAULT_DAMP
-    #: (statistics, factor) last inverted: fc and gate share theirs, so it is computed once for both
-    _inverse: list = field(default_factory=lambda: [None, None], repr=False, compare=False)
+    #: factors already made for a fused partner (fc and gate share their input, so theirs is made once)
+    _inverses: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def gptq_inverse(self, module: str) -> torch.Tensor | None:
-        """GPTQ's factor for `module` (None: round to nearest)."""
-        hessian = self.hessians.get(module)
+    def take_gptq_inverse(self, module: str) -> torch.Tensor | None:
+        """GPTQ's factor for `module` (None: round to nearest). Each module's is taken once: the statistics
+        are released as soon as the factor exists, so only one [in, in] matrix is alive at a time."""
+        if module in self._inverses:
+            return self._inverses.pop(module)
+        hessian = self.hessians.pop(module, None)
         if hessian is None:
             return None
-        if self._inverse[0] is not hessian:
-            self._inverse[:] = [None, None]          # release the previous factor before making the next
-            self._inverse[:] = [hessian, gptq_inverse(hessian, self.damp)]
-        return self._inverse[1]
+        hinv = gptq_inverse(hessian, self.damp)
+        partner = fused_partner(module)
+        if self.hessians.get(partner) is hessian:
+            del self.hessians[partner]
+            self._inverses[partner] = hinv
+        return hinv
 
 
 class QuantizedCheckpointWriter:
@@ -251,21 +256,28 @@ class QuantizedCheckpointWriter:
         return [TensorSpec(p + key + "_scaling_factor", "F32", (1,)) for key in ("k_cache", "v_cache", "kv_cache")]
 
     def write_layer(self, layer: int, plan: QuantPlan) -> None:
-        """Quantize global layer `layer` with `plan` (which covers at least its modules) into every rank file."""
-        for rf in self.ckpt.ranks:
-            local = layer - rf.layer_offset
-            if local not in self._layer_names[rf.rank]:
-                continue
-            tensors = {}
-            for name in self._layer_names[rf.rank][local]:
-                tensors.update(_quantized_tensors(rf, name, rf.file.read(name), self.ckpt, plan))
-            if plan.kv_cache:
-                tensors.update(_kv_scales(rf, tensors, plan))
-            writer = self._writers[rf.rank]
-            while writer.pending() in tensors:
-                writer.write(tensors.pop(writer.pending()))
-            if tensors:
-                raise AssertionError(f"layer {layer}: tensors out of declared order: {sorted(tensors)[:3]}")
+        """Quantize global layer `layer` with `plan` (which covers at least its modules) into its rank files.
+
+        Tensor by tensor, each for every tp rank, so a GPTQ factor is made once per linear and released
+        before the next one is made.
+        """
+        ranks = [rf for rf in self.ckpt.ranks if layer - rf.layer_offset in self._layer_names[rf.rank]]
+        for name in self._layer_names[ranks[0].rank][layer - ranks[0].layer_offset]:
+            module = linear_of(ranks[0].global_name(name))
+            hinv = None if module is None or is_excluded(module, plan.exclude) else plan.take_gptq_inverse(module)
+            for rf in ranks:
+                self._write(rf, _quantized_tensors(rf, name, rf.file.read(name), self.ckpt, plan, hinv))
+            del hinv
+        if plan.kv_cache:
+            for rf in ranks:
+                self._write(rf, _kv_scales(rf, layer - rf.layer_offset, plan))
+
+    def _write(self, rf: RankFile, tensors: dict[str, torch.Tensor]) -> None:
+        writer = self._writers[rf.rank]
+        while writer.pending() in tensors:
+            writer.write(tensors.pop(writer.pending()))
+        if tensors:
+            raise AssertionError(f"{rf.path.name}: tensors out of declared order: {sorted(tensors)[:3]}")
 
     def close(self) -> dict:
         """Finish every rank file and write config.json; returns the config."""
@@ -295,13 +307,14 @@ def quantized_config(config: dict, precision: str, kv_cache: str | None, exclude
 
 
 def _quantized_tensors(rf: RankFile, name: str, tensor: torch.Tensor, ckpt: FloatCheckpoint,
-                       plan: QuantPlan) -> dict[str, torch.Tensor]:
+                       plan: QuantPlan, hinv: torch.Tensor | None) -> dict[str, torch.Tensor]:
     module = linear_of(rf.global_name(name))
     if module is None or is_excluded(module, plan.exclude):
         return {name: tensor}
     prefix = name[: -len(".weight")]
     w, wsf = _rounding_input(plan, module, tensor, rf.tp_rank, ckpt.tp_size)
-    codes = _weight_codes(rf, name, module, w, wsf, ckpt, plan)
+    del tensor
+    codes = _weight_codes(rf, name, module, w, wsf, ckpt, plan, hinv)
     if plan.precision == "fp8":
         return {name: codes.to(torch.float8_e4m3fn), prefix + ".weights_scaling_factor": wsf,
                 prefix + ".activation_scaling_factor": _act_scale(plan, module, E4M3_MAX)}
@@ -323,12 +336,11 @@ def _rounding_input(plan: QuantPlan, module: str, tensor: torch.Tensor, tp_rank:
 
 
 def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: torch.Tensor,
-                  ckpt: FloatCheckpoint, plan: QuantPlan) -> torch.Tensor:
+                  ckpt: FloatCheckpoint, plan: QuantPlan, hinv: torch.Tensor | None) -> torch.Tensor:
     """This shard's quantized values. GPTQ rounds a row-parallel weight over its full width, since the
     engine sums the ranks' partial products: every rank rounds the whole weight (with each shard's own
     scales) and keeps its own columns."""
     codes = fp8_codes if plan.precision == "fp8" else int8_codes
-    hinv = plan.gptq_inverse(module)
     if hinv is None or not module.endswith(ROW_PARALLEL) or ckpt.tp_size == 1:
         return round_weight(w, wsf, codes, hinv)
     shards = []
@@ -364,12 +376,9 @@ def kv_scaling_factors(kv_cache: str, k_amax: float, v_amax: float) -> tuple[flo
     return k, v, max(k, v)
 
 
-def _kv_scales(rf: RankFile, tensors: dict, plan: QuantPlan) -> dict[str, torch.Tensor]:
-    layers = sorted({int(m.group(1)) for m in map(LAYER_TENSOR.match, tensors) if m})
-    out = {}
-    for local in layers:
-        k, v, kv = kv_scaling_factors(plan.kv_cache, *plan.kv_amax[local + rf.layer_offset])
-        p = f"transformer.layers.{local}.attention."
-        for key, value in (("k_cache", k), ("v_cache", v), ("kv_cache", kv)):
-            out[p + key + "_scaling_factor"] = torch.tensor([value], dtype=torch.float32)
-    return out
+def _kv_scales(rf: RankFile, local: int, plan: QuantPlan) -> dict[str, torch.Tensor]:
+    """The K, V and KV cache scaling factors of local layer `local` of this rank file."""
+    k, v, kv = kv_scaling_factors(plan.kv_cache, *plan.kv_amax[local + rf.layer_offset])
+    p = f"transformer.layers.{local}.attention."
+    return {p + key + "_scaling_factor": torch.tensor([value], dtype=torch.float32)
+            for key, value in (("k_cache", k), ("v_cache", v), ("kv_cache", kv))}

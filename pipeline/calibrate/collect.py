@@ -126,6 +126,8 @@ class LayerCalibrator:
             exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None,
             hessians={m: hessians[source_of(m)] for m in modules if source_of(m) in hessians},
             damp=options.damp)
+        stats.hessians.clear()           # the plan holds the only reference: the writer releases each in turn
+        del hessians
         self.writer.write_layer(layer, plan)
         self.reports += reports
         self.histograms.update(stats.histograms)

@@ -12,7 +12,7 @@ depth of the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -81,6 +81,8 @@ class LayerStream:
         for i in tqdm(range(self.num_layers), desc=desc, unit="layer", disable=desc is None, leave=False):
             layer = _to_device(self.reader.layer(i), self.device)
             fused = fuse_fc_gate(layer)
+            if fused is not None:                # the fused GEMM replaces them: do not hold both copies
+                layer = replace(layer, fc=None, gate=None)
             for observer in (passes(i) if passes else (None,)):
                 out = []
                 for h in hidden:
