@@ -242,8 +242,13 @@ def targets(as_json):
 
     if as_json:
         click.echo(json.dumps([t.to_dict() for t in catalogue().values()], indent=2))
-    else:
-        Console().print(render_targets())
+        return
+    table = render_targets()
+    console = Console()
+    if not console.is_terminal:  # piped: no screen to fit, so the table's natural width and no cell cut
+        natural = console.measure(table, options=console.options.update_width(sys.maxsize)).maximum
+        console = Console(width=max(console.width, natural))
+    console.print(table)
 
 
 @main.command()

@@ -206,8 +206,6 @@ def settings_from_plan(plan: dict, engine: Path | None) -> DeploySettings:
     if too_big:
         raise UserError(f"the plan's preferred_batch_size {list(preferred)} has sizes outside 1..{max_batch} "
                         "(triton_max_batch_size); re-run `trtpipe plan`")
-    max_seq_len = int(build.get("max_seq_len") or (plan.get("workload") or {}).get("max_context")
-                      or (plan.get("model") or {}).get("max_position_embeddings") or 0)
     return DeploySettings(
         target=target, cpu=cpu, max_batch_size=max_batch, preferred_batch_sizes=preferred,
         max_queue_delay_microseconds=int(triton.get("max_queue_delay_microseconds") or 0),
@@ -216,7 +214,7 @@ def settings_from_plan(plan: dict, engine: Path | None) -> DeploySettings:
         preprocessing_instances=int(triton.get("preprocessing_instance_count") or 1),
         postprocessing_instances=int(triton.get("postprocessing_instance_count") or 1),
         bls_instances=int(triton.get("bls_instance_count") or 1),
-        max_seq_len=max_seq_len,
+        max_seq_len=int(plan["max_seq_len"]),
         logits_dtype=str(triton.get("logits_datatype") or "TYPE_FP32"),
         exclude_input_in_output=bool(triton.get("exclude_input_in_output", False)),
         trtllm_parameters={} if cpu else gpu_trtllm_parameters(triton, build, plan, engine),

@@ -67,7 +67,7 @@ class Target:
 def _target_from_entry(entry: dict) -> Target:
     return Target(
         name=entry["name"], sku=entry["sku"], kind=entry["kind"], sm=entry["sm"],
-        memory_bytes=int(round(entry["memory_gib"] * GIB)),
+        memory_bytes=round(entry["memory_gib"] * GIB),
         bandwidth_bytes_per_s=entry["bandwidth_gbps"] * 1e9,
         fp32_tflops=entry["fp32_tflops"], fp16_tflops=entry["fp16_tflops"],
         fp8_tflops=entry["fp8_tflops"], int8_tops=entry["int8_tops"],
@@ -95,7 +95,8 @@ def render_targets() -> object:
     from rich.table import Table
 
     table = Table(title="trtpipe targets (figures and sources: pipeline/data/targets.json)")
-    for col in ("name", "sm", "memory", "bandwidth", "FP16 TFLOPS", "FP8 TFLOPS", "INT8 TOPS", "GPUs", "P2P"):
+    table.add_column("name", no_wrap=True)  # what users pass to --target and grep for: never split
+    for col in ("sm", "memory", "bandwidth", "FP16 TFLOPS", "FP8 TFLOPS", "INT8 TOPS", "GPUs", "P2P"):
         table.add_column(col)
     for t in catalogue().values():
         table.add_row(t.name, t.compute_capability or "-", f"{t.memory_bytes / GIB:g} GiB",

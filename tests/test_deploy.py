@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -166,6 +167,14 @@ def test_cpu_repository_is_self_contained(cpu_repo, plans, tiny_checkpoint):
         if f.is_file() and f.suffix in (".pbtxt", ".json", ".py") and f.name != "manifest.json":
             assert not any(i in f.read_text() for i in inputs), f"{f} points outside the repository"
     assert check_repository(cpu_repo).findings == []
+
+
+def test_cpu_repository_limits_sequences_to_the_plans_max_seq_len(tiny_checkpoint, tmp_path):
+    """A 32k-context model planned for the cpu target is sized for 8192 tokens: the served limit is the plan's."""
+    arch = dataclasses.replace(resolve_model_info("smollm2-135m").arch, max_position_embeddings=32768)
+    plan = save_plan(make_plan(arch, get_target("cpu"), "fp32"), tmp_path / "plan.json")
+    repo = deploy_repository(plan, tmp_path / "repo", checkpoint=tiny_checkpoint).path
+    assert params(configs(repo)["tensorrt_llm"])["max_seq_len"] == "8192"
 
 
 def test_copied_runtime_imports_and_runs_without_trtpipe(cpu_repo, tiny_checkpoint):

@@ -3,6 +3,7 @@ TensorRT-LLM 1.2.x's rules, the agreement between build and Triton parameters, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,9 +12,20 @@ from click.testing import CliRunner
 
 from pipeline.cli import main
 from pipeline.errors import UserError
-from pipeline.plan import (BuildConfig, ModelInfo, Overrides, PluginConfig, Workload, derive_profiles,
-                           kv_bytes_per_token, load_plan, make_plan, resolve_model_info, save_plan,
-                           split_num_tokens_range)
+from pipeline.plan import (
+    BuildConfig,
+    ModelInfo,
+    Overrides,
+    PluginConfig,
+    Workload,
+    derive_profiles,
+    kv_bytes_per_token,
+    load_plan,
+    make_plan,
+    resolve_model_info,
+    save_plan,
+    split_num_tokens_range,
+)
 from pipeline.presets import PRESETS
 from pipeline.targets import GIB, catalogue, get_target
 
@@ -273,6 +285,27 @@ def test_cpu_plan_has_no_engine_and_cpu_batching():
     assert plan.weights_bytes == 4 * PRESETS["smollm2-135m"].arch.parameter_count()
 
 
+#: SmolLM2 with a 32k context: a cpu plan is sized for 8192 tokens unless the workload asks for more.
+LONG_CONTEXT = dataclasses.replace(PRESETS["smollm2-135m"].arch, max_position_embeddings=32768)
+
+
+def test_every_plan_records_the_max_seq_len_it_was_sized_for():
+    gpu = plan_for()
+    assert gpu.max_seq_len == gpu.build_config.max_seq_len == 8192
+    assert make_plan(LONG_CONTEXT, get_target("cpu"), "fp32").max_seq_len == 8192
+    asked = make_plan(LONG_CONTEXT, get_target("cpu"), "fp32", workload=Workload(max_context=2048))
+    assert asked.max_seq_len == 2048
+    assert asked.to_dict()["max_seq_len"] == 2048
+
+
+def test_a_plan_saved_without_max_seq_len_loads_with_the_context_it_was_sized_for(tmp_path):
+    for workload, expected in ((Workload(), 8192), (Workload(max_context=4096), 4096)):
+        data = make_plan(LONG_CONTEXT, get_target("cpu"), "fp32", workload=workload).to_dict()
+        del data["max_seq_len"]
+        (tmp_path / "plan.json").write_text(json.dumps(data))
+        assert load_plan(tmp_path / "plan.json").max_seq_len == expected
+
+
 def test_cpu_accepts_fp8_which_the_reference_runtime_simulates():
     plan = plan_for("smollm2-135m", target="cpu", precision="fp8")
     assert plan.quantization == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
@@ -288,32 +321,52 @@ def test_no_p2p_tensor_parallel_warns():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(precision="fp8", target="rtx3090"), "FP8 needs compute capability 8.9"),
-    (dict(precision="fp8", target="a100-80g"), "sm_80"),
-    (dict(kv="fp8", target="rtx3090"), "FP8 needs compute capability"),
-    (dict(precision="fp32"), "weights per GPU"),
-    (dict(name="llama-3.1-8b", workload=Workload(max_context=131072)), "no room for the KV cache"),
-    (dict(tp=3), "does not divide num_attention_heads"),
-    (dict(tp=8), "at most 4"),
-    (dict(tp=2, pp=4), "needs 8 GPUs"),
-    (dict(name="llama-3-8b", target="h100", tp=8, kv="fp16", precision="fp16",
-          workload=Workload(max_context=100000)), "exceeds the model's context"),
-    (dict(precision="int8-sq", enable_kv_cache_reuse=True), "paged context FMHA"),
-    (dict(precision="int8-sq", use_paged_context_fmha=True), "contradicts"),
-    (dict(max_batch_size=4, workload=Workload(concurrency=8)), "contradicts --concurrency"),
-    (dict(multiple_profiles=True, opt_num_tokens=256), "contradict"),
-    (dict(precision="int8-sq", max_num_tokens=2048), "below max_input_len"),
-    (dict(max_num_tokens=20000, max_batch_size=2, workload=Workload(max_context=4096)), "exceeds max_seq_len"),
-    (dict(kv_cache_free_gpu_mem_fraction=1.0), "cannot be set to 1.0"),
-    (dict(precision="bf16", kv="fp16"), "contradicts the engine dtype"),
-    (dict(workload=Workload(input_len=8000, output_len=500)), "exceed the maximum context"),
-    (dict(workload=Workload(p99_latency_s=0.5, output_len=256)), "cannot be met"),
-    (dict(target="cpu", name="smollm2-135m", max_num_tokens=256), "contradict --target cpu"),
-    (dict(target="cpu", name="llama-3-8b"), "float32 weights"),
+    ({"precision": "fp8", "target": "rtx3090"}, "FP8 needs compute capability 8.9"),
+    ({"precision": "fp8", "target": "a100-80g"}, "sm_80"),
+    ({"kv": "fp8", "target": "rtx3090"}, "FP8 needs compute capability"),
+    ({"precision": "fp32"}, "weights per GPU"),
+    ({"name": "llama-3.1-8b", "workload": Workload(max_context=131072)}, "no room for the KV cache"),
+    ({"tp": 3}, "does not divide num_attention_heads"),
+    ({"tp": 8}, "at most 4"),
+    ({"tp": 2, "pp": 4}, "needs 8 GPUs"),
+    ({"target": "h100", "pp": 3}, "--pp 3 does not divide num_hidden_layers 32"),
+    ({"target": "cpu", "name": "smollm2-135m", "pp": 31}, "--pp 31 does not divide num_hidden_layers 30"),
+    ({"name": "llama-3-8b", "target": "h100", "tp": 8, "kv": "fp16", "precision": "fp16",
+      "workload": Workload(max_context=100000)}, "exceeds the model's context"),
+    ({"precision": "int8-sq", "enable_kv_cache_reuse": True}, "paged context FMHA"),
+    ({"precision": "int8-sq", "use_paged_context_fmha": True}, "contradicts"),
+    ({"max_batch_size": 4, "workload": Workload(concurrency=8)}, "contradicts --concurrency"),
+    ({"multiple_profiles": True, "opt_num_tokens": 256}, "contradict"),
+    ({"precision": "int8-sq", "max_num_tokens": 2048}, "below max_input_len"),
+    ({"max_num_tokens": 20000, "max_batch_size": 2, "workload": Workload(max_context=4096)}, "exceeds max_seq_len"),
+    ({"kv_cache_free_gpu_mem_fraction": 1.0}, "cannot be set to 1.0"),
+    ({"precision": "bf16", "kv": "fp16"}, "contradicts the engine dtype"),
+    ({"workload": Workload(input_len=8000, output_len=500)}, "exceed the maximum context"),
+    ({"workload": Workload(p99_latency_s=0.5, output_len=256)}, "cannot be met"),
+    ({"target": "cpu", "name": "smollm2-135m", "max_num_tokens": 256}, "contradict --target cpu"),
+    ({"target": "cpu", "name": "llama-3-8b"}, "float32 weights"),
 ])
 def test_fail_fast(kwargs, message):
     with pytest.raises(UserError, match=message):
         plan_for(**kwargs)
+
+
+#: A model whose MLP no tp > 1 splits evenly (otherwise Llama-3-8B).
+ODD_MLP = dataclasses.replace(PRESETS["llama-3-8b"].arch, intermediate_size=14337)
+
+
+@pytest.mark.parametrize("arch, tp, pp", [
+    (PRESETS["llama-3-8b"].arch, 1, 3),      # 32 layers do not split into 3 pipeline stages
+    (ODD_MLP, 2, 1),                         # heads split over 2 GPUs, the MLP does not
+])
+def test_plan_refuses_the_layouts_convert_refuses_in_the_same_words(arch, tp, pp):
+    from pipeline.convert import check_parallelism
+
+    with pytest.raises(UserError) as by_convert:
+        check_parallelism(arch, tp, pp)
+    with pytest.raises(UserError) as by_plan:
+        make_plan(arch, get_target("h100"), "fp16", tp=tp, pp=pp)
+    assert str(by_plan.value) == str(by_convert.value)
 
 
 # ------------------------------------------------------------------------------- json and models
@@ -330,7 +383,7 @@ def test_plan_json_uses_upstream_names(tmp_path):
     data = json.loads(save_plan(plan_for(), tmp_path / "plan.json").read_text())
     for key in ("weights_bytes", "kv_bytes_per_token", "max_concurrent_sequences", "build_config",
                 "plugin_config", "optimization_profiles", "triton", "roofline", "target", "model",
-                "precision", "kv_cache_dtype", "tp_size", "pp_size"):
+                "precision", "kv_cache_dtype", "tp_size", "pp_size", "max_seq_len"):
         assert key in data
     assert {"max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "opt_num_tokens",
             "max_beam_width", "kv_cache_type"} <= set(data["build_config"])
@@ -437,6 +490,26 @@ def test_cli_plan_errors_exit_2_without_traceback(args, message):
     assert message in result.output and "Traceback" not in result.output
 
 
+#: config.json of a tiny TensorRT-LLM checkpoint: enough for `trtpipe plan`, which reads no weights.
+TINY_CHECKPOINT_CONFIG = {"architecture": "LlamaForCausalLM", "dtype": "float16", "vocab_size": 101,
+                          "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4,
+                          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize("changes, tp, message", [
+    ({"num_hidden_layers": 5, "mapping": {"world_size": 2, "tp_size": 1, "pp_size": 2}}, 1,
+     "--pp 2 does not divide num_hidden_layers 5"),
+    ({"intermediate_size": 97, "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1}}, 2,
+     "--tp 2 does not divide intermediate_size 97"),
+])
+def test_cli_plan_of_an_unevenly_sharded_checkpoint_exits_2(tmp_path, changes, tp, message):
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_CHECKPOINT_CONFIG, **changes}))
+    result = CliRunner().invoke(main, ["plan", str(tmp_path), "--target", "h100", "--precision", "fp16",
+                                       "--tp", str(tp), "--input-len", "64", "--output-len", "32"])
+    assert result.exit_code == 2
+    assert f"error: {message}" in result.output and "Traceback" not in result.output
+
+
 def test_cli_targets():
     result = CliRunner().invoke(main, ["targets", "--json"])
     assert result.exit_code == 0
@@ -444,6 +517,15 @@ def test_cli_targets():
     assert data["rtx4090"]["compute_capability"] == "8.9" and data["rtx4090"]["sources"]
     human = CliRunner().invoke(main, ["targets"], terminal_width=200)
     assert human.exit_code == 0 and "rtx4090" in human.output and "1008" in human.output and "8.9" in human.output
+
+
+def test_cli_targets_piped_keeps_every_name_whole():
+    """Not a terminal (`trtpipe targets | grep a100-40g`): rich's 80 columns must not cut a name to "a100-4…"."""
+    result = CliRunner().invoke(main, ["targets"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    first_cells = {line.split("│")[1].strip() for line in result.output.splitlines() if line.startswith("│")}
+    assert set(catalogue()) <= first_cells
+    assert "…" not in result.output   # no other cell is cut either: the table keeps its natural width
 
 
 def test_make_plan_takes_a_bare_model_arch():

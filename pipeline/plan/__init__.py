@@ -1,0 +1,44 @@
+"""The plan stage: what fits on a target, and a build + Triton configuration that agree.
+
+`make_plan` takes the architecture numbers of a model, a target from the catalogue, a precision, a
+KV-cache precision, a tensor-parallel size and a workload, and returns a `Plan`: a memory budget,
+TensorRT-LLM 1.2.1 BuildConfig / PluginConfig values, the optimization profiles trtllm-build will
+derive from them, the Triton `tensorrt_llm` model parameters, and a roofline estimate. `save_plan`
+writes it as plan.json (upstream names as keys), `load_plan` reads it back.
+
+- `schema`: the inputs (Workload, Overrides, ModelInfo), the Plan and its parts, plan.json;
+- `memory`: bytes of weights, KV cache, activations and runtime reserve; roofline timings;
+- `trtllm`: TensorRT-LLM 1.2.1's rules (quantization names, tp/pp layouts, context length, paged
+  context FMHA, optimization profiles);
+- `policy`: the choices (batch, tokens, plugins, KV cache) and the GPU and cpu planners;
+- `render`: the human-readable tables.
+"""
+
+from .. import TRTLLM_VERSION as TENSORRT_LLM_VERSION
+from .memory import kv_bytes_per_token, weights_per_rank_by_stage
+from .policy import KV_CACHE_CHOICES, PRECISIONS, make_plan
+from .render import render_plan
+from .schema import (
+    PLAN_VERSION,
+    BuildConfig,
+    MemoryBudget,
+    ModelInfo,
+    Overrides,
+    Plan,
+    PluginConfig,
+    Roofline,
+    TritonParams,
+    Workload,
+    is_trtllm_checkpoint,
+    load_plan,
+    resolve_model_info,
+    save_plan,
+)
+from .trtllm import KV_CACHE_QUANT_ALGO, QUANT_ALGO, derive_profiles, split_num_tokens_range
+
+__all__ = [
+    "KV_CACHE_CHOICES", "KV_CACHE_QUANT_ALGO", "PLAN_VERSION", "PRECISIONS", "QUANT_ALGO", "TENSORRT_LLM_VERSION",
+    "BuildConfig", "MemoryBudget", "ModelInfo", "Overrides", "Plan", "PluginConfig", "Roofline", "TritonParams",
+    "Workload", "derive_profiles", "is_trtllm_checkpoint", "kv_bytes_per_token", "load_plan", "make_plan",
+    "render_plan", "resolve_model_info", "save_plan", "split_num_tokens_range", "weights_per_rank_by_stage",
+]

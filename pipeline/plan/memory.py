@@ -1,0 +1,157 @@
+"""The memory model and the roofline: bytes of weights, KV cache, activations and runtime reserve per
+GPU, and lower-bound timings of a decode step and a prefill.
+
+Every figure is an estimate from the architecture numbers, written so it can be checked by hand (the
+tests do): weights as TensorRT-LLM's checkpoint stores them, activations as TensorRT sizes them for the
+largest profile, timings from memory bandwidth and the dense peak rate of the target.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..arch import ModelArch
+from ..targets import GIB, Target
+from .schema import Roofline, Workload
+from .trtllm import QUANT_ALGO
+
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "int8": 1}
+LOGITS_BYTES = 4                 # PretrainedConfig.logits_dtype default 'float32'
+CUDA_CONTEXT_RESERVE = 1 * GIB   # CUDA context + cuBLAS(Lt) + TensorRT-LLM plugin workspaces
+NCCL_RESERVE = GIB // 2          # all-reduce workspaces when tp > 1
+
+
+def format_gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _linear_weight_bytes(in_f: int, out_f: int, precision: str, dtype_bytes: int) -> int:
+    """One quantizable linear layer as stored in the checkpoint/engine."""
+    n = in_f * out_f
+    if precision == "fp8":
+        return n + 2 * 4                          # FP8 weight, per-tensor weight + activation scales
+    if precision == "int8-sq":
+        return n + out_f * 4 + in_f * 4 + 4       # INT8 weight, per-channel scale, smoother, act scale
+    return n * dtype_bytes
+
+
+def _stage_layers(num_layers: int, pp: int) -> list[int]:
+    base, extra = divmod(num_layers, pp)
+    return [base + (1 if s < extra else 0) for s in range(pp)]
+
+
+def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int) -> list[int]:
+    """Bytes of weights one GPU holds, for each pipeline stage (all tp ranks of a stage are equal).
+
+    Linear layers are split over tp (KV heads duplicated when tp > num_key_value_heads); norms whole;
+    vocab_embedding whole on pp stage 0; lm_head (vocab padded to a multiple of tp, split) and ln_f on
+    the last stage; lm_head stays in the engine dtype (modelopt does not quantize it); a tied lm_head
+    shares the embedding when tp == pp == 1 (tensorrt_llm share_embedding).
+    """
+    h, d = arch.hidden_size, arch.head_size
+    eb = _DTYPE_BYTES[dtype]
+    q_local = arch.num_attention_heads * d // tp
+    kv_local = max(1, arch.num_key_value_heads // tp) * d
+    i_local = arch.intermediate_size // tp
+    per_layer = (_linear_weight_bytes(h, q_local + 2 * kv_local, precision, eb)   # qkv
+                 + _linear_weight_bytes(q_local, h, precision, eb)                # dense
+                 + 2 * _linear_weight_bytes(h, i_local, precision, eb)            # fc + gate
+                 + _linear_weight_bytes(i_local, h, precision, eb)                # proj
+                 + 2 * h * eb                                                     # two RMSNorms
+                 + (q_local + 2 * kv_local + h) * eb * arch.attn_bias             # qkv, dense biases
+                 + (2 * i_local + h) * eb * arch.mlp_bias)                        # fc, gate, proj biases
+    embedding = arch.vocab_size * h * eb
+    padded_vocab = math.ceil(arch.vocab_size / tp) * tp
+    lm_head = padded_vocab // tp * h * eb
+    if arch.tie_word_embeddings and tp == 1 and pp == 1:
+        lm_head = 0
+    stages = []
+    for s, layers in enumerate(_stage_layers(arch.num_hidden_layers, pp)):
+        b = layers * per_layer
+        if s == 0:
+            b += embedding
+        if s == pp - 1:
+            b += lm_head + h * eb
+        stages.append(b)
+    return stages
+
+
+def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str, tp: int, pp: int = 1) -> int:
+    """2 (K and V) x layers on the GPU x KV heads on the GPU x head size x bytes per element."""
+    layers = max(_stage_layers(arch.num_hidden_layers, pp))
+    kv_heads_local = max(1, arch.num_key_value_heads // tp)   # duplicated heads when tp > kv heads
+    return 2 * layers * kv_heads_local * arch.head_size * _DTYPE_BYTES[kv_cache_dtype]
+
+
+ACTIVATION_FORMULA = (
+    "max_num_tokens * act_bytes * (2*hidden + max(3*intermediate/tp, 2*(q+2*kv)/tp + q/tp))"
+    " [+ max_num_tokens * (hidden + intermediate/tp) for the 8-bit GEMM input copies of fp8/int8-sq]"
+    " + max_batch_size * vocab_padded/tp * 4 (float32 logits; plans use max_beam_width 1)"
+)
+ACTIVATION_BASIS = (
+    "TensorRT sizes activation memory at build time for the largest profile and reuses it across "
+    "layers, so it grows as max_num_tokens x a per-token constant (TensorRT-LLM docs "
+    "legacy/reference/memory.md). The constant is the widest live set of one decoder layer with "
+    "padding removed: residual + normed hidden, and the fused gate/up GEMM output (2*intermediate) plus "
+    "the SwiGLU output (intermediate), or the attention QKV output, its rotary copy and the context "
+    "output; logits are produced for the last token of each sequence only. An estimate, not a "
+    "measurement: the built engine's device_memory_size_v2 is the real figure."
+)
+
+
+def activation_bytes(arch: ModelArch, precision: str, dtype: str, tp: int, max_num_tokens: int,
+                     max_batch_size: int) -> int:
+    h, q, kv = arch.hidden_size, arch.q_size, arch.kv_size
+    i_local = arch.intermediate_size // tp
+    per_token = _DTYPE_BYTES[dtype] * (2 * h + max(3 * i_local, 2 * (q + 2 * kv) // tp + q // tp))
+    if precision in QUANT_ALGO:
+        per_token += h + i_local
+    vocab_local = math.ceil(arch.vocab_size / tp)
+    return max_num_tokens * per_token + max_batch_size * vocab_local * LOGITS_BYTES
+
+
+RESERVE_FORMULA = (
+    "1 GiB (CUDA context, cuBLAS/cuBLASLt and TensorRT-LLM plugin workspaces) + 0.5 GiB if tp > 1 "
+    "(all-reduce workspaces) + max_batch_size * (2 * vocab * 4 + 2 * max_seq_len * 4) "
+    "(decoder logits/probabilities and output-id buffers the runtime preallocates, memory.md)"
+)
+
+
+def runtime_reserve_bytes(arch: ModelArch, tp: int, max_batch_size: int, max_seq_len: int) -> int:
+    per_seq = 2 * arch.vocab_size * 4 + 2 * max_seq_len * 4
+    return CUDA_CONTEXT_RESERVE + (NCCL_RESERVE if tp > 1 else 0) + max_batch_size * per_seq
+
+
+# ----------------------------------------------------------------------------------------------
+# Roofline timings
+
+
+def decode_step_seconds(weights_per_rank: int, batch: int, context_tokens: float, kv_per_token: int,
+                        target: Target) -> float:
+    return (weights_per_rank + batch * context_tokens * kv_per_token) / target.bandwidth_bytes_per_s
+
+
+def prefill_seconds(arch: ModelArch, input_len: int, precision: str, tp: int, target: Target) -> float:
+    """2 FLOPs per weight per token for the decoder GEMMs and lm_head of the last token, plus causal
+    attention 2 * layers * L^2 * q_size, over tp GPUs at the dense peak rate."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    linear = arch.num_hidden_layers * (h * (arch.q_size + 2 * arch.kv_size) + arch.q_size * h + 3 * h * i)
+    flops = 2 * linear * input_len + 2 * arch.vocab_size * h + 2 * arch.num_hidden_layers * input_len ** 2 * arch.q_size
+    return flops / (tp * target.peak_ops_per_s(precision))
+
+
+def roofline(target: Target, workload: Workload, weights_per_rank: int, kv_per_token: int, batch: int,
+             prefill_s: float) -> Roofline:
+    context = workload.input_len + workload.output_len / 2
+    step1 = decode_step_seconds(weights_per_rank, 1, context, kv_per_token, target)
+    step = decode_step_seconds(weights_per_rank, batch, context, kv_per_token, target)
+    return Roofline(
+        batch=batch, decode_step_s_batch1=step1, decode_tokens_per_s_per_seq_batch1=1 / step1,
+        decode_step_s=step, decode_tokens_per_s_per_seq=1 / step, decode_tokens_per_s_aggregate=batch / step,
+        prefill_s_per_request=prefill_s,
+        request_latency_s_batch1=prefill_s + workload.output_len * step1,
+        request_latency_s=prefill_s + workload.output_len * step,
+        basis=("decode step = (weights per GPU + batch x (input_len + output_len/2) x kv_bytes_per_token) / "
+               "memory bandwidth; prefill = (2 x linear weights x input_len + 2 x layers x input_len^2 x "
+               "q_size) FLOPs / (tp x dense peak rate); request latency = prefill + output_len decode "
+               "steps. Lower bounds: no kernel efficiency, communication or scheduling overhead"))

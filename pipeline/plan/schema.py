@@ -1,0 +1,345 @@
+"""The plan's schema: its inputs (workload, overrides, model) and outputs, and plan.json itself.
+
+Output field names are TensorRT-LLM 1.2.1 / tensorrtllm_backend names where one exists, so plan.json
+reads like the upstream configuration it becomes. `save_plan` writes it atomically, `load_plan` reads it
+back and turns anything that is not a plan into one clear message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..arch import ModelArch
+from ..errors import UserError
+from ..targets import Target
+from .trtllm import TOKENS_PER_BLOCK, model_context_limit
+
+PLAN_VERSION = 1
+#: The longest context planned when the workload names none: every sequence's KV cache is sized for it.
+DEFAULT_MAX_CONTEXT = 8192
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the deployment should serve: typical lengths, the longest context, the concurrency."""
+
+    input_len: int = 1024
+    output_len: int = 256
+    max_context: int | None = None      # default: min(model context, 8192)
+    concurrency: int | None = None      # default: as many sequences as the KV cache holds
+    p99_latency_s: float | None = None  # optional end-to-end budget for one request
+
+    def validate(self) -> None:
+        for name in ("input_len", "output_len"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_context is not None and self.max_context < 2:
+            raise UserError("--max-context must be at least 2")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise UserError("--concurrency must be at least 1")
+        if self.p99_latency_s is not None and self.p99_latency_s <= 0:
+            raise UserError("--p99-latency must be a positive number of seconds")
+
+    def context_for(self, arch: ModelArch) -> int:
+        """The longest prompt + output to plan for: max_context, by default the model's context capped at
+        DEFAULT_MAX_CONTEXT (a longer one costs KV cache and runtime buffers for every sequence)."""
+        return self.max_context or min(model_context_limit(arch), DEFAULT_MAX_CONTEXT)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Values a user pins instead of letting the planner choose; contradictions are errors."""
+
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    opt_num_tokens: int | None = None
+    multiple_profiles: bool | None = None
+    use_paged_context_fmha: bool | None = None
+    enable_kv_cache_reuse: bool | None = None
+    kv_cache_free_gpu_mem_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The model a plan is for: how the user named it and its architecture numbers."""
+
+    name: str
+    source: str                  # "preset" | "hf-dir" | "gguf" | "checkpoint"
+    path: str | None
+    arch: ModelArch
+    checkpoint_quantization: dict | None = None   # a checkpoint's config.json `quantization`
+    checkpoint_tp_size: int | None = None
+    checkpoint_pp_size: int | None = None
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "source": self.source, "path": self.path, **self.arch.to_dict()}
+        if self.source == "checkpoint":
+            d["checkpoint_quantization"] = self.checkpoint_quantization
+            d["checkpoint_tp_size"] = self.checkpoint_tp_size
+            d["checkpoint_pp_size"] = self.checkpoint_pp_size
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelInfo:
+        arch_keys = {f.name for f in fields(ModelArch)}
+        return cls(name=d["name"], source=d["source"], path=d.get("path"),
+                   arch=ModelArch(**{k: v for k, v in d.items() if k in arch_keys}),
+                   checkpoint_quantization=d.get("checkpoint_quantization"),
+                   checkpoint_tp_size=d.get("checkpoint_tp_size"),
+                   checkpoint_pp_size=d.get("checkpoint_pp_size"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs (field names are TensorRT-LLM 1.2.1 / tensorrtllm_backend names where one exists)
+
+
+@dataclass
+class BuildConfig:
+    """The subset of TensorRT-LLM 1.2.1 `BuildConfig` fields trtpipe sets (same names)."""
+
+    max_input_len: int
+    max_seq_len: int
+    max_batch_size: int
+    max_beam_width: int
+    max_num_tokens: int
+    opt_num_tokens: int | None
+    opt_batch_size: int = 8           # upstream default; build() does not pass it to prepare_inputs
+    max_prompt_embedding_table_size: int = 0
+    kv_cache_type: str = "PAGED"
+    gather_context_logits: bool = False
+    gather_generation_logits: bool = False
+    strongly_typed: bool = True
+    force_num_profiles: int | None = None
+    max_draft_len: int = 0
+    use_refit: bool = False
+    weight_sparsity: bool = False
+    weight_streaming: bool = False
+    use_strip_plan: bool = False
+
+
+@dataclass
+class PluginConfig:
+    """TensorRT-LLM 1.2.1 `PluginConfig` fields trtpipe sets (values as the pydantic model takes them)."""
+
+    dtype: str
+    gpt_attention_plugin: str | None = "auto"
+    gemm_plugin: str | None = None
+    nccl_plugin: str | None = None
+    context_fmha: bool = True
+    remove_input_padding: bool = True
+    paged_kv_cache: bool = True
+    tokens_per_block: int = TOKENS_PER_BLOCK
+    use_paged_context_fmha: bool = True
+    use_fp8_context_fmha: bool = False
+    multiple_profiles: bool = False
+    use_fused_mlp: bool = True
+    reduce_fusion: bool = False
+    gemm_swiglu_plugin: str | None = None
+    low_latency_gemm_plugin: str | None = None
+    streamingllm: bool = False
+
+
+@dataclass
+class TritonParams:
+    """Parameters of the Triton models, named as the tensorrt_llm model's config.pbtxt placeholders."""
+
+    triton_backend: str                       # "tensorrtllm" | "python" (cpu target)
+    triton_max_batch_size: int
+    decoupled_mode: bool
+    max_queue_delay_microseconds: int
+    max_queue_size: int
+    preferred_batch_size: list[int]
+    max_beam_width: int = 1
+    batching_strategy: str | None = None      # "inflight_fused_batching" for engines
+    batch_scheduler_policy: str | None = None
+    kv_cache_free_gpu_mem_fraction: float | None = None
+    max_tokens_in_paged_kv_cache: int | None = None
+    enable_chunked_context: bool | None = None
+    enable_kv_cache_reuse: bool | None = None
+    exclude_input_in_output: bool = True
+
+
+@dataclass
+class MemoryBudget:
+    """Per-GPU memory (host RAM for the cpu target), in bytes."""
+
+    memory_bytes: int
+    weights_bytes_per_rank: int
+    activation_bytes: int
+    activation_formula: str
+    activation_basis: str
+    runtime_reserve_bytes: int
+    runtime_reserve_formula: str
+    free_bytes: int                   # what the runtime finds free after the engine is loaded
+    kv_cache_free_gpu_mem_fraction: float
+    kv_cache_bytes: int
+    kv_cache_tokens: int              # whole blocks of tokens_per_block
+
+
+@dataclass
+class Roofline:
+    """Bound-based estimates (no measurement): decode is memory-bound, prefill compute-bound."""
+
+    batch: int
+    decode_step_s_batch1: float
+    decode_tokens_per_s_per_seq_batch1: float
+    decode_step_s: float
+    decode_tokens_per_s_per_seq: float
+    decode_tokens_per_s_aggregate: float
+    prefill_s_per_request: float
+    request_latency_s_batch1: float
+    request_latency_s: float
+    basis: str
+
+
+@dataclass
+class Plan:
+    """Everything `trtpipe plan` decides; `to_dict` is plan.json."""
+
+    model: ModelInfo
+    target: Target
+    precision: str
+    dtype: str
+    kv_cache_dtype: str
+    quantization: dict
+    tp_size: int
+    pp_size: int
+    workload: Workload
+    max_seq_len: int                  # longest prompt + output of one request (BuildConfig.max_seq_len)
+    weights_bytes: int
+    weights_bytes_per_rank: int
+    kv_bytes_per_token: int           # per GPU (TP-aware): what one token costs in one GPU's cache
+    max_concurrent_sequences: int
+    memory: MemoryBudget
+    engine: dict | None               # None: the cpu target has nothing to compile
+    build_config: BuildConfig | None
+    plugin_config: PluginConfig | None
+    optimization_profiles: list[dict]
+    triton: TritonParams
+    roofline: Roofline
+    warnings: list[str] = field(default_factory=list)
+    plan_version: int = PLAN_VERSION
+
+    @property
+    def is_cpu(self) -> bool:
+        return not self.target.is_gpu
+
+    def to_dict(self) -> dict:
+        return {
+            "plan_version": self.plan_version,
+            "model": self.model.to_dict(),
+            "target": self.target.to_dict(),
+            "precision": self.precision,
+            "dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "quantization": self.quantization,
+            "tp_size": self.tp_size,
+            "pp_size": self.pp_size,
+            "workload": asdict(self.workload),
+            "max_seq_len": self.max_seq_len,
+            "weights_bytes": self.weights_bytes,
+            "weights_bytes_per_rank": self.weights_bytes_per_rank,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "max_concurrent_sequences": self.max_concurrent_sequences,
+            "memory": asdict(self.memory),
+            "engine": self.engine,
+            "build_config": asdict(self.build_config) if self.build_config else None,
+            "plugin_config": asdict(self.plugin_config) if self.plugin_config else None,
+            "optimization_profiles": self.optimization_profiles,
+            "triton": asdict(self.triton),
+            "roofline": asdict(self.roofline),
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        target_keys = {f.name for f in fields(Target)}
+        model, workload = ModelInfo.from_dict(d["model"]), Workload(**d["workload"])
+        return cls(
+            model=model,
+            target=Target(**{k: v for k, v in d["target"].items() if k in target_keys}),
+            precision=d["precision"], dtype=d["dtype"], kv_cache_dtype=d["kv_cache_dtype"],
+            quantization=d["quantization"], tp_size=d["tp_size"], pp_size=d["pp_size"],
+            workload=workload,
+            # Plans written before max_seq_len was recorded were sized for the workload's context.
+            max_seq_len=d.get("max_seq_len") or workload.context_for(model.arch),
+            weights_bytes=d["weights_bytes"], weights_bytes_per_rank=d["weights_bytes_per_rank"],
+            kv_bytes_per_token=d["kv_bytes_per_token"],
+            max_concurrent_sequences=d["max_concurrent_sequences"],
+            memory=MemoryBudget(**d["memory"]),
+            engine=d["engine"],
+            build_config=BuildConfig(**d["build_config"]) if d["build_config"] else None,
+            plugin_config=PluginConfig(**d["plugin_config"]) if d["plugin_config"] else None,
+            optimization_profiles=d["optimization_profiles"],
+            triton=TritonParams(**d["triton"]),
+            roofline=Roofline(**d["roofline"]),
+            warnings=d.get("warnings", []),
+            plan_version=d.get("plan_version", PLAN_VERSION),
+        )
+
+
+def save_plan(plan: Plan, path: Path) -> Path:
+    """Write plan.json atomically (temporary sibling, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_plan(path: Path) -> Plan:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read plan {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("plan_version") != PLAN_VERSION:
+        raise UserError(f"{path} is not a trtpipe plan (plan_version {PLAN_VERSION}); "
+                        "make one with `trtpipe plan MODEL --target T --precision P --json > plan.json`")
+    try:
+        return Plan.from_dict(data)
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-run `trtpipe plan`") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a model: a TensorRT-LLM checkpoint directory or anything pipeline.sources resolves
+
+
+def is_trtllm_checkpoint(path: Path) -> bool:
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "architecture" in data and "architectures" not in data
+
+
+def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
+    """A preset, HF directory, GGUF, hub id (via pipeline.sources) or a TensorRT-LLM checkpoint."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and is_trtllm_checkpoint(path):
+        cfg_path = path / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        mapping = cfg.get("mapping") or {}
+        return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()),
+                         arch=ModelArch.from_checkpoint_config(cfg, str(cfg_path)),
+                         checkpoint_quantization=cfg.get("quantization") or {},
+                         checkpoint_tp_size=int(mapping.get("tp_size", 1)),
+                         checkpoint_pp_size=int(mapping.get("pp_size", 1)))
+    from ..sources import resolve_model
+
+    source = resolve_model(spec, model_dir)
+    return ModelInfo(name=spec, source=source.kind, path=str(source.path) if source.path else None,
+                     arch=source.arch)
