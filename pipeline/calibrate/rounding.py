@@ -94,8 +94,8 @@ def gptq_inverse(hessian: torch.Tensor, damp: float = DEFAULT_DAMP) -> torch.Ten
         h[dead, dead] = 1.0
         if mean_diag is None:
             mean_diag = float(torch.diagonal(h).mean())
-            if not torch.isfinite(h).all() or mean_diag <= 0:
-                return None
+            if mean_diag <= 0 or not all(bool(torch.isfinite(rows).all()) for rows in h.split(1024)):
+                return None                # (checked in slices: isfinite of the whole would copy it)
         torch.diagonal(h).add_(damp * 10 ** attempt * mean_diag)
         torch.linalg.cholesky_ex(h, out=(h, info))
         if int(info) == 0:
