@@ -13,7 +13,16 @@ from tritonclient.grpc import model_config_pb2
 
 from pipeline.cli import main
 from pipeline.server import ServerPool
-from pipeline.validate import ValidateOptions, config_differences, parse_config, validate_repository
+from pipeline.validate import (
+    CheckResult,
+    ValidateOptions,
+    ValidationReport,
+    config_differences,
+    parse_config,
+    reference_for,
+    render_report,
+    validate_repository,
+)
 
 FIXTURE_REPO = Path(__file__).parent / "fixtures_repo"
 
@@ -105,7 +114,7 @@ def test_every_check_passes_on_a_good_repository(good_report):
 
 
 def test_report_files_and_load_test_numbers(good_report):
-    report, out = good_report
+    _, out = good_report
     saved = json.loads((out / "report.json").read_text())
     assert saved["passed"] is True and len(saved["checks"]) == 7
     assert (out / "load_test.png").stat().st_size > 0
@@ -220,6 +229,41 @@ def test_config_differences_ignore_server_defaults_but_not_changes():
     ]
 
 
+# ------------------------------------------------------------------------------- report, helpers, package
+
+
+def test_render_report_gives_one_line_per_check_and_the_fix_of_each_failure(tmp_path):
+    report = ValidationReport("repo", "http://h:8000", [CheckResult("models_ready", True, "5 models ready"),
+                                                         CheckResult("golden", False, "0/4 identical", fix="check it")])
+    assert render_report(report, tmp_path).splitlines() == [
+        "validated repo on http://h:8000",
+        "  PASS  models_ready    5 models ready",
+        "  FAIL  golden          0/4 identical",
+        "        fix: check it",
+        f"1 of 2 checks failed; report: {tmp_path / 'report.json'}",
+    ]
+
+
+def test_grpc_url_defaults_to_the_http_port_plus_one():
+    from pipeline.validate.stage import default_grpc_url
+
+    assert default_grpc_url("http://gpu-box:8000/") == "gpu-box:8001"
+    assert default_grpc_url("localhost") == "localhost:8001"
+
+
+def test_no_golden_reference_without_golden_or_a_deploy_manifest(tmp_path):
+    assert reference_for(tmp_path, None) is None
+    assert reference_for(None, None) is None
+
+
+def test_the_package_exports_what_the_cli_build_and_benchmarks_import():
+    from pipeline import validate
+
+    for name in ("DEFAULT_PROMPTS", "EnsembleClient", "run_level", "ValidateOptions", "reference_for",
+                 "render_report", "validate_repository"):
+        assert name in validate.__all__ and hasattr(validate, name)
+
+
 # ---------------------------------------------------------------------------------------------- the CLI
 
 
@@ -250,7 +294,6 @@ def smollm2_report(smollm2_checkpoint, tmp_path_factory):
     from pipeline.deploy import deploy_repository
     from pipeline.plan import make_plan, resolve_model_info, save_plan
     from pipeline.targets import get_target
-    from pipeline.validate import reference_for
 
     root = tmp_path_factory.mktemp("smollm2-validate")
     plan = save_plan(make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32"), root / "plan.json")

@@ -1,0 +1,287 @@
+"""The checks validate runs against a served repository, each returning a `CheckResult`.
+
+  models_ready     every model of the repository is loaded and READY
+  config_matches   the configuration the server reports equals each config.pbtxt (every field it sets)
+  golden           greedy generation through `ensemble` equals a reference (`GoldenReference`)
+  streaming        with `stream` true, tokens arrive one response at a time over gRPC and join to the
+                   non-streamed text
+  http_generate    /v2/models/ensemble/generate and generate_stream with the JSON NVIDIA's clients send
+  bad_requests     malformed requests get error responses and the server stays healthy
+
+The load test, the optional last check, is in `load_test.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import requests
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from ..server import TritonServer, list_repository_models
+from .client import ENSEMBLE, EnsembleClient, RequestFailed
+from .report import CheckResult, ValidateOptions
+
+
+class GoldenReference(Protocol):
+    """What the golden check compares the server with: greedy completions of prompts (`pipeline/golden.py`)."""
+
+    name: str
+    exact: bool  # token-identical expected (unquantized); otherwise token agreement is reported
+
+    def complete_all(self, prompts: list[str], max_tokens: int) -> list[str]: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def agreement(self, prompt: str, completion: str) -> tuple[int, int]:
+        """(tokens of `completion` that are the reference's greedy choice after the prompt and the
+        completion so far, tokens of `completion`)."""
+        ...
+
+
+def check_models_ready(server: TritonServer, repo: Path | None) -> CheckResult:
+    response = requests.post(f"{server.http_url}/v2/repository/index", json={}, timeout=30)
+    states = {e["name"]: e.get("state", "UNKNOWN") for e in response.json()} if response.ok else {}
+    expected = list_repository_models(repo) if repo else sorted(states)
+    problems = []
+    for name in expected:
+        ready = requests.get(f"{server.http_url}/v2/models/{name}/ready", timeout=30).status_code == 200
+        if not ready:
+            problems.append(f"{name}: {states.get(name, 'not in the server repository')}")
+    detail = (f"{len(expected)} models ready: {', '.join(expected)}" if not problems
+              else "not ready: " + "; ".join(problems))
+    return CheckResult("models_ready", not problems and bool(expected), detail,
+                       fix="" if not problems else "see the server log for why the model did not load",
+                       data={"states": states})
+
+
+def parse_config(path: Path) -> model_config_pb2.ModelConfig:
+    message = model_config_pb2.ModelConfig()
+    text_format.Parse(path.read_text(), message)
+    return message
+
+
+def config_differences(expected, actual, path: str = "") -> list[str]:
+    """Every field set in `expected` whose value in `actual` differs (fields only `actual` sets are fine:
+    the server fills defaults)."""
+    differences = []
+    for descriptor, value in expected.ListFields():
+        where = f"{path}.{descriptor.name}" if path else descriptor.name
+        other = getattr(actual, descriptor.name)
+        if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            for key in value:
+                if key not in other:
+                    differences.append(f"{where}[{key!r}] missing on the server")
+                elif descriptor.message_type.fields_by_name["value"].message_type is not None:
+                    differences += config_differences(value[key], other[key], f"{where}[{key!r}]")
+                elif value[key] != other[key]:
+                    differences.append(f"{where}[{key!r}]: repository {value[key]!r}, server {other[key]!r}")
+        elif descriptor.is_repeated:
+            if len(value) != len(other):
+                differences.append(f"{where}: repository has {len(value)} entries, server {len(other)}")
+            elif descriptor.message_type is not None:
+                for i, (a, b) in enumerate(zip(value, other)):
+                    differences += config_differences(a, b, f"{where}[{i}]")
+            elif list(value) != list(other):
+                differences.append(f"{where}: repository {list(value)}, server {list(other)}")
+        elif descriptor.message_type is not None:
+            differences += config_differences(value, other, where)
+        elif value != other:
+            differences.append(f"{where}: repository {value!r}, server {other!r}")
+    return differences
+
+
+def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult:
+    if repo is None:
+        return CheckResult("config_matches", False, "no repository directory to compare with",
+                           fix="pass the repository directory the server was started on")
+    problems, compared = [], []
+    for name in list_repository_models(repo):
+        try:
+            expected = parse_config(repo / name / "config.pbtxt")
+        except text_format.ParseError as exc:
+            problems.append(f"{name}/config.pbtxt does not parse: {exc}")
+            continue
+        response = requests.get(f"{server.http_url}/v2/models/{name}/config", timeout=30)
+        if response.status_code != 200:
+            problems.append(f"{name}: the server has no config ({response.status_code})")
+            continue
+        actual = json_format.ParseDict(response.json(), model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        problems += [f"{name}: {d}" for d in config_differences(expected, actual)]
+        compared.append(name)
+    detail = (f"server configs of {', '.join(compared)} match their config.pbtxt" if not problems
+              else "; ".join(problems))
+    return CheckResult("config_matches", not problems, detail,
+                       fix="" if not problems else "the server is not serving this repository's configs: restart "
+                       "it on this repository, or fix the fields the server rewrote")
+
+
+def golden_case(client: EnsembleClient, reference: GoldenReference, prompt: str, expected: str,
+                max_tokens: int) -> tuple[dict, float]:
+    """One prompt served and compared with the reference's completion: (its case in the report, its token
+    agreement from 0 to 1)."""
+    try:
+        got = client.generate(prompt, max_tokens)
+    except RequestFailed as exc:
+        return {"prompt": prompt, "expected": expected, "error": str(exc)}, 0.0
+    want, have = reference.tokenize(expected), reference.tokenize(got)
+    same = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+    case = {"prompt": prompt, "expected": expected, "got": got, "identical": got == expected,
+            "agreeing_prefix_tokens": same, "reference_tokens": len(want)}
+    if got == expected:
+        return case, 1.0
+    if reference.exact:
+        return case, same / max(len(want), 1)
+    # One early near-tie sends a quantized model down another path; judge every step instead.
+    agree, total = reference.agreement(prompt, got)
+    case.update(teacher_forced_agreeing=agree, served_tokens=total)
+    return case, agree / total if total else 0.0
+
+
+def check_golden(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+    reference = options.golden
+    if reference is None:
+        return CheckResult("golden", False, "no reference model to compare with",
+                           fix="pass --golden MODEL (the model the repository was built from)")
+    completions = reference.complete_all(list(options.prompts), options.max_tokens)
+    compared = [golden_case(client, reference, prompt, expected, options.max_tokens)
+                for prompt, expected in zip(options.prompts, completions)]
+    cases = [case for case, _ in compared]
+    agreements = [agreement for _, agreement in compared]
+    identical = sum(bool(c.get("identical")) for c in cases)
+    mean_agreement = float(np.mean(agreements))
+    if reference.exact:
+        passed = identical == len(cases)
+        detail = f"{identical}/{len(cases)} greedy completions identical to {reference.name}"
+    else:
+        passed = mean_agreement >= options.min_agreement and not any("error" in c for c in cases)
+        detail = (f"quantized: {mean_agreement:.0%} of the served tokens are {reference.name}'s greedy choice "
+                  f"given the same prefix (pass at >= {options.min_agreement:.0%}); {identical}/{len(cases)} "
+                  "completions identical; "
+                  "perplexity delta is not measured here (see the calibration report)")
+    first_bad = next((c for c in cases if not c.get("identical")), None)
+    if first_bad and not passed:
+        detail += f"; e.g. {first_bad['prompt']!r}: expected {first_bad['expected']!r}, got " \
+                  f"{first_bad.get('got', first_bad.get('error'))!r}"
+    return CheckResult("golden", passed, detail, data={"cases": cases, "mean_token_agreement": mean_agreement},
+                       fix="" if passed else "the served model generates differently from the reference: check the "
+                       "checkpoint conversion, the tokenizer (add_special_tokens) and end_id/stop handling")
+
+
+def check_streaming(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+    if "stream" not in client.inputs:
+        return CheckResult("streaming", False, f"the `{ENSEMBLE}` model has no `stream` input",
+                           fix="deploy with streaming enabled (decoupled_mode true)")
+    problems, cases = [], []
+    for prompt in options.prompts[:2]:
+        values = {"text_input": prompt, "max_tokens": options.max_tokens, "stream": True}
+        values.update({k: v for k, v in (("top_k", 1), ("exclude_input_in_output", True)) if k in client.inputs})
+        try:
+            streamed = client.grpc_stream(values)
+            whole = client.generate(prompt, options.max_tokens)
+        except RequestFailed as exc:
+            problems.append(f"{prompt!r}: {exc}")
+            continue
+        case = {"prompt": prompt, "responses": len(streamed.pieces), "joined": streamed.text, "non_streamed": whole,
+                "spread_s": streamed.arrival[-1] - streamed.arrival[0] if streamed.arrival else 0.0}
+        cases.append(case)
+        if streamed.error:
+            problems.append(f"{prompt!r}: stream failed: {streamed.error}")
+        elif len(streamed.pieces) < 2 or case["spread_s"] <= 0:
+            problems.append(f"{prompt!r}: {len(streamed.pieces)} response(s) — tokens did not arrive incrementally")
+        elif streamed.text != whole:
+            problems.append(f"{prompt!r}: joined stream {streamed.text!r} != non-streamed {whole!r}")
+    passed = not problems
+    detail = ("; ".join(f"{c['responses']} responses over {c['spread_s'] * 1000:.0f} ms, joined == non-streamed"
+                        for c in cases) if passed else "; ".join(problems))
+    return CheckResult("streaming", passed, detail, data={"cases": cases},
+                       fix="" if passed else "streaming needs decoupled transaction policy on tensorrt_llm (and BLS) "
+                       "and a postprocessing that detokenizes each response's new tokens")
+
+
+def check_http_generate(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+    prompt = options.prompts[0]
+    nvidia_body = {"text_input": prompt, "max_tokens": options.max_tokens, "bad_words": "", "stop_words": ""}
+    problems = []
+    try:
+        plain = client.generate(prompt, options.max_tokens, body=nvidia_body)
+        if not plain.strip():
+            problems.append("generate returned an empty text_output")
+    except RequestFailed as exc:
+        plain = None
+        problems.append(str(exc))
+    streamed = client.generate_stream(prompt, options.max_tokens, body={**nvidia_body, "stream": True})
+    if streamed.error:
+        problems.append(f"generate_stream: {streamed.error}")
+    elif plain is not None and streamed.text != plain:
+        problems.append(f"generate_stream joined {streamed.text!r} != generate {plain!r}")
+    passed = not problems
+    detail = (f"generate -> {plain!r}; generate_stream: {len(streamed.pieces)} events, same text" if passed
+              else "; ".join(problems))
+    return CheckResult("http_generate", passed, detail, data={"body": nvidia_body},
+                       fix="" if passed else "clients of NVIDIA's deployments send this JSON; every ensemble input "
+                       "it names must exist with NVIDIA's data types")
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    name: str
+    body: dict
+    via: str = "generate"  # or "grpc" (the HTTP infer endpoint refuses decoupled models for any request)
+
+
+def bad_requests(prompt: str) -> list[BadRequest]:
+    return [
+        BadRequest("empty text_input", {"text_input": "", "max_tokens": 8}),
+        BadRequest("max_tokens 0", {"text_input": prompt, "max_tokens": 0}),
+        BadRequest("max_tokens far beyond the context", {"text_input": prompt, "max_tokens": 10_000_000}),
+        BadRequest("max_tokens of the wrong type", {"text_input": prompt, "max_tokens": "sixteen"}),
+        BadRequest("text_input of the wrong type", {"text_input": 12345, "max_tokens": 8}),
+        BadRequest("missing max_tokens", {"text_input": prompt}),
+        BadRequest("unknown input", {"text_input": prompt, "max_tokens": 8, "no_such_input": 1}, via="grpc"),
+    ]
+
+
+def send_bad_request(client: EnsembleClient, bad: BadRequest) -> tuple[bool, str]:
+    """(rejected, what came back) for one malformed request."""
+    if bad.via == "grpc":
+        try:
+            result = client.grpc_stream(bad.body)
+        except RequestFailed as exc:
+            return False, str(exc)
+        if result.timed_out:
+            return False, f"no answer within {client.timeout:.0f} s — the request hung"
+        return (result.error is not None, result.error or f"accepted, answered {result.text!r}")
+    try:
+        response = client.post_generate(bad.body)
+    except requests.RequestException as exc:
+        return False, f"no response ({type(exc).__name__}) — the server hung or dropped the connection"
+    if response.status_code >= 400:
+        return True, f"{response.status_code}: {response.text.strip()[:200]}"
+    return False, f"accepted with {response.status_code}: {response.text.strip()[:200]}"
+
+
+def check_bad_requests(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+    outcomes, accepted = [], []
+    for bad in bad_requests(options.prompts[0]):
+        rejected, answer = send_bad_request(client, bad)
+        outcomes.append({"request": bad.name, "rejected": rejected, "answer": answer})
+        if not rejected:
+            accepted.append(f"{bad.name}: {answer}")
+    healthy = client.server.is_alive() and client.server.is_healthy()
+    try:
+        still_serves = bool(client.generate(options.prompts[0], 4))
+    except RequestFailed as exc:
+        still_serves = False
+        accepted.append(f"a good request after the bad ones failed: {exc}")
+    passed = not accepted and healthy and still_serves
+    detail = (f"all {len(outcomes)} bad requests rejected; server healthy and serving afterwards" if passed else
+              "; ".join(accepted + ([] if healthy else ["the server is no longer healthy"])))
+    return CheckResult("bad_requests", passed, detail, data={"outcomes": outcomes, "healthy_after": healthy},
+                       fix="" if passed else "validate inputs in preprocessing / tensorrt_llm and answer with an "
+                       "error response (never crash the model or hang)")
+

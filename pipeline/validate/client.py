@@ -1,0 +1,192 @@
+"""The client side of validate: requests to the `ensemble` model as NVIDIA's clients send them.
+
+HTTP generate / generate_stream (server-sent events) and the gRPC bidirectional stream of NVIDIA's
+inflight_batcher_llm_client; every streamed request is timed per response (`StreamResult`), which the
+streaming check and the load test read.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import requests
+
+from ..errors import UserError
+from ..server import TritonServer
+
+ENSEMBLE = "ensemble"
+REQUEST_TIMEOUT_S = 120.0
+NUMPY_DTYPES = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
+                "FP16": np.float16}
+
+
+@dataclass
+class StreamResult:
+    """One streamed request: the text pieces, when each arrived, and the error if the request failed."""
+
+    sent_at: float
+    pieces: list[str] = field(default_factory=list)
+    arrival: list[float] = field(default_factory=list)
+    error: str | None = None
+    timed_out: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def ttft(self) -> float:
+        return self.arrival[0] - self.sent_at
+
+    @property
+    def latency(self) -> float:
+        return self.arrival[-1] - self.sent_at
+
+    @property
+    def inter_token(self) -> list[float]:
+        return list(np.diff(self.arrival)) if len(self.arrival) > 1 else []
+
+
+class RequestFailed(Exception):
+    pass
+
+
+class EnsembleClient:
+    """Talks to the `ensemble` model the way NVIDIA's clients do (HTTP generate / generate_stream, gRPC stream)."""
+
+    def __init__(self, server: TritonServer, timeout: float = REQUEST_TIMEOUT_S):
+        self.server = server
+        self.timeout = timeout
+        response = requests.get(f"{server.http_url}/v2/models/{ENSEMBLE}/config", timeout=30)
+        if response.status_code != 200:
+            raise UserError(f"the server has no `{ENSEMBLE}` model ({response.status_code}: "
+                            f"{response.text.strip()}); validate needs NVIDIA's inflight_batcher_llm ensemble "
+                            "(text_input, max_tokens -> text_output)")
+        self.config = response.json()
+        self.inputs = {i["name"]: i for i in self.config.get("input", [])}
+        missing = {"text_input", "max_tokens"} - set(self.inputs)
+        if missing or "text_output" not in {o["name"] for o in self.config.get("output", [])}:
+            raise UserError(f"the `{ENSEMBLE}` model lacks NVIDIA's client contract (needs inputs text_input, "
+                            f"max_tokens and output text_output; missing {sorted(missing) or ['text_output']})")
+
+    # --- what a request looks like
+
+    def body(self, prompt: str, max_tokens: int, stream: bool = False) -> dict:
+        """The JSON of NVIDIA's generate examples, plus greedy sampling and prompt exclusion where declared."""
+        body = {"text_input": prompt, "max_tokens": max_tokens, "bad_words": "", "stop_words": ""}
+        body = {k: v for k, v in body.items() if k in self.inputs}
+        if stream:
+            body["stream"] = True
+        if "top_k" in self.inputs:
+            body["top_k"] = 1
+        if "exclude_input_in_output" in self.inputs:
+            body["exclude_input_in_output"] = True
+        return body
+
+    @staticmethod
+    def completion(prompt: str, text: str) -> str:
+        """The generated part of a non-streamed text_output (NVIDIA's backend may echo the prompt first)."""
+        return text.removeprefix(prompt)
+
+    # --- HTTP
+
+    def post_generate(self, body: dict) -> requests.Response:
+        return requests.post(f"{self.server.http_url}/v2/models/{ENSEMBLE}/generate", json=body, timeout=self.timeout)
+
+    def generate(self, prompt: str, max_tokens: int, body: dict | None = None) -> str:
+        try:
+            response = self.post_generate(body or self.body(prompt, max_tokens))
+        except requests.RequestException as exc:
+            raise RequestFailed(f"generate got no response ({type(exc).__name__}: {exc})") from None
+        if response.status_code != 200:
+            raise RequestFailed(f"generate returned {response.status_code}: {response.text.strip()[:300]}")
+        text = response.json().get("text_output")
+        if isinstance(text, list):
+            text = "".join(text)
+        if not isinstance(text, str):
+            raise RequestFailed(f"generate answered without a text_output string: {response.text[:300]}")
+        return self.completion(prompt, text)
+
+    def generate_stream(self, prompt: str, max_tokens: int, body: dict | None = None) -> StreamResult:
+        """POST generate_stream and read its server-sent events, timing each one."""
+        result = StreamResult(sent_at=time.perf_counter())
+        url = f"{self.server.http_url}/v2/models/{ENSEMBLE}/generate_stream"
+        try:
+            with requests.post(url, json=body or self.body(prompt, max_tokens, stream=True), stream=True,
+                               timeout=self.timeout) as response:
+                if response.status_code != 200:
+                    result.error = f"generate_stream returned {response.status_code}: {response.text.strip()[:300]}"
+                    return result
+                for line in response.iter_lines():
+                    if not line.startswith(b"data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        result.error = str(event["error"])
+                        return result
+                    text = event.get("text_output", "")
+                    result.pieces.append("".join(text) if isinstance(text, list) else text)
+                    result.arrival.append(time.perf_counter())
+        except (requests.RequestException, ValueError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        if not result.error and not result.pieces:
+            result.error = "generate_stream ended without any event"
+        return result
+
+    # --- gRPC (the bidirectional stream NVIDIA's inflight_batcher_llm_client uses)
+
+    def grpc_inputs(self, values: dict):
+        """InferInputs with the ensemble's declared data types (with the batch dimension when it batches)."""
+        import tritonclient.grpc as grpcclient
+
+        batched = self.config.get("max_batch_size", 0) > 0
+        inputs = []
+        for name, value in values.items():
+            dtype = self.inputs.get(name, {}).get("data_type", "TYPE_INT32").removeprefix("TYPE_")
+            dtype = "BYTES" if dtype == "STRING" else dtype
+            array = (np.array([str(value).encode()], dtype=np.object_) if dtype == "BYTES"
+                     else np.array([value], dtype=NUMPY_DTYPES[dtype]))
+            array = array.reshape(1, 1) if batched else array
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    def grpc_stream(self, values: dict) -> StreamResult:
+        """Send one request over a gRPC stream and collect its responses until the final one."""
+        import tritonclient.grpc as grpcclient
+
+        if not self.server.endpoints.grpc_url:
+            raise RequestFailed("no gRPC endpoint known (pass --grpc-url)")
+        events: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.server.endpoints.grpc_url)
+        result = StreamResult(sent_at=time.perf_counter())
+        try:
+            client.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
+            client.async_stream_infer(ENSEMBLE, self.grpc_inputs(values), request_id="validate",
+                                      enable_empty_final_response=True)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                res, err, at = events.get(timeout=max(0.1, deadline - time.monotonic()))
+                if err is not None:
+                    result.error = str(err)
+                    break
+                text = res.as_numpy("text_output")
+                if text is not None and text.size:
+                    result.pieces.append("".join(t.decode("utf-8", "replace") for t in text.reshape(-1)))
+                    result.arrival.append(at)
+                if res.get_response().parameters["triton_final_response"].bool_param:
+                    break
+        except queue.Empty:
+            result.error = f"no final response within {self.timeout:.0f} s"
+            result.timed_out = True
+        except Exception as exc:  # noqa: BLE001  (grpc raises many types; all mean "the request failed")
+            result.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+        return result

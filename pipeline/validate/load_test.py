@@ -1,0 +1,97 @@
+"""The optional load test: a bounded concurrency sweep of streamed requests through `ensemble`.
+
+Per concurrency level: TTFT, inter-token latency and request latency P50/P90/P99, output tokens/s and
+the requests lost; written as load_test.json and load_test.png beside report.json.
+`benchmarks/bench_batching.py` reuses `run_level` as its load generator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .client import EnsembleClient
+from .report import CheckResult, ValidateOptions
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """P50/P90/P99 of durations in seconds, in milliseconds (None for each when there are none)."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    p = np.percentile(np.asarray(values) * 1000.0, [50, 90, 99])
+    return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
+
+
+def run_level(client: EnsembleClient, prompts: tuple[str, ...], max_tokens: int, concurrency: int,
+              requests_per_client: int) -> dict:
+    """`concurrency` clients each sending `requests_per_client` streamed requests back to back."""
+    total = concurrency * requests_per_client
+    jobs = [prompts[i % len(prompts)] for i in range(total)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda p: client.generate_stream(p, max_tokens), jobs))
+    wall = time.perf_counter() - start
+    done = [r for r in results if not r.error and r.arrival]
+    tokens = sum(len(r.pieces) for r in done)
+    return {
+        "concurrency": concurrency, "requests": total, "completed": len(done), "lost": total - len(done),
+        "errors": sorted({r.error for r in results if r.error})[:5], "wall_s": wall,
+        "output_tokens": tokens, "output_tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "ttft_ms": percentiles([r.ttft for r in done]),
+        "itl_ms": percentiles([d for r in done for d in r.inter_token]),
+        "latency_ms": percentiles([r.latency for r in done]),
+    }
+
+
+def plot_load_test(levels: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [lv["concurrency"] for lv in levels]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot(x, [lv["output_tokens_per_s"] for lv in levels], "o-")
+    ax1.set(xlabel="concurrent clients", ylabel="output tokens/s", title="throughput")
+    for metric in ("ttft_ms", "latency_ms"):
+        for q, style in (("p50", "o-"), ("p99", "x--")):
+            ax2.plot(x, [lv[metric][q] or 0 for lv in levels], style, label=f"{metric[:-3]} {q}")
+    ax2.set(xlabel="concurrent clients", ylabel="ms", title="latency", yscale="log")
+    ax2.legend()
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(c) for c in x])
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def check_load_test(client: EnsembleClient, options: ValidateOptions, out_dir: Path) -> CheckResult:
+    from rich.progress import Progress
+
+    levels = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task("load test", total=len(options.concurrencies))
+        for concurrency in options.concurrencies:
+            levels.append(run_level(client, options.prompts, options.max_tokens, concurrency,
+                                    options.requests_per_client))
+            progress.advance(task)
+    (out_dir / "load_test.json").write_text(json.dumps(levels, indent=2) + "\n")
+    plot_load_test(levels, out_dir / "load_test.png")
+    lost = sum(lv["lost"] for lv in levels)
+    best = max(levels, key=lambda lv: lv["output_tokens_per_s"])
+    detail = (f"{sum(lv['requests'] for lv in levels)} requests at concurrency {list(options.concurrencies)}, "
+              f"{lost} lost; best {best['output_tokens_per_s']:.1f} output tokens/s at concurrency "
+              f"{best['concurrency']} (TTFT p50 {best['ttft_ms']['p50']:.0f} ms, ITL p50 "
+              f"{(best['itl_ms']['p50'] or 0):.1f} ms)" if best["completed"] else f"all {lost} requests lost")
+    errors = sorted({e for lv in levels for e in lv["errors"]})
+    if errors:
+        detail += f"; errors: {errors[:3]}"
+    return CheckResult("load_test", lost == 0, detail, data={"levels": levels},
+                       fix="" if lost == 0 else "requests were dropped or failed under load: raise max_queue_size, "
+                       "check the server log for errors under concurrency")

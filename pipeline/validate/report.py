@@ -1,0 +1,76 @@
+"""What a validation run is given (`ValidateOptions`) and what it produces: one `CheckResult` per check,
+gathered in a `ValidationReport` (report.json) and rendered as the human-readable verdict.
+
+Kept apart from the stage (`stage.py`) because every check builds `CheckResult`s and reads the options,
+while the stage imports the checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .client import REQUEST_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from .checks import GoldenReference
+
+DEFAULT_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+    fix: str = ""
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class ValidationReport:
+    repo: str
+    server: str
+    checks: list[CheckResult]
+    log_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"repo": self.repo, "server": self.server, "passed": self.passed,
+                "checks": [asdict(check) for check in self.checks], "server_log": self.log_path}
+
+
+@dataclass
+class ValidateOptions:
+    prompts: tuple[str, ...] = DEFAULT_PROMPTS
+    max_tokens: int = 16
+    golden: GoldenReference | None = None
+    load_test: bool = False
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8)
+    requests_per_client: int = 2
+    #: quantized checkpoints: share of the served tokens that are the reference's greedy choice given the
+    #: same prefix (teacher forcing), needed to pass; SmolLM2 FP8 (GPTQ) measured 89%
+    min_agreement: float = 0.7
+    request_timeout: float = REQUEST_TIMEOUT_S
+
+
+def render_report(report: ValidationReport, out: Path) -> str:
+    """The human-readable verdict: one line per check, and what to fix for each failure."""
+    lines = [f"validated {report.repo or report.server} on {report.server}"]
+    for check in report.checks:
+        lines.append(f"  {'PASS' if check.passed else 'FAIL'}  {check.name:<15} {check.detail}")
+        if not check.passed and check.fix:
+            lines.append(f"        fix: {check.fix}")
+    verdict = "all checks passed" if report.passed else \
+        f"{sum(not c.passed for c in report.checks)} of {len(report.checks)} checks failed"
+    lines.append(f"{verdict}; report: {Path(out) / 'report.json'}")
+    return "\n".join(lines)
