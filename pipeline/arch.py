@@ -84,6 +84,25 @@ class ModelArch:
         if self.hidden_act != "silu":
             raise UserError(f"{where}: hidden_act {self.hidden_act!r} is not supported (only 'silu')")
 
+    def check_parallelism(self, tp: int, pp: int) -> None:
+        """The tp x pp layouts TensorRT-LLM can shard this model into (convert and plan both ask here).
+
+        Attention heads and the MLP are split over tp (K/V heads duplicated when tp exceeds them); each
+        pipeline stage holds the same number of decoder layers.
+        """
+        if tp < 1 or pp < 1:
+            raise UserError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
+        if self.num_attention_heads % tp:
+            raise UserError(f"--tp {tp} does not divide num_attention_heads {self.num_attention_heads}")
+        kv = self.num_key_value_heads
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            raise UserError(f"--tp {tp} and num_key_value_heads {kv}: one must be a multiple of the other "
+                            "(K/V heads are split, or duplicated when tp > num_key_value_heads)")
+        if self.num_hidden_layers % pp:
+            raise UserError(f"--pp {pp} does not divide num_hidden_layers {self.num_hidden_layers}")
+        if self.intermediate_size % tp:
+            raise UserError(f"--tp {tp} does not divide intermediate_size {self.intermediate_size}")
+
     # Derived sizes used by convert, plan and the runtime.
     @property
     def q_size(self) -> int:

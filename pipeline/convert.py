@@ -94,7 +94,7 @@ def convert_model(source: ModelSource, out: Path, *, dtype: str | None = None, t
     dtype = dtype or arch.dtype
     if dtype not in DTYPES:
         raise UserError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    check_parallelism(arch, tp, pp)
+    arch.check_parallelism(tp, pp)
     inputs = fingerprint_inputs([hf_dir])
     params = {"dtype": dtype, "tp": tp, "pp": pp}
     if is_up_to_date(out, STAGE, inputs, params):
@@ -130,21 +130,6 @@ def return_freed_tensor_memory() -> None:
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc: nothing to tune
         pass
-
-
-def check_parallelism(arch: ModelArch, tp: int, pp: int) -> None:
-    if tp < 1 or pp < 1:
-        raise UserError(f"--tp and --pp must be positive (got tp={tp}, pp={pp})")
-    if arch.num_attention_heads % tp:
-        raise UserError(f"--tp {tp} does not divide num_attention_heads {arch.num_attention_heads}")
-    kv = arch.num_key_value_heads
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        raise UserError(f"--tp {tp} and num_key_value_heads {kv}: one must be a multiple of the other "
-                        "(K/V heads are split, or duplicated when tp > num_key_value_heads)")
-    if arch.num_hidden_layers % pp:
-        raise UserError(f"--pp {pp} does not divide num_hidden_layers {arch.num_hidden_layers}")
-    if arch.intermediate_size % tp:
-        raise UserError(f"--tp {tp} does not divide intermediate_size {arch.intermediate_size}")
 
 
 def expected_source_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:

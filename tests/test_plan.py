@@ -360,10 +360,9 @@ ODD_MLP = dataclasses.replace(PRESETS["llama-3-8b"].arch, intermediate_size=1433
     (ODD_MLP, 2, 1),                         # heads split over 2 GPUs, the MLP does not
 ])
 def test_plan_refuses_the_layouts_convert_refuses_in_the_same_words(arch, tp, pp):
-    from pipeline.convert import check_parallelism
-
+    """convert and plan share ModelArch.check_parallelism: one set of tensor-parallel rules."""
     with pytest.raises(UserError) as by_convert:
-        check_parallelism(arch, tp, pp)
+        arch.check_parallelism(tp, pp)
     with pytest.raises(UserError) as by_plan:
         make_plan(arch, get_target("h100"), "fp16", tp=tp, pp=pp)
     assert str(by_plan.value) == str(by_convert.value)

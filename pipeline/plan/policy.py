@@ -33,7 +33,6 @@ from .trtllm import (
     MAX_BATCH_SIZE_CAP,
     MAX_NUM_TOKENS_WARN,
     QUANT_ALGO,
-    check_parallelism,
     derive_profiles,
     model_context_limit,
     paged_context_fmha_possible,
@@ -119,7 +118,7 @@ def check_target_supports(target: Target, precision: str, kv_cache_dtype: str, t
     if target.is_gpu and tp * pp > target.max_gpus:
         raise UserError(f"tp {tp} x pp {pp} needs {tp * pp} GPUs; the {target.name} target has at most "
                         f"{target.max_gpus}")
-    check_parallelism(arch, tp, pp)
+    arch.check_parallelism(tp, pp)
     if target.is_gpu and tp > 1 and not target.p2p:
         warnings.append(f"{target.name} has no GPU peer-to-peer access ({target.interconnect}): tensor-"
                         "parallel all-reduce goes through host memory and will be slow "

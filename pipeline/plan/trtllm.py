@@ -37,26 +37,6 @@ def quantization(precision: str, kv_dtype: str) -> dict:
     return {"quant_algo": QUANT_ALGO.get(precision), "kv_cache_quant_algo": KV_CACHE_QUANT_ALGO.get(kv_dtype)}
 
 
-def check_parallelism(arch: ModelArch, tp: int, pp: int) -> None:
-    """The tp x pp layouts the checkpoint can be sharded into, in the words `trtpipe convert` uses.
-
-    Attention heads and the MLP are split over tp (K/V heads duplicated when tp exceeds them); each
-    pipeline stage holds the same number of decoder layers.
-    """
-    if tp < 1 or pp < 1:
-        raise UserError("--tp and pp must be at least 1")
-    if arch.num_attention_heads % tp:
-        raise UserError(f"--tp {tp} does not divide num_attention_heads {arch.num_attention_heads}")
-    kv = arch.num_key_value_heads
-    if kv % tp and tp % kv:
-        raise UserError(f"--tp {tp} and num_key_value_heads {kv}: one must divide the other "
-                        "(KV heads are split, or duplicated when tp exceeds them)")
-    if arch.num_hidden_layers % pp:
-        raise UserError(f"--pp {pp} does not divide num_hidden_layers {arch.num_hidden_layers}")
-    if arch.intermediate_size % tp:
-        raise UserError(f"--tp {tp} does not divide intermediate_size {arch.intermediate_size}")
-
-
 def model_context_limit(arch: ModelArch) -> int:
     """max_position_embeddings x rotary factor, as builder._init_max_seq_len deduces max_seq_len."""
     scaling = arch.rotary_scaling or {}
