@@ -78,7 +78,8 @@ def main() -> None:
                      "runtime_tok_s": batch * n / t_rt, "ratio": t_hf / t_rt})
 
     if args.json:
-        print(json.dumps({"model": "smollm2-135m (float32)", "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+        print(json.dumps({"model": "smollm2-135m (float32)", "threads": torch.get_num_threads(), "rows": rows},
+                         indent=2))
         return
     print(f"SmolLM2-135M float32, greedy, {n} new tokens per request, torch threads={torch.get_num_threads()}")
     print(f"{'batch':>5} {'transformers tok/s':>19} {'runtime tok/s':>14} {'runtime/transformers':>21}")

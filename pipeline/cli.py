@@ -16,7 +16,8 @@ from . import __version__
 from .errors import UserError
 
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq")
-MODEL_HELP = "MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging Face directory, a GGUF file or a hub id."
+MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging Face directory, a GGUF file "
+              "or a hub id.")
 
 
 class TrtpipeGroup(click.Group):
@@ -74,7 +75,8 @@ def setup():
 
 @main.command()
 @click.argument("source")
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Checkpoint directory to write.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="Checkpoint directory to write.")
 @click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
               help="Weight dtype of the checkpoint (default: the model's own dtype).")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
@@ -321,10 +323,13 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
 
 @main.command(name="compile")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True, help="plan.json from `trtpipe plan`.")
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Engine directory to write.")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True,
+              help="plan.json from `trtpipe plan`.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="Engine directory to write.")
 @click.option("--dry-run", is_flag=True, help="Only write the trtllm-build command and its --build_config JSON.")
-@click.option("--workers", type=int, default=1, show_default=True, help="trtllm-build --workers (parallel rank builds).")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="trtllm-build --workers (parallel rank builds).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def compile_(checkpoint, plan_path, out, dry_run, workers, force, as_json):
@@ -360,7 +365,8 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, force, as_json):
               help="Engine directory (GPU targets; where `trtpipe compile` writes, need not exist yet).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
               help="TensorRT-LLM checkpoint (the cpu target serves it; also the default tokenizer source).")
-@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True, help="plan.json from `trtpipe plan`.")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True,
+              help="plan.json from `trtpipe plan`.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Repository to write.")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
               help="Directory with the tokenizer files (default: CHECKPOINT/tokenizer or ENGINE/tokenizer).")
@@ -411,7 +417,8 @@ def check(repo, engine, as_json):
 @click.argument("repo", type=click.Path(path_type=Path))
 @click.option("--url", default=None, help="HTTP URL of a running Triton server serving REPO (default: start the "
               "embedded server on REPO).")
-@click.option("--grpc-url", default=None, help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
+@click.option("--grpc-url", default=None,
+              help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
 @click.option("--golden", default=None, metavar="MODEL", help="Reference model for the golden outputs (default: the "
               "model in the repository's plan). " + MODEL_HELP)
 @click.option("--load-test", is_flag=True, help="Also run a bounded concurrency sweep (TTFT, ITL, latency, tokens/s).")
@@ -420,7 +427,8 @@ def check(repo, engine, as_json):
               help="Tokens generated per request.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Report directory (default: validation/ beside REPO).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the server to be ready.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the server to be ready.")
 @device_option("the golden reference runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, out, timeout, device, as_json):
@@ -454,7 +462,8 @@ def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, ou
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for all).")
 @click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
               help="Server log file (default: a temporary file, removed on exit).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for every model to be ready.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for every model to be ready.")
 def serve(repo, port, host, log_path, timeout):
     """The embedded Triton server on REPO, in the foreground until Ctrl-C.
 

@@ -195,7 +195,8 @@ def check_engine_config(engine_dir: Path, plan: Plan) -> None:
     differ = [f"build_config.{k} {build.get(k)!r} (plan {planned_build[k]!r})"
               for k in CHECKED_BUILD_KEYS if build.get(k) != planned_build[k]]
     if str(build.get("kv_cache_type", "")).upper() != plan.build_config.kv_cache_type:
-        differ.append(f"build_config.kv_cache_type {build.get('kv_cache_type')!r} (plan {plan.build_config.kv_cache_type!r})")
+        differ.append(f"build_config.kv_cache_type {build.get('kv_cache_type')!r} "
+                      f"(plan {plan.build_config.kv_cache_type!r})")
     differ += [f"plugin_config.{k} {plugin.get(k)!r} (plan {planned_plugin[k]!r})"
                for k in CHECKED_PLUGIN_KEYS if plugin.get(k) != planned_plugin[k]]
     if mapping.get("tp_size") != plan.tp_size:

@@ -128,7 +128,7 @@ def test_schema_error_is_caught_with_its_line(repo):
 def test_placeholder_in_a_number_field_breaks_the_schema_and_is_named(repo):
     path = repo / "tensorrt_llm" / "config.pbtxt"
     text = path.read_text()
-    batch_line = next(l for l in text.splitlines() if l.startswith("max_batch_size:"))
+    batch_line = next(line for line in text.splitlines() if line.startswith("max_batch_size:"))
     path.write_text(text.replace(batch_line, "max_batch_size: ${triton_max_batch_size}"))
     code, report = run_check(repo)
     assert code == 1
@@ -143,7 +143,8 @@ def test_placeholder_left_in_a_string_parameter_is_caught(repo):
     code, report = run_check(repo)
     finding = only_error(report, "placeholder")
     assert code == 1
-    assert (finding["file"], finding["field"]) == ("preprocessing/config.pbtxt", "parameters[tokenizer_dir].string_value")
+    assert (finding["file"], finding["field"]) == ("preprocessing/config.pbtxt",
+                                                   "parameters[tokenizer_dir].string_value")
 
 
 def test_placeholder_in_another_config_file_is_caught(repo):
@@ -249,7 +250,8 @@ def test_preferred_batch_size_above_max_batch_size_is_caught(repo):
         config.dynamic_batching.preferred_batch_size.append(config.max_batch_size + 1)
     edit(repo, "preprocessing", too_big)
     finding = only_error(run_check(repo)[1], "preferred-batch-size")
-    assert (finding["file"], finding["field"]) == ("preprocessing/config.pbtxt", "dynamic_batching.preferred_batch_size")
+    assert (finding["file"], finding["field"]) == ("preprocessing/config.pbtxt",
+                                                   "dynamic_batching.preferred_batch_size")
 
 
 def test_engine_from_another_tensorrt_llm_version_is_caught(repo):

@@ -28,13 +28,14 @@ def hf_state(hf_dir: Path) -> dict[str, torch.Tensor]:
 def dup_kv(w: torch.Tensor, num_kv: int, tp: int, head: int) -> torch.Tensor:
     """TensorRT-LLM's dup_kv_weight: every K/V head repeated tp/num_kv times, contiguously."""
     reps = tp // num_kv
-    return w.reshape(num_kv, head, -1)[:, None].expand(num_kv, reps, head, w.shape[-1]).reshape(num_kv * reps * head, -1)
+    return (w.reshape(num_kv, head, -1)[:, None].expand(num_kv, reps, head, w.shape[-1])
+            .reshape(num_kv * reps * head, -1))
 
 
 def expected_rank(hf: dict, cfg: dict, tp: int, pp: int, rank: int) -> dict[str, torch.Tensor]:
     """The rank file TensorRT-LLM's converter would write, derived from the HF tensors."""
     tp_rank, pp_rank = rank % tp, rank // tp
-    heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_size"]
+    kv, hd = cfg["num_key_value_heads"], cfg["head_size"]
     layers = cfg["num_hidden_layers"] // pp
     out = {}
     if pp_rank == 0:

@@ -318,14 +318,16 @@ def _damage_layer_count(ckpt):
 @pytest.mark.parametrize("damage,message", [
     (_damage_unexpected, r"rank1.safetensors: unexpected tensor transformer.layers.0.attention.extra"),
     (_damage_missing, r"rank0.safetensors: missing tensor transformer.layers.1.mlp.gate.weight"),
-    (_damage_shape, r"rank1.safetensors: tensor transformer.layers.0.mlp.proj.weight has shape \[48, 47\], expected \[48, 48\]"),
+    (_damage_shape, r"rank1.safetensors: tensor transformer.layers.0.mlp.proj.weight has shape \[48, 47\], "
+                    r"expected \[48, 48\]"),
     (_damage_dtype, r"rank0.safetensors: tensor transformer.ln_f.weight has dtype F16, expected float32"),
     (_damage_rank_file, r"missing rank1.safetensors"),
     (_damage_extra_rank, r"unexpected rank2.safetensors for a 2-rank checkpoint"),
     (_damage_unreadable, r"rank0.safetensors: not a readable safetensors file"),
     (_damage_config, r"missing field 'hidden_size'"),
     (_damage_quant_algo, r"quant_algo 'W4A16_AWQ' is not supported"),
-    (_damage_duplicated_kv, r"transformer.layers.0.attention.qkv: tp ranks 0 and 1 must hold the same duplicated K head"),
+    (_damage_duplicated_kv, r"transformer.layers.0.attention.qkv: tp ranks 0 and 1 "
+                            r"must hold the same duplicated K head"),
     (_damage_layer_count, r"hold 4 layers .* num_hidden_layers=5"),
 ])
 def test_bad_checkpoints_are_reported_by_name(checkpoint, tmp_path, damage, message):

@@ -113,7 +113,8 @@ def _texts_from_datasets(recipe: CalibrationRecipe) -> list[str]:
             raise UserError(_not_cached_message(recipe, exc)) from None
         except Exception as exc:  # datasets wraps parse errors of local files in its own exception types
             if local.is_file():
-                raise UserError(f"cannot read {local}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+                raise UserError(f"cannot read {local}: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:300]}") from None
             raise UserError(_not_cached_message(recipe, exc)) from None
     if recipe.field not in ds.column_names:
         raise UserError(f"calibration dataset {recipe.dataset} has no field {recipe.field!r}; "

@@ -208,7 +208,8 @@ def write_reports(directory: Path, options: CalibrateOptions, tensors: list[Tens
     directory.mkdir()
     header = {"tool_version": __version__, "precision": options.precision, "kv_cache": options.kv_cache,
               "method": options.chosen_method, "default_method": DEFAULT_METHOD[options.precision],
-              "alpha": options.alpha if options.precision == "int8-sq" else None, "percentile": options.percentile, "weight_rounding": options.weight_rounding,
+              "alpha": options.alpha if options.precision == "int8-sq" else None, "percentile": options.percentile,
+              "weight_rounding": options.weight_rounding,
               "damp": options.damp if options.weight_rounding == "gptq" else None, "recipe": options.recipe.to_dict(),
               "samples": samples, "tokens": tokens, "perplexity": ppl}
     write_report_json(directory / "report.json", header, tensors)

@@ -339,7 +339,8 @@ def merge_linear(cfg: RuntimeConfig, stage: list[RankFile], local: str, module: 
         lin.act_quant = TensorQuant(kind, float(act.reshape(-1)[0]))
         if cfg.quant_algo == "W8A8_SQ_PER_CHANNEL":
             pre = [rf.get(local + ".prequant_scaling_factor").float() for rf in stage]
-            lin.prequant = torch.cat(pre) if row else same_on_all_ranks(stage, local + ".prequant_scaling_factor", module)
+            lin.prequant = (torch.cat(pre) if row
+                            else same_on_all_ranks(stage, local + ".prequant_scaling_factor", module))
     return lin
 
 
