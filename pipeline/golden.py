@@ -19,10 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from .errors import UserError
+from .runtime.stream import embed_in_chunks, running_argmax, vocab_ranges
 from .safetensors_stream import LazyWeights
-
-#: float32 bytes of embedding / lm_head rows read at once
-VOCAB_CHUNK_BYTES = 256 << 20
 
 
 class StreamedTransformers:
@@ -47,10 +45,6 @@ class StreamedTransformers:
     def _rows(self, name: str, rows: tuple[int, int]) -> torch.Tensor:
         return self.weights.read(name, rows).to(self.dtype).float().to(self.device)
 
-    def _vocab_ranges(self, hidden: int):
-        step = max(1, VOCAB_CHUNK_BYTES // (4 * hidden))
-        return [(start, min(start + step, self.vocab)) for start in range(0, self.vocab, step)]
-
     def _materialize(self, module: torch.nn.Module, prefix: str) -> None:
         module.to_empty(device=self.device)
         module.load_state_dict({key: self.weights.read(prefix + key).to(self.dtype).float().to(self.device)
@@ -60,14 +54,8 @@ class StreamedTransformers:
     def next_tokens(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         """The greedy choice after every position of each sequence: int64 [T] per sequence."""
         hidden_size = self.model.config.hidden_size
-        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
-        flat = torch.empty(len(ids), hidden_size, device=self.device)
-        for start, stop in self._vocab_ranges(hidden_size):
-            hit = (ids >= start) & (ids < stop)
-            if bool(hit.any()):
-                flat[hit.to(self.device)] = self._rows("model.embed_tokens.weight", (start, stop))[
-                    (ids[hit] - start).to(self.device)]
-        hidden = [h[None] for h in flat.split([len(s) for s in sequences])]
+        hidden = embed_in_chunks(sequences, self.vocab, hidden_size,
+                                 lambda rows: self._rows("model.embed_tokens.weight", rows), self.device)
         positions = [torch.arange(len(s), device=self.device)[None] for s in sequences]
         embeddings = [self.rotary(h, p) for h, p in zip(hidden, positions)]
         for i, layer in enumerate(self.model.model.layers):
@@ -82,13 +70,10 @@ class StreamedTransformers:
         norm.to("meta")
         best = [torch.full((h.shape[0],), float("-inf"), device=self.device) for h in normed]
         best_id = [torch.zeros(h.shape[0], dtype=torch.long, device=self.device) for h in normed]
-        for start, stop in self._vocab_ranges(hidden_size):
+        for start, stop in vocab_ranges(self.vocab, hidden_size):
             head = self._rows(self.head_name, (start, stop))
             for j, x in enumerate(normed):
-                value, index = F.linear(x, head).max(dim=-1)
-                better = value > best[j]              # strict: the first maximum wins, as torch.argmax
-                best[j] = torch.where(better, value, best[j])
-                best_id[j] = torch.where(better, index + start, best_id[j])
+                best[j], best_id[j] = running_argmax(best[j], best_id[j], F.linear(x, head), start)
         return [b.cpu() for b in best_id]
 
 

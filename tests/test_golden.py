@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
-from pipeline import golden
 from pipeline.golden import GoldenReference, StreamedTransformers
+from pipeline.runtime import stream
 from conftest import make_tiny_llama
 
 SEQUENCES = [[1, 5, 7, 9, 3, 2, 8], [4, 4, 4], [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [7]]
@@ -16,7 +16,7 @@ SEQUENCES = [[1, 5, 7, 9, 3, 2, 8], [4, 4, 4], [10, 20, 30, 40, 50, 60, 70, 80, 
 
 @pytest.mark.parametrize("variant", ["gqa", "tied", "llama3-rope", "mistral", "head-dim"])
 def test_next_tokens_equal_the_whole_models_argmax(tiny_llama, hf_whole, variant, monkeypatch):
-    monkeypatch.setattr(golden, "VOCAB_CHUNK_BYTES", 4 * 48 * 9)      # 12 vocabulary chunks
+    monkeypatch.setattr(stream, "VOCAB_CHUNK_BYTES", 4 * 48 * 9)      # 12 vocabulary chunks
     streamed = StreamedTransformers(tiny_llama(variant))
     model = hf_whole(variant)
     for seq, choices in zip(SEQUENCES, streamed.next_tokens(SEQUENCES)):

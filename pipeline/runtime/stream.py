@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -101,23 +101,11 @@ class LayerStream:
 
     def embed(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """float32 [1, T, hidden] embeddings of each sequence, reading the table a vocabulary chunk at a time."""
-        if not sequences or any(len(s) == 0 for s in sequences):
-            raise UserError("every sequence needs at least one token")
-        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
-        vocab = self.cfg.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise UserError(f"token ids must be in [0, {vocab}) (got {int(ids.min())}..{int(ids.max())})")
-        flat = torch.empty(len(ids), self.cfg.hidden_size)
-        for start, stop in self.vocab_ranges():
-            hit = (ids >= start) & (ids < stop)
-            if bool(hit.any()):
-                flat[hit] = self.reader.embedding((start, stop))[ids[hit] - start]
-        return [part[None].to(self.device) for part in flat.split([len(s) for s in sequences])]
+        return embed_in_chunks(sequences, self.cfg.vocab_size, self.cfg.hidden_size, self.reader.embedding,
+                               self.device)
 
-    def vocab_ranges(self) -> Iterator[tuple[int, int]]:
-        rows = max(1, VOCAB_CHUNK_BYTES // (4 * self.cfg.hidden_size))
-        for start in range(0, self.cfg.vocab_size, rows):
-            yield start, min(start + rows, self.cfg.vocab_size)
+    def vocab_ranges(self) -> list[tuple[int, int]]:
+        return vocab_ranges(self.cfg.vocab_size, self.cfg.hidden_size)
 
     @torch.inference_mode()
     def token_scores(self, sequences: Sequence[Sequence[int]], desc: str | None = None) -> list[TokenScores]:
@@ -138,11 +126,39 @@ class LayerStream:
                 inside = (targets[j] >= start) & (targets[j] < stop)
                 rows = inside.nonzero().squeeze(1)
                 picked[j][rows] = logits[rows, targets[j][rows] - start]
-                value, index = logits.max(dim=-1)
-                better = value > best[j]           # strict: the first maximum wins, as torch.argmax
-                best[j] = torch.where(better, value, best[j])
-                best_id[j] = torch.where(better, index + start, best_id[j])
+                best[j], best_id[j] = running_argmax(best[j], best_id[j], logits, start)
         return [TokenScores((lse[j] - picked[j]).cpu(), best_id[j].cpu()) for j in range(len(sequences))]
+
+
+def vocab_ranges(vocab_size: int, hidden_size: int) -> list[tuple[int, int]]:
+    """Row ranges of an embedding / lm_head of at most `VOCAB_CHUNK_BYTES` of float32 each."""
+    rows = max(1, VOCAB_CHUNK_BYTES // (4 * hidden_size))
+    return [(start, min(start + rows, vocab_size)) for start in range(0, vocab_size, rows)]
+
+
+def embed_in_chunks(sequences: Sequence[Sequence[int]], vocab_size: int, hidden_size: int,
+                    read_rows: Callable[[tuple[int, int]], torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """float32 [1, T, hidden] embeddings of each sequence; `read_rows((start, stop))` reads a range of the table."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise UserError("every sequence needs at least one token")
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise UserError(f"token ids must be in [0, {vocab_size}) (got {int(ids.min())}..{int(ids.max())})")
+    flat = torch.empty(len(ids), hidden_size)
+    for start, stop in vocab_ranges(vocab_size, hidden_size):
+        hit = (ids >= start) & (ids < stop)
+        if bool(hit.any()):
+            flat[hit] = read_rows((start, stop)).float().cpu()[ids[hit] - start]
+    return [part[None].to(device) for part in flat.split([len(s) for s in sequences])]
+
+
+def running_argmax(best: torch.Tensor, best_id: torch.Tensor, logits: torch.Tensor,
+                   start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold a vocabulary chunk's logits [T, chunk] (ids from `start`) into the best value and id so far.
+    Strictly greater only: the first maximum wins, as torch.argmax over the whole row picks it."""
+    value, index = logits.max(dim=-1)
+    better = value > best
+    return torch.where(better, value, best), torch.where(better, index + start, best_id)
 
 
 def _to_device(layer: Layer, device: torch.device) -> Layer:
