@@ -45,9 +45,6 @@ class HessianStats:
         self.sum = xtx if self.sum is None else self.sum.add_(xtx)
         self.tokens += x.shape[0]
 
-    def mean(self) -> torch.Tensor:
-        return self.sum / max(self.tokens, 1)
-
     def finish(self) -> torch.Tensor:
         """The mean, computed in place: the running sum becomes it (no second [in, in] copy)."""
         return self.sum.div_(max(self.tokens, 1))
