@@ -24,9 +24,9 @@ from pathlib import Path
 
 from .compile import CompileResult, CompileStatus, compile_checkpoint, not_built_here_message
 from .errors import UserError
+from .precisions import FLOAT_DTYPES
 
 QUANTIZED = ("fp8", "int8-sq")
-FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 #: Held-out documents for the before/after perplexity in a build's calibration report: fewer than
 #: `trtpipe calibrate`'s 40, so the whole build of a small model stays within minutes on 2 cores.
 BUILD_EVAL_SAMPLES = 16

@@ -14,8 +14,8 @@ import click
 
 from . import __version__
 from .errors import UserError
+from .precisions import PRECISIONS
 
-PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq")
 MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging Face directory, a GGUF file "
               "or a hub id.")
 

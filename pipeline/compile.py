@@ -47,7 +47,8 @@ from .outputs import (
     read_manifest,
     write_manifest,
 )
-from .plan import TENSORRT_LLM_VERSION, Plan, is_trtllm_checkpoint
+from . import TRTLLM_VERSION as TENSORRT_LLM_VERSION
+from .plan import Plan, is_trtllm_checkpoint
 
 BUILD_CONFIG_FILE = "build_config.json"
 COMMAND_FILE = "trtllm-build.sh"

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError, read_config_json
+from ..precisions import KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from ..safetensors_stream import SafetensorsFile, SafetensorsWriter, TensorSpec, dtype_code
 from .formats import E4M3_MAX
 from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
@@ -45,8 +46,6 @@ from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_w
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 LINEAR_NAMES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 ROW_PARALLEL = ("attention.dense", "mlp.proj")          # input features split across tp ranks
-QUANT_ALGOS = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
-KV_ALGOS = {"fp8": "FP8", "int8": "INT8"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MIN_SCALE = 1e-12
 
@@ -299,7 +298,8 @@ def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
 def quantized_config(config: dict, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
                      alpha: float | None) -> dict:
     quant = dict(config.get("quantization") or {})
-    quant.update(quant_algo=QUANT_ALGOS[precision], kv_cache_quant_algo=KV_ALGOS[kv_cache] if kv_cache else None,
+    quant.update(quant_algo=QUANT_ALGO[precision],
+                 kv_cache_quant_algo=KV_CACHE_QUANT_ALGO[kv_cache] if kv_cache else None,
                  exclude_modules=["lm_head", *exclude])
     if precision == "int8-sq":
         quant["smoothquant_val"] = alpha

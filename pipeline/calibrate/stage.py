@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import UserError
+from ..precisions import QUANT_ALGO
 from ..outputs import atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date, write_manifest
 from .amax import DEFAULT_PERCENTILE, METHODS
 from .checkpoint import LINEAR_NAMES, FloatCheckpoint, QuantizedCheckpointWriter, is_excluded, open_float_checkpoint
@@ -26,7 +27,7 @@ from .report import TensorReport, most_sensitive, plot_histograms, write_report_
 from .trtcache import write_calibration_cache
 
 STAGE = "calibrate"
-PRECISIONS = ("fp8", "int8-sq")
+PRECISIONS = tuple(QUANT_ALGO)
 #: Chosen by measurement on SmolLM2-135M (docs/calibrate.md, "Defaults (measured)").
 DEFAULT_METHOD = {"fp8": "max", "int8-sq": "max"}
 #: SmoothQuant alpha, measured on SmolLM2 (docs/calibrate.md; nearest rounding, 32 x 256 calibration):

@@ -16,7 +16,8 @@ writes it as plan.json (upstream names as keys), `load_plan` reads it back.
 
 from .. import TRTLLM_VERSION as TENSORRT_LLM_VERSION
 from .memory import kv_bytes_per_token, weights_per_rank_by_stage
-from .policy import KV_CACHE_CHOICES, PRECISIONS, make_plan
+from ..precisions import KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
+from .policy import KV_CACHE_CHOICES, make_plan
 from .render import render_plan
 from .schema import (
     PLAN_VERSION,
@@ -34,7 +35,7 @@ from .schema import (
     resolve_model_info,
     save_plan,
 )
-from .trtllm import KV_CACHE_QUANT_ALGO, QUANT_ALGO, derive_profiles, split_num_tokens_range
+from .trtllm import derive_profiles, split_num_tokens_range
 
 __all__ = [
     "KV_CACHE_CHOICES", "KV_CACHE_QUANT_ALGO", "PLAN_VERSION", "PRECISIONS", "QUANT_ALGO", "TENSORRT_LLM_VERSION",

@@ -13,6 +13,7 @@ import math
 from .. import TRTLLM_VERSION
 from ..arch import ModelArch
 from ..errors import UserError
+from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
 from ..targets import FP8_MIN_SM, Target
 from .memory import (
     ACTIVATION_BASIS,
@@ -29,19 +30,15 @@ from .memory import (
 )
 from .schema import BuildConfig, MemoryBudget, ModelInfo, Overrides, Plan, PluginConfig, TritonParams, Workload
 from .trtllm import (
-    KV_CACHE_QUANT_ALGO,
     MAX_BATCH_SIZE_CAP,
     MAX_NUM_TOKENS_WARN,
-    QUANT_ALGO,
     derive_profiles,
     model_context_limit,
     paged_context_fmha_possible,
     quantization,
 )
 
-PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq")
 KV_CACHE_CHOICES = ("auto", "fp16", "bf16", "fp32", "fp8", "int8")
-_UNQUANTIZED_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
 DEFAULT_KV_FRACTION = 0.9
@@ -59,8 +56,8 @@ CPU_QUEUE_DELAY_US = 1000
 
 def engine_dtype(precision: str, arch: ModelArch) -> str:
     """The engine's activation dtype: the precision itself, or for FP8/INT8-SQ the model's 16-bit dtype."""
-    if precision in _UNQUANTIZED_DTYPE:
-        return _UNQUANTIZED_DTYPE[precision]
+    if precision in FLOAT_DTYPES:
+        return FLOAT_DTYPES[precision]
     return arch.dtype if arch.dtype in ("float16", "bfloat16") else "float16"
 
 
@@ -75,8 +72,8 @@ def resolve_kv_cache_dtype(kv_cache: str, precision: str, dtype: str,
         if is_checkpoint:
             return {"FP8": "fp8", "INT8": "int8"}.get(checkpoint_kv_algo, dtype)
         return {"fp8": "fp8", "int8-sq": "int8"}.get(precision, dtype)
-    if kv_cache in _UNQUANTIZED_DTYPE:
-        if _UNQUANTIZED_DTYPE[kv_cache] != dtype:
+    if kv_cache in FLOAT_DTYPES:
+        if FLOAT_DTYPES[kv_cache] != dtype:
             raise UserError(f"--kv-cache {kv_cache} contradicts the engine dtype {dtype}: an unquantized "
                             f"KV cache is stored in the engine dtype; use --kv-cache auto, fp8 or int8")
         return dtype
@@ -100,7 +97,7 @@ def check_checkpoint_agrees(model: ModelInfo, precision: str, kv_cache_dtype: st
     if have_kv != want_kv:
         raise UserError(f"checkpoint {where} has kv_cache_quant_algo {have_kv}, but the requested KV "
                         f"cache {kv_cache_dtype} needs {want_kv}; pass a matching --kv-cache")
-    if check_dtype and precision in _UNQUANTIZED_DTYPE and model.arch.dtype != dtype:
+    if check_dtype and precision in FLOAT_DTYPES and model.arch.dtype != dtype:
         raise UserError(f"checkpoint {where} is {model.arch.dtype}, --precision {precision} needs {dtype}; "
                         f"convert again with --dtype {dtype}")
     if model.checkpoint_tp_size != tp:

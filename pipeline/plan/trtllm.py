@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING
 
 from ..arch import ModelArch
 from ..errors import UserError
+from ..precisions import KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
 if TYPE_CHECKING:
     from .schema import BuildConfig, PluginConfig
 
-QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
-KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
 TOKENS_PER_BLOCK = 32            # PluginConfig.tokens_per_block default (1.2.x)
 MAX_BATCH_SIZE_CAP = 2048        # BuildConfig.max_batch_size default: the largest we ever plan
 MAX_NUM_TOKENS_WARN = 16384      # check_max_num_tokens warns above this

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, read_config_json
+from ..precisions import KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 DTYPES = ("float16", "bfloat16", "float32")
-QUANT_ALGOS = (None, "FP8", "W8A8_SQ_PER_CHANNEL")
-KV_CACHE_QUANT_ALGOS = (None, "FP8", "INT8")
+QUANT_ALGOS = (None, *QUANT_ALGO.values())
+KV_CACHE_QUANT_ALGOS = (None, *KV_CACHE_QUANT_ALGO.values())
 ROPE_TYPES = (None, "default", "linear", "llama3")
 
 

@@ -1,0 +1,11 @@
+"""The precisions trtpipe builds and the TensorRT-LLM names they map to, defined once (no torch here:
+the CLI imports this at start-up)."""
+
+#: weight precisions, as the command line spells them
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq")
+#: unquantized precisions -> checkpoint dtype
+FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+#: quantized precisions -> checkpoint `quantization.quant_algo`
+QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
+#: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
+KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
