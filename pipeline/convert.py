@@ -314,8 +314,10 @@ def write_rank_file(path: Path, jobs: list[tuple[TensorSpec, Producer]], advance
             advance(spec.nbytes)
 
 
+#: what a Hugging Face tokenizer may consist of: copied beside the checkpoint, and by deploy into the repository
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "generation_config.json", "chat_template.jinja")
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
+                   "chat_template.jinja")
 
 
 def copy_tokenizer_files(hf_dir: Path, dest: Path) -> None:

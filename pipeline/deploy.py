@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import TRTLLM_VERSION
+from .convert import TOKENIZER_FILES
 from .errors import UserError
 from .outputs import atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date, write_manifest
 from .tritonconfig import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, POSTPROCESSING_INPUTS,
@@ -39,9 +40,6 @@ MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "t
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: The Python model sources shipped with trtpipe as package data.
 MODEL_SOURCES = PACKAGE_DIR / "data" / "model_repo"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
-                   "chat_template.jinja")
 #: plan["triton"] keys that are config.pbtxt fields or other models' settings, not tensorrt_llm parameters.
 CONFIG_FIELD_KEYS = {"triton_max_batch_size", "decoupled_mode", "max_queue_delay_microseconds", "max_queue_size",
                      "preferred_batch_size", "preprocessing_instance_count", "postprocessing_instance_count",

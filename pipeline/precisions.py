@@ -9,3 +9,5 @@ FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
 #: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
+#: the largest finite FP8 E4M3 value (float8_e4m3fn), which FP8 scales map amax to
+E4M3_MAX = 448.0

@@ -13,7 +13,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-E4M3_MAX = 448.0
+from ..precisions import E4M3_MAX
+
 
 
 def e4m3_magnitudes() -> np.ndarray:

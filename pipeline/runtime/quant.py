@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_MAX = 448.0
+from ..precisions import E4M3_MAX
+
 INT8_MIN, INT8_MAX = -128.0, 127.0
 
 
 def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    q = torch.clamp(x / scale, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q = torch.clamp(x / scale, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.to(x.dtype) * scale
 
 
