@@ -42,13 +42,13 @@ class StreamedTransformers:
         head = "lm_head.weight"
         self.head_name = head if head in self.weights.names() else "model.embed_tokens.weight"
 
-    def _rows(self, name: str, rows: tuple[int, int]) -> torch.Tensor:
+    def _rows(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """A tensor (or a range of its rows) rounded to the served dtype, in float32 on the device."""
         return self.weights.read(name, rows).to(self.dtype).float().to(self.device)
 
     def _materialize(self, module: torch.nn.Module, prefix: str) -> None:
         module.to_empty(device=self.device)
-        module.load_state_dict({key: self.weights.read(prefix + key).to(self.dtype).float().to(self.device)
-                                for key in module.state_dict()})
+        module.load_state_dict({key: self._rows(prefix + key) for key in module.state_dict()})
 
     @torch.inference_mode()
     def next_tokens(self, sequences: list[list[int]]) -> list[torch.Tensor]:

@@ -313,7 +313,6 @@ def _quantized_tensors(rf: RankFile, name: str, tensor: torch.Tensor, ckpt: Floa
         return {name: tensor}
     prefix = name[: -len(".weight")]
     w, wsf = _rounding_input(plan, module, tensor, rf.tp_rank, ckpt.tp_size)
-    del tensor
     codes = _weight_codes(rf, name, module, w, wsf, ckpt, plan, hinv)
     if plan.precision == "fp8":
         return {name: codes.to(torch.float8_e4m3fn), prefix + ".weights_scaling_factor": wsf,
