@@ -27,7 +27,7 @@ def smollm2_histograms(samples: int, seq_len: int) -> dict:
     import tempfile
     from pathlib import Path
 
-    from pipeline.calibrate.collect import stats_key
+    from pipeline.calibrate.checkpoint import open_float_checkpoint
     from pipeline.calibrate.data import load_texts, load_tokenizer, resolve_recipe, tokenize_samples
     from pipeline.calibrate.histogram import StreamingHistogram
     from pipeline.convert import convert_model
@@ -36,12 +36,14 @@ def smollm2_histograms(samples: int, seq_len: int) -> dict:
 
     histograms: dict[str, StreamingHistogram] = {}
 
-    def observe(name: str, x: torch.Tensor) -> None:
-        if stats_key(name) is not None:
-            histograms.setdefault(name, StreamingHistogram()).collect(x)
-
     with tempfile.TemporaryDirectory() as tmp:
         ck = convert_model(resolve_model("smollm2-135m"), Path(tmp) / "ck", dtype="float32", progress=False).path
+        stats_key = open_float_checkpoint(ck).stats_key
+
+        def observe(name: str, x: torch.Tensor) -> None:
+            if stats_key(name) is not None:
+                histograms.setdefault(name, StreamingHistogram()).collect(x)
+
         recipe = resolve_recipe(None, samples=samples, seq_len=seq_len)
         ids = tokenize_samples(load_texts(recipe), load_tokenizer(ck), recipe)
         LayerStream(ck).run_layers(ids, passes=lambda i: [observe], desc="collecting histograms")

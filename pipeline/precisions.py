@@ -9,5 +9,9 @@ FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
 #: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
+#: checkpoint dtypes (and 8-bit element types) -> safetensors dtype code (pipeline.safetensors_stream)
+DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "fp8": "F8_E4M3", "int8": "I8"}
+#: the dtypes a float checkpoint may have
+CHECKPOINT_DTYPES = ("float16", "bfloat16", "float32")
 #: the largest finite FP8 E4M3 value (float8_e4m3fn), which FP8 scales map amax to
 E4M3_MAX = 448.0

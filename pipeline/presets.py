@@ -30,6 +30,11 @@ def _llama(**overrides) -> dict:
     return cfg
 
 
+def _qwen(architecture: str, **overrides) -> dict:
+    return _llama(architectures=[architecture], rms_norm_eps=1e-6, rope_theta=1000000.0,
+                  use_sliding_window=False, **overrides)
+
+
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     # HuggingFaceTB/SmolLM2-135M-Instruct config.json
     Preset("smollm2-135m", None, _llama(
@@ -58,4 +63,13 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         architectures=["MistralForCausalLM"], vocab_size=32000, hidden_size=4096,
         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
         max_position_embeddings=32768, rope_theta=10000.0, sliding_window=4096)),
+    # Qwen/Qwen2.5-7B-Instruct config.json (docs/model-families.md §5: shapes sourced, context unconfirmed)
+    Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", _qwen(
+        "Qwen2ForCausalLM", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768)),
+    # Qwen/Qwen3-8B config.json (docs/model-families.md §5)
+    Preset("qwen3-8b", "Qwen/Qwen3-8B", _qwen(
+        "Qwen3ForCausalLM", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        attention_bias=False)),
 ]}

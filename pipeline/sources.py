@@ -26,6 +26,7 @@ from huggingface_hub.errors import (
 from .arch import ModelArch
 from .assets import cache_dir, smollm2_gguf_path
 from .errors import UserError, read_config_json
+from .model import GGUF_MODEL_TYPES
 from .outputs import atomic_output_dir
 from .presets import PRESETS, Preset
 
@@ -197,8 +198,7 @@ def _clean_config_dict(config) -> dict:
     """The HF config without the GGUF `quantization_config`: the weights are dequantized on load."""
     cfg = config.to_dict()
     cfg.pop("quantization_config", None)
-    cfg["architectures"] = cfg.get("architectures") or [
-        {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}.get(cfg.get("model_type"), "?")]
+    cfg["architectures"] = cfg.get("architectures") or [GGUF_MODEL_TYPES.get(cfg.get("model_type"), "?")]
     return cfg
 
 
@@ -209,18 +209,17 @@ def materialize_gguf(path: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = _load_gguf_config(path)
     clean = _clean_config_dict(config)
     clean["torch_dtype"] = "float32"
-    config_cls = MistralConfig if clean["architectures"][0] == "MistralForCausalLM" else LlamaConfig
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:  # noqa: BLE001 -- as above, for the weights
         raise UserError(f"{path}: cannot load GGUF weights ({type(exc).__name__}: {exc})") from None
-    model.config = config_cls.from_dict({k: v for k, v in clean.items() if k != "transformers_version"})
+    model.config = AutoConfig.for_model(**{k: v for k, v in clean.items() if k != "transformers_version"})
     with atomic_output_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

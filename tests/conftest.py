@@ -27,39 +27,68 @@ TINY_VARIANTS: dict[str, dict] = {
 }
 
 
-def make_tiny_llama(directory: Path, seed: int = 0, **overrides) -> Path:
-    """Save a random Llama (or Mistral) with tiny dimensions as a Hugging Face directory."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+#: Tiny random Qwen variants: Qwen2 (q/k/v biases; tied or not) and Qwen3 (per-head q/k norms, head_dim set
+#: apart from hidden/heads), with GQA and MQA head layouts.
+QWEN_VARIANTS: dict[str, dict] = {
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], num_attention_heads=4, num_key_value_heads=2),
+    "qwen2-tied": dict(architectures=["Qwen2ForCausalLM"], num_attention_heads=4, num_key_value_heads=2,
+                       tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "qwen3-mqa": dict(architectures=["Qwen3ForCausalLM"], num_attention_heads=4, num_key_value_heads=1,
+                      head_dim=16),
+}
+
+
+#: Hugging Face architecture -> transformers model_type, for every family the registry has
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+               "Qwen3ForCausalLM": "qwen3"}
+
+
+def make_tiny_model(directory: Path, seed: int = 0, **overrides) -> Path:
+    """Save a random model (a Llama unless `architectures` says otherwise) with tiny dimensions as a Hugging
+    Face directory; norms and biases far from their initial values, so a mis-mapped or dropped one shows
+    in the logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                tie_word_embeddings=False, torch_dtype="float32", architectures=["LlamaForCausalLM"])
     cfg.update(overrides)
-    mistral = cfg["architectures"] == ["MistralForCausalLM"]
-    config = (MistralConfig if mistral else LlamaConfig)(**cfg)
+    config = AutoConfig.for_model(MODEL_TYPES[cfg["architectures"][0]], **cfg)
     torch.manual_seed(seed)
-    model = (MistralForCausalLM if mistral else LlamaForCausalLM)(config).eval()
-    with torch.no_grad():  # make norms non-trivial so a mis-mapped norm shows in the logits
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
     model.save_pretrained(directory, safe_serialization=True)
     return Path(directory)
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory):
-    """Factory: tiny_llama("gqa") -> HF directory of that variant (made once per session)."""
+def variant_factory(tmp_path_factory, variants: dict[str, dict]):
+    """get(name) -> HF directory of that tiny variant, made once per session."""
     made: dict[str, Path] = {}
 
     def get(variant: str) -> Path:
         if variant not in made:
-            made[variant] = make_tiny_llama(tmp_path_factory.mktemp(f"hf-{variant}"), **TINY_VARIANTS[variant])
+            made[variant] = make_tiny_model(tmp_path_factory.mktemp(f"hf-{variant}"), **variants[variant])
         return made[variant]
 
     return get
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory):
+    """Factory: tiny_qwen("qwen3") -> HF directory of that Qwen variant."""
+    return variant_factory(tmp_path_factory, QWEN_VARIANTS)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """Factory: tiny_llama("gqa") -> HF directory of that Llama variant."""
+    return variant_factory(tmp_path_factory, TINY_VARIANTS)
 @pytest.fixture(scope="session")
 def checkpoint(tiny_llama, tmp_path_factory):
     """Factory: checkpoint(variant, tp, pp) -> float32 TensorRT-LLM checkpoint of that tiny model."""

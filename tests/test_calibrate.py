@@ -18,7 +18,7 @@ from pipeline.calibrate.smoothquant import smoothing_vector
 from pipeline.calibrate.trtcache import read_calibration_cache
 from pipeline.cli import main
 from pipeline.errors import UserError
-from conftest import make_tiny_llama
+from conftest import make_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
@@ -27,7 +27,7 @@ LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory, smollm2_hf_dir) -> Path:
     """A random tiny Llama (GQA) with SmolLM2's vocabulary and tokenizer, so real text tokenizes."""
-    d = make_tiny_llama(tmp_path_factory.mktemp("tiny-calib"), vocab_size=49152, num_attention_heads=8,
+    d = make_tiny_model(tmp_path_factory.mktemp("tiny-calib"), vocab_size=49152, num_attention_heads=8,
                         num_key_value_heads=2, max_position_embeddings=128)
     for name in TOKENIZER_FILES:
         shutil.copy(smollm2_hf_dir / name, d / name)

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.sources import resolve_model
+from trtllm_rules import expected_rank
 
 
 def convert(hf_dir: Path, out: Path, **kw):
@@ -23,42 +24,6 @@ def convert(hf_dir: Path, out: Path, **kw):
 
 def hf_state(hf_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(hf_dir / "model.safetensors"))
-
-
-def dup_kv(w: torch.Tensor, num_kv: int, tp: int, head: int) -> torch.Tensor:
-    """TensorRT-LLM's dup_kv_weight: every K/V head repeated tp/num_kv times, contiguously."""
-    reps = tp // num_kv
-    return (w.reshape(num_kv, head, -1)[:, None].expand(num_kv, reps, head, w.shape[-1])
-            .reshape(num_kv * reps * head, -1))
-
-
-def expected_rank(hf: dict, cfg: dict, tp: int, pp: int, rank: int) -> dict[str, torch.Tensor]:
-    """The rank file TensorRT-LLM's converter would write, derived from the HF tensors."""
-    tp_rank, pp_rank = rank % tp, rank // tp
-    kv, hd = cfg["num_key_value_heads"], cfg["head_size"]
-    layers = cfg["num_hidden_layers"] // pp
-    out = {}
-    if pp_rank == 0:
-        out["transformer.vocab_embedding.weight"] = hf["model.embed_tokens.weight"]
-    for local in range(layers):
-        src, dst = f"model.layers.{pp_rank * layers + local}.", f"transformer.layers.{local}."
-        q, k, v = (hf[src + f"self_attn.{x}_proj.weight"] for x in "qkv")
-        if kv < tp:
-            k, v = dup_kv(k, kv, tp, hd), dup_kv(v, kv, tp, hd)
-        out[dst + "attention.qkv.weight"] = torch.cat([t.chunk(tp, 0)[tp_rank] for t in (q, k, v)])
-        out[dst + "attention.dense.weight"] = hf[src + "self_attn.o_proj.weight"].chunk(tp, 1)[tp_rank]
-        out[dst + "mlp.fc.weight"] = hf[src + "mlp.gate_proj.weight"].chunk(tp, 0)[tp_rank]
-        out[dst + "mlp.gate.weight"] = hf[src + "mlp.up_proj.weight"].chunk(tp, 0)[tp_rank]
-        out[dst + "mlp.proj.weight"] = hf[src + "mlp.down_proj.weight"].chunk(tp, 1)[tp_rank]
-        out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
-        out[dst + "post_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
-    if pp_rank == pp - 1:
-        out["transformer.ln_f.weight"] = hf["model.norm.weight"]
-        head = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
-        padded = -(-head.shape[0] // tp) * tp
-        head = torch.cat([head, head.new_zeros(padded - head.shape[0], head.shape[1])])
-        out["lm_head.weight"] = head.chunk(tp, 0)[tp_rank]
-    return out
 
 
 @pytest.mark.parametrize("variant,tp,pp", [
@@ -232,8 +197,8 @@ def test_impossible_parallelism_is_refused(tiny_llama, tmp_path, args, message):
 
 
 def test_kv_heads_must_divide_or_be_divided_by_tp(tmp_path):
-    from conftest import make_tiny_llama
-    hf = make_tiny_llama(tmp_path / "hf", num_attention_heads=6, num_key_value_heads=3, hidden_size=48)
+    from conftest import make_tiny_model
+    hf = make_tiny_model(tmp_path / "hf", num_attention_heads=6, num_key_value_heads=3, hidden_size=48)
     code, output = run_cli("convert", hf, "-o", tmp_path / "out", "--tp", "2")
     assert code == 2 and "num_key_value_heads 3" in output
 

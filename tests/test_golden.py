@@ -9,7 +9,7 @@ import torch
 
 from pipeline.golden import GoldenReference, StreamedTransformers
 from pipeline.runtime import stream
-from conftest import make_tiny_llama
+from conftest import make_tiny_model
 
 SEQUENCES = [[1, 5, 7, 9, 3, 2, 8], [4, 4, 4], [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [7]]
 
@@ -46,7 +46,7 @@ def test_completions_equal_transformers_generate(smollm2_hf_dir, tmp_path):
     """Greedy completions through layer sweeps equal transformers' generate() (EOS stops both)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = make_tiny_llama(tmp_path / "tiny", vocab_size=49152, num_attention_heads=8, num_key_value_heads=2)
+    hf = make_tiny_model(tmp_path / "tiny", vocab_size=49152, num_attention_heads=8, num_key_value_heads=2)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(smollm2_hf_dir / name, hf / name)
     tok = AutoTokenizer.from_pretrained(hf)

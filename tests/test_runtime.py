@@ -328,7 +328,7 @@ def _damage_layer_count(ckpt):
     (_damage_quant_algo, r"quant_algo 'W4A16_AWQ' is not supported"),
     (_damage_duplicated_kv, r"transformer.layers.0.attention.qkv: tp ranks 0 and 1 "
                             r"must hold the same duplicated K head"),
-    (_damage_layer_count, r"hold 4 layers .* num_hidden_layers=5"),
+    (_damage_layer_count, r"holds 4 layers .* num_hidden_layers=5"),
 ])
 def test_bad_checkpoints_are_reported_by_name(checkpoint, tmp_path, damage, message):
     layout = (4, 1) if damage is _damage_duplicated_kv else (2, 1)

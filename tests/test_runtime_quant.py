@@ -18,7 +18,7 @@ import torch
 from pipeline.runtime import ReferenceModel, perplexity
 from pipeline.runtime.quant import fake_quant_fp8, fake_quant_int8
 
-from conftest import make_tiny_llama
+from conftest import make_tiny_model
 
 QUANT_CASES = [("fp8", None, 1), ("int8-sq", None, 1), ("fp8", "fp8", 2), ("int8-sq", "int8", 2)]
 
@@ -53,20 +53,23 @@ def modelopt_quantize(hf_dir: Path, precision: str, kv: str | None):
 
 def give_exported_values(model, runtime: ReferenceModel) -> None:
     """Make the fake-quant model use the exact weights, smoothing and KV scales the export wrote."""
-    cfg = runtime.cfg
-    q_rows, kv_rows = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size
+    arch = runtime.cfg.arch
+    q_rows, kv_rows = arch.q_size, arch.kv_size
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(runtime.weights.embedding)
         model.model.norm.weight.copy_(runtime.weights.final_norm)
         model.lm_head.weight.copy_(runtime.weights.lm_head)
         for layer, ours in zip(model.model.layers, runtime.weights.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            layer.input_layernorm.weight.copy_(ours.input_norm)
-            layer.post_attention_layernorm.weight.copy_(ours.post_norm)
-            q, k, v = ours.qkv.weight.split([q_rows, kv_rows, kv_rows])
-            pairs = [(attn.q_proj, ours.qkv, q), (attn.k_proj, ours.qkv, k), (attn.v_proj, ours.qkv, v),
-                     (attn.o_proj, ours.dense, ours.dense.weight), (mlp.gate_proj, ours.fc, ours.fc.weight),
-                     (mlp.up_proj, ours.gate, ours.gate.weight), (mlp.down_proj, ours.proj, ours.proj.weight)]
+            layer.input_layernorm.weight.copy_(ours.norms["input_layernorm"])
+            layer.post_attention_layernorm.weight.copy_(ours.norms["post_layernorm"])
+            lin = ours.linears
+            q, k, v = lin["attention.qkv"].weight.split([q_rows, kv_rows, kv_rows])
+            pairs = [(attn.q_proj, lin["attention.qkv"], q), (attn.k_proj, lin["attention.qkv"], k),
+                     (attn.v_proj, lin["attention.qkv"], v)]
+            pairs += [(module, lin[name], lin[name].weight) for module, name in (
+                (attn.o_proj, "attention.dense"), (mlp.gate_proj, "mlp.fc"), (mlp.up_proj, "mlp.gate"),
+                (mlp.down_proj, "mlp.proj"))]
             for module, linear, weight in pairs:
                 module.weight.copy_(weight)
                 if linear.prequant is not None:
@@ -82,7 +85,7 @@ def test_modelopt_exported_checkpoint_runs_exactly_as_modelopt_simulates_it(tmp_
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM
 
-    hf_dir = make_tiny_llama(tmp_path / "hf", vocab_size=128, hidden_size=64, intermediate_size=128,
+    hf_dir = make_tiny_model(tmp_path / "hf", vocab_size=128, hidden_size=64, intermediate_size=128,
                              num_attention_heads=4, num_key_value_heads=2)
     model = modelopt_quantize(hf_dir, precision, kv)
     export_tensorrt_llm_checkpoint(model, "llama", torch.float16, tmp_path / "ckpt", inference_tensor_parallel=tp)
@@ -106,7 +109,7 @@ def test_kv_cache_quantization_is_applied_in_generation(tmp_path):
 
     from pipeline.runtime import SamplingConfig
 
-    hf_dir = make_tiny_llama(tmp_path / "hf", vocab_size=128, hidden_size=64, intermediate_size=128)
+    hf_dir = make_tiny_model(tmp_path / "hf", vocab_size=128, hidden_size=64, intermediate_size=128)
     export_tensorrt_llm_checkpoint(modelopt_quantize(hf_dir, "int8-sq", "int8"), "llama", torch.float16,
                                    tmp_path / "ckpt", inference_tensor_parallel=1)
     runtime = ReferenceModel.load(tmp_path / "ckpt")
@@ -170,7 +173,7 @@ def test_fp8_gate_mlp_is_fused_like_the_engine(tmp_path):
 
     from pipeline.runtime.quant import dequantize_weight, fake_quant_fp8
 
-    hf_dir = make_tiny_llama(tmp_path / "hf", vocab_size=128, hidden_size=64, intermediate_size=128)
+    hf_dir = make_tiny_model(tmp_path / "hf", vocab_size=128, hidden_size=64, intermediate_size=128)
     export_tensorrt_llm_checkpoint(modelopt_quantize(hf_dir, "fp8", None), "llama", torch.float16,
                                    tmp_path / "ckpt", inference_tensor_parallel=1)
     path = tmp_path / "ckpt" / "rank0.safetensors"
@@ -183,7 +186,8 @@ def test_fp8_gate_mlp_is_fused_like_the_engine(tmp_path):
     ws = float(tensors[p + "gate.weights_scaling_factor"])
     fc = dequantize_weight(tensors[p + "fc.weight"], tensors[p + "fc.weights_scaling_factor"])
     gate = dequantize_weight(tensors[p + "gate.weight"], tensors[p + "gate.weights_scaling_factor"])
-    assert torch.equal(layer.fc.weight, fake_quant_fp8(fc, ws)) and not torch.equal(layer.fc.weight, fc)
-    assert torch.equal(layer.gate.weight, gate)
+    ours_fc, ours_gate = layer.linears["mlp.fc"], layer.linears["mlp.gate"]
+    assert torch.equal(ours_fc.weight, fake_quant_fp8(fc, ws)) and not torch.equal(ours_fc.weight, fc)
+    assert torch.equal(ours_gate.weight, gate)
     act = float(tensors[p + "fc.activation_scaling_factor"])
-    assert layer.fc.act_quant.scale == layer.gate.act_quant.scale == pytest.approx(act)
+    assert ours_fc.act_quant.scale == ours_gate.act_quant.scale == pytest.approx(act)

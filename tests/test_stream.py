@@ -65,7 +65,7 @@ def test_argmax_ties_resolve_to_the_first_token_like_torch(checkpoint, monkeypat
 
     def duplicated_head(rows):
         head = real(rows)
-        full = real((0, stream.cfg.vocab_size))
+        full = real((0, stream.cfg.arch.vocab_size))
         for r in range(*rows):
             if r >= 50:
                 head[r - rows[0]] = full[r - 50]      # token 50 + k has the logits of token k
@@ -136,18 +136,18 @@ def test_cuda_without_a_gpu_and_unknown_devices_are_user_errors(monkeypatch):
 
 def test_layers_move_every_tensor_to_the_device(checkpoint):
     """The CUDA path moves weights, biases, norms and smoothing vectors; checked on the meta device (no GPU here)."""
-    from pipeline.runtime.checkpoint import CheckpointReader, Linear
+    from pipeline.runtime.checkpoint import CheckpointReader
 
     layer = CheckpointReader(checkpoint("gqa")).layer(0)
-    layer.qkv.bias = torch.zeros(layer.qkv.weight.shape[0])
-    layer.fc.prequant = torch.ones(layer.fc.weight.shape[1])
+    qkv, fc = layer.linears["attention.qkv"], layer.linears["mlp.fc"]
+    qkv.bias = torch.zeros(qkv.weight.shape[0])
+    fc.prequant = torch.ones(fc.weight.shape[1])
     moved = stream_module._to_device(layer, torch.device("meta"))
-    tensors = [moved.input_norm, moved.post_norm]
-    for value in vars(moved).values():
-        if isinstance(value, Linear):
-            tensors += [t for t in (value.weight, value.bias, value.prequant) if t is not None]
+    tensors = list(moved.norms.values())
+    for value in moved.linears.values():
+        tensors += [t for t in (value.weight, value.bias, value.prequant) if t is not None]
     assert len(tensors) == 2 + 5 + 2 and all(t.device.type == "meta" for t in tensors)
-    assert layer.qkv.weight.device.type == "cpu"        # the source layer is left as it was
+    assert qkv.weight.device.type == "cpu"        # the source layer is left as it was
 
 
 @pytest.mark.parametrize("command", ["eval", "calibrate"])

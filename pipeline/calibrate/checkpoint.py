@@ -29,120 +29,94 @@ the rank files are written as they go and nothing holds more than one layer.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
-from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
 
-from ..errors import UserError, read_config_json
-from ..precisions import KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from ..safetensors_stream import SafetensorsFile, SafetensorsWriter, TensorSpec, dtype_code
+from ..checkpoint import LAYER_TENSOR, CheckpointConfig, RankFile, is_excluded, open_rank_files
+from ..errors import UserError
+from ..model.spec import Family
+from ..precisions import DTYPE_CODES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
+from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code, torch_dtype
 from .formats import E4M3_MAX
 from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
 
-LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
-LINEAR_NAMES = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
-ROW_PARALLEL = ("attention.dense", "mlp.proj")          # input features split across tp ranks
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MIN_SCALE = 1e-12
-
-
-@dataclass(frozen=True)
-class RankFile:
-    path: Path
-    rank: int
-    tp_rank: int
-    pp_rank: int
-    layer_offset: int      # global index of this rank's local layer 0
-    file: SafetensorsFile = field(repr=False, compare=False)
-
-    def global_name(self, name: str) -> str:
-        m = LAYER_TENSOR.match(name)
-        return f"transformer.layers.{int(m.group(1)) + self.layer_offset}.{m.group(2)}" if m else name
-
-    def local_name(self, global_name: str) -> str:
-        m = LAYER_TENSOR.match(global_name)
-        return f"transformer.layers.{int(m.group(1)) - self.layer_offset}.{m.group(2)}" if m else global_name
 
 
 @dataclass(frozen=True)
 class FloatCheckpoint:
     path: Path
-    config: dict
+    cfg: CheckpointConfig
     ranks: list[RankFile]
 
     @property
+    def family(self) -> Family:
+        return self.cfg.family
+
+    @property
     def tp_size(self) -> int:
-        return self.config["mapping"]["tp_size"]
+        return self.cfg.layout.tp
 
     @property
     def num_layers(self) -> int:
-        return self.config["num_hidden_layers"]
+        return self.cfg.arch.num_hidden_layers
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.config["dtype"]]
+        return torch_dtype(DTYPE_CODES[self.cfg.dtype])
+
+    def linear_of(self, global_name: str) -> str | None:
+        """'transformer.layers.3.mlp.fc.weight' -> 'transformer.layers.3.mlp.fc' for quantizable linears."""
+        m = LAYER_TENSOR.match(global_name)
+        if not m or not m.group(2).endswith(".weight"):
+            return None
+        inner = m.group(2)[: -len(".weight")]
+        return f"transformer.layers.{m.group(1)}.{inner}" if inner in self.family.linear_names else None
+
+    def layer_modules(self, layer: int, exclude: tuple[str, ...] = ()) -> list[str]:
+        """The quantizable linears of global layer `layer` not matched by `exclude`."""
+        names = (f"transformer.layers.{layer}.{lin}" for lin in self.family.linear_names)
+        return [m for m in names if not is_excluded(m, exclude)]
+
+    def is_row_parallel(self, module: str) -> bool:
+        return module.endswith(self.family.row_parallel)
+
+    def fused_partner(self, module: str) -> str | None:
+        """The linear the engine fuses `module` with (fc and gate must share scales): each names the other."""
+        return _relative(module, self.family.partner)
+
+    def source_of(self, name: str) -> str:
+        """The recorded tensor whose statistics an observed tensor uses: itself for K/V and for most linears,
+        the linear whose input it shares otherwise (transformer.layers.3.mlp.gate -> ...mlp.fc)."""
+        return name if is_kv(name) else _relative(name, self.family.input_source)
+
+    def stats_key(self, name: str) -> str | None:
+        """The statistics an observed tensor feeds (None for linears that share another's input)."""
+        return name if self.source_of(name) == name else None
+
+
+def is_kv(name: str) -> bool:
+    """The K or V values the runtime's observer reports as they enter the cache."""
+    return name.endswith((".attention.k", ".attention.v"))
+
+
+def _relative(module: str, lookup) -> str | None:
+    """Apply a layer-relative lookup of the family spec ('mlp.fc' -> 'mlp.gate') to a global module name."""
+    m = LAYER_TENSOR.match(module)
+    found = lookup(m.group(2))
+    return None if found is None else f"transformer.layers.{m.group(1)}.{found}"
 
 
 def open_float_checkpoint(path: Path) -> FloatCheckpoint:
     """The checkpoint's config and rank files; UserError for anything calibrate cannot start from."""
-    cfg_path = path / "config.json"
-    config = read_config_json(path, f"{path} is not a TensorRT-LLM checkpoint (no config.json); "
-                                    "create one with `trtpipe convert`")
-    quant = config.get("quantization") or {}
-    if quant.get("quant_algo") or quant.get("kv_cache_quant_algo"):
-        raise UserError(f"{path} is already quantized (quant_algo={quant.get('quant_algo')}, "
-                        f"kv_cache_quant_algo={quant.get('kv_cache_quant_algo')}); calibrate the float "
+    cfg = CheckpointConfig.read(path)
+    if cfg.is_quantized:
+        raise UserError(f"{path} is already quantized (quant_algo={cfg.quant_algo}, "
+                        f"kv_cache_quant_algo={cfg.kv_cache_quant_algo}); calibrate the float "
                         "checkpoint that `trtpipe convert` wrote")
-    if config.get("dtype") not in DTYPES:
-        raise UserError(f"{cfg_path}: dtype {config.get('dtype')!r} is not one of {', '.join(DTYPES)}")
-    mapping = config.get("mapping") or {}
-    tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
-    config["mapping"] = {**mapping, "tp_size": tp, "pp_size": pp, "world_size": tp * pp}
-    files = {r: path / f"rank{r}.safetensors" for r in range(tp * pp)}
-    missing = [p.name for p in files.values() if not p.is_file()]
-    if missing:
-        raise UserError(f"{path} lacks {', '.join(missing)} (tp={tp}, pp={pp} needs {tp * pp} rank files)")
-    ranks, offset = [], 0
-    for pp_rank in range(pp):
-        layers = _local_layer_count(SafetensorsFile(files[pp_rank * tp]))
-        for tp_rank in range(tp):
-            r = pp_rank * tp + tp_rank
-            ranks.append(RankFile(files[r], r, tp_rank, pp_rank, offset, SafetensorsFile(files[r])))
-        offset += layers
-    if offset != config["num_hidden_layers"]:
-        raise UserError(f"{path}: the rank files hold {offset} layers but config.json says "
-                        f"num_hidden_layers={config['num_hidden_layers']}")
-    return FloatCheckpoint(path, config, ranks)
-
-
-def _local_layer_count(file: SafetensorsFile) -> int:
-    return len({int(m.group(1)) for m in map(LAYER_TENSOR.match, file.names()) if m})
-
-
-def linear_of(global_name: str) -> str | None:
-    """'transformer.layers.3.mlp.fc.weight' -> 'transformer.layers.3.mlp.fc' for quantizable linears."""
-    m = LAYER_TENSOR.match(global_name)
-    if not m or not m.group(2).endswith(".weight"):
-        return None
-    inner = m.group(2)[: -len(".weight")]
-    return f"transformer.layers.{m.group(1)}.{inner}" if inner in LINEAR_NAMES else None
-
-
-def is_excluded(module: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch(module, p) or module.endswith("." + p) for p in patterns)
-
-
-def fused_partner(module: str) -> str | None:
-    """fc and gate are fused by the engine (fuse_gate_mlp) and must share scales: each names the other."""
-    if module.endswith(".mlp.fc"):
-        return module[: -len("fc")] + "gate"
-    if module.endswith(".mlp.gate"):
-        return module[: -len("gate")] + "fc"
-    return None
+    return FloatCheckpoint(path, cfg, open_rank_files(path, cfg))
 
 
 @dataclass(frozen=True)
@@ -158,7 +132,7 @@ def weight_statistics(ckpt: FloatCheckpoint, modules: set[str]) -> WeightStats:
     shards: dict[str, dict[int, torch.Tensor]] = {}
     for rf in ckpt.ranks:
         for name in sorted(rf.file.names()):
-            module = linear_of(rf.global_name(name))
+            module = ckpt.linear_of(rf.global_name(name))
             if module not in modules:
                 continue
             w = rf.file.read(name).float().abs()
@@ -169,7 +143,7 @@ def weight_statistics(ckpt: FloatCheckpoint, modules: set[str]) -> WeightStats:
     column_max = {}
     for module, per_rank in shards.items():
         ordered = [per_rank[t] for t in sorted(per_rank)]
-        if module.endswith(ROW_PARALLEL):
+        if ckpt.is_row_parallel(module):
             column_max[module] = torch.cat(ordered)
         else:
             column_max[module] = torch.stack(ordered).amax(dim=0)
@@ -190,6 +164,7 @@ class QuantPlan:
     alpha: float | None = None
     hessians: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> E[x x^T] (GPTQ); absent: nearest
     damp: float = DEFAULT_DAMP
+    fused: dict[str, str] = field(default_factory=dict)   # linear -> the partner the engine fuses it with
     #: factors already made for a fused partner (fc and gate share their input, so theirs is made once)
     _inverses: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -202,8 +177,8 @@ class QuantPlan:
         if hessian is None:
             return None
         hinv = gptq_inverse(hessian, self.damp)
-        partner = fused_partner(module)
-        if self.hessians.get(partner) is hessian:
+        partner = self.fused.get(module)
+        if partner is not None and self.hessians.get(partner) is hessian:
             del self.hessians[partner]
             self._inverses[partner] = hinv
         return hinv
@@ -234,7 +209,7 @@ class QuantizedCheckpointWriter:
 
     def _specs(self, rf: RankFile, name: str) -> list[TensorSpec]:
         shape = rf.file.shape(name)
-        module = linear_of(rf.global_name(name))
+        module = self.ckpt.linear_of(rf.global_name(name))
         if module is None or is_excluded(module, self.exclude):
             return [TensorSpec(name, rf.file.dtype_code(name), shape)]
         prefix = name[: -len(".weight")]
@@ -262,7 +237,7 @@ class QuantizedCheckpointWriter:
         """
         ranks = [rf for rf in self.ckpt.ranks if layer - rf.layer_offset in self._layer_names[rf.rank]]
         for name in self._layer_names[ranks[0].rank][layer - ranks[0].layer_offset]:
-            module = linear_of(ranks[0].global_name(name))
+            module = self.ckpt.linear_of(ranks[0].global_name(name))
             hinv = None if module is None or is_excluded(module, plan.exclude) else plan.take_gptq_inverse(module)
             for rf in ranks:
                 self._write(rf, _quantized_tensors(rf, name, rf.file.read(name), self.ckpt, plan, hinv))
@@ -282,9 +257,9 @@ class QuantizedCheckpointWriter:
         """Finish every rank file and write config.json; returns the config."""
         for writer in self._writers.values():
             writer.close()
-        config = quantized_config(self.ckpt.config, self.precision, self.kv_cache, self.exclude, self.alpha)
-        (self.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        return config
+        config = quantized_config(self.ckpt.cfg, self.precision, self.kv_cache, self.exclude, self.alpha)
+        config.write(self.out)
+        return config.to_dict()
 
 
 def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
@@ -295,42 +270,43 @@ def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
     return sorted(specs, key=key)      # stable: keeps each group's own order
 
 
-def quantized_config(config: dict, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
-                     alpha: float | None) -> dict:
-    quant = dict(config.get("quantization") or {})
+def quantized_config(cfg: CheckpointConfig, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
+                     alpha: float | None) -> CheckpointConfig:
+    quant = dict(cfg.quantization)
     quant.update(quant_algo=QUANT_ALGO[precision],
                  kv_cache_quant_algo=KV_CACHE_QUANT_ALGO[kv_cache] if kv_cache else None,
                  exclude_modules=["lm_head", *exclude])
     if precision == "int8-sq":
         quant["smoothquant_val"] = alpha
-    return {**config, "quantization": quant}
+    return cfg.with_quantization(quant)
 
 
 def _quantized_tensors(rf: RankFile, name: str, tensor: torch.Tensor, ckpt: FloatCheckpoint,
                        plan: QuantPlan, hinv: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    module = linear_of(rf.global_name(name))
+    module = ckpt.linear_of(rf.global_name(name))
     if module is None or is_excluded(module, plan.exclude):
         return {name: tensor}
     prefix = name[: -len(".weight")]
-    w, wsf = _rounding_input(plan, module, tensor, rf.tp_rank, ckpt.tp_size)
+    row = ckpt.is_row_parallel(module)
+    w, wsf = _rounding_input(plan, module, row, tensor, rf.tp_rank, ckpt.tp_size)
     codes = _weight_codes(rf, name, module, w, wsf, ckpt, plan, hinv)
     if plan.precision == "fp8":
         return {name: codes.to(torch.float8_e4m3fn), prefix + ".weights_scaling_factor": wsf,
                 prefix + ".activation_scaling_factor": _act_scale(plan, module, E4M3_MAX)}
     return {name: codes.to(torch.int8), prefix + ".weights_scaling_factor": wsf,
-            prefix + ".prequant_scaling_factor": local_prequant(plan.prequant[module], module, rf.tp_rank,
+            prefix + ".prequant_scaling_factor": local_prequant(plan.prequant[module], row, rf.tp_rank,
                                                                 ckpt.tp_size).clone(),
             prefix + ".activation_scaling_factor": _act_scale(plan, module, 127.0)}
 
 
-def _rounding_input(plan: QuantPlan, module: str, tensor: torch.Tensor, tp_rank: int,
+def _rounding_input(plan: QuantPlan, module: str, row: bool, tensor: torch.Tensor, tp_rank: int,
                     tp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A weight shard as the engine quantizes it (smoothed, for SQ) and its float32 scale: [1] FP8, [out] INT8."""
     w = tensor.float()
     if plan.precision == "fp8":
-        amax = max(plan.weight_amax[module], plan.weight_amax.get(fused_partner(module), 0.0))
+        amax = max(plan.weight_amax[module], plan.weight_amax.get(plan.fused.get(module), 0.0))
         return w, torch.tensor([max(amax / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
-    smoothed = w / local_prequant(plan.prequant[module], module, tp_rank, tp_size).float()[None, :]
+    smoothed = w / local_prequant(plan.prequant[module], row, tp_rank, tp_size).float()[None, :]
     return smoothed, (smoothed.abs().amax(dim=1) / 127.0).clamp(min=MIN_SCALE).to(torch.float32)
 
 
@@ -340,23 +316,24 @@ def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: to
     engine sums the ranks' partial products: every rank rounds the whole weight (with each shard's own
     scales) and keeps its own columns."""
     codes = fp8_codes if plan.precision == "fp8" else int8_codes
-    if hinv is None or not module.endswith(ROW_PARALLEL) or ckpt.tp_size == 1:
+    row = ckpt.is_row_parallel(module)
+    if hinv is None or not row or ckpt.tp_size == 1:
         return round_weight(w, wsf, codes, hinv)
     shards = []
     for peer in (r for r in ckpt.ranks if r.pp_rank == rf.pp_rank):
         if peer is rf:
             shards.append((w, wsf))
         else:
-            shards.append(_rounding_input(plan, module, peer.file.read(name), peer.tp_rank, ckpt.tp_size))
+            shards.append(_rounding_input(plan, module, row, peer.file.read(name), peer.tp_rank, ckpt.tp_size))
     full = torch.cat([s[0] for s in shards], dim=1)
     scale = torch.cat([s[1].reshape(-1, 1).expand(-1, s[0].shape[1]) for s in shards], dim=1)
     width = w.shape[1]
     return round_weight(full, scale, codes, hinv)[:, rf.tp_rank * width:(rf.tp_rank + 1) * width]
 
 
-def local_prequant(full: torch.Tensor, module: str, tp_rank: int, tp_size: int) -> torch.Tensor:
+def local_prequant(full: torch.Tensor, row: bool, tp_rank: int, tp_size: int) -> torch.Tensor:
     """This tp rank's slice of a smoothing vector (row-parallel linears split their input features)."""
-    if not module.endswith(ROW_PARALLEL) or tp_size == 1:
+    if not row or tp_size == 1:
         return full
     width = full.numel() // tp_size
     return full[tp_rank * width:(tp_rank + 1) * width]

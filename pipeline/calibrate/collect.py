@@ -18,37 +18,12 @@ from typing import Iterator
 
 import torch
 
-from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, weight_statistics
+from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, weight_statistics
 from .formats import FP8, INT8
 from .histogram import ChannelMax, StreamingHistogram
 from .report import TensorReport, tensor_report
 from .rounding import HessianStats
 from .smoothquant import smoothing_factors
-
-LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
-KV = ("attention.k", "attention.v")
-SHARED_INPUT = {"mlp.gate": "mlp.fc"}
-
-
-def stats_key(name: str) -> str | None:
-    """The statistics a runtime tensor name feeds (None for names that share another's input)."""
-    for suffix in SHARED_INPUT:
-        if name.endswith("." + suffix):
-            return None
-    return name
-
-
-def source_of(name: str) -> str:
-    """The recorded tensor whose statistics `name` uses (transformer.layers.3.mlp.gate -> ...mlp.fc)."""
-    for suffix, shared in SHARED_INPUT.items():
-        if name.endswith("." + suffix):
-            return name[: -len(suffix)] + shared
-    return name
-
-
-def is_kv(name: str) -> bool:
-    return name.endswith((".attention.k", ".attention.v"))
-
 
 @dataclass
 class LayerStatistics:
@@ -79,21 +54,19 @@ class LayerCalibrator:
         if self.options.precision == "int8-sq":
             yield lambda name, x: self._observe_channel_max(stats, name, x)
             recorded = {k: v.values for k, v in stats.channel_max.items()
-                        if source_of(k) in modules or k in modules}
+                        if self.ckpt.source_of(k) in modules or k in modules}
             stats.prequant = smoothing_factors(recorded, self._weights.column_max, self.options.alpha,
-                                               self.ckpt.dtype)
-        gptq = {source_of(m) for m in modules} if self.options.weight_rounding == "gptq" else set()
+                                               self.ckpt.dtype, self.ckpt.fused_partner)
+        gptq = {self.ckpt.source_of(m) for m in modules} if self.options.weight_rounding == "gptq" else set()
         yield lambda name, x: self._observe(stats, gptq, name, x)
 
-    @staticmethod
-    def _observe_channel_max(stats: LayerStatistics, name: str, x: torch.Tensor) -> None:
-        key = stats_key(name)
+    def _observe_channel_max(self, stats: LayerStatistics, name: str, x: torch.Tensor) -> None:
+        key = self.ckpt.stats_key(name)
         if key is not None and not is_kv(key):
             stats.channel_max.setdefault(key, ChannelMax()).collect(x)
 
-    @staticmethod
-    def _observe(stats: LayerStatistics, gptq: set[str], name: str, x: torch.Tensor) -> None:
-        key = stats_key(name)
+    def _observe(self, stats: LayerStatistics, gptq: set[str], name: str, x: torch.Tensor) -> None:
+        key = self.ckpt.stats_key(name)
         if key is None:
             return
         if key in stats.prequant:
@@ -117,15 +90,16 @@ class LayerCalibrator:
         chosen = {t.name: t.chosen_amax for t in reports}
         hessians = {name: h.finish() for name, h in stats.hessians.items()}
         prefix = f"transformer.layers.{layer}.attention."
+        source = {m: self.ckpt.source_of(m) for m in modules}
         plan = QuantPlan(
             precision=options.precision, kv_cache=options.kv_cache,
-            activation_amax={m: chosen[source_of(m)] for m in modules},
+            activation_amax={m: chosen[source[m]] for m in modules},
             weight_amax=self._weights.amax,
-            prequant={m: stats.prequant[source_of(m)] for m in modules if source_of(m) in stats.prequant},
+            prequant={m: stats.prequant[source[m]] for m in modules if source[m] in stats.prequant},
             kv_amax={layer: (chosen[prefix + "k"], chosen[prefix + "v"])} if options.kv_cache else {},
             exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None,
-            hessians={m: hessians[source_of(m)] for m in modules if source_of(m) in hessians},
-            damp=options.damp)
+            hessians={m: hessians[source[m]] for m in modules if source[m] in hessians},
+            damp=options.damp, fused={m: p for m in modules if (p := self.ckpt.fused_partner(m))})
         stats.hessians.clear()           # the plan holds the only reference: the writer releases each in turn
         del hessians
         self.writer.write_layer(layer, plan)

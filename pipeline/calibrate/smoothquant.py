@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoint import fused_partner
+from typing import Callable
 
 ZERO_CHANNEL = 1.0 / (1 << 31)
 CLAMP = (1e-4, 1e4)
 
 
 def smoothing_factors(activation_channel_max: dict[str, torch.Tensor], weight_column_max: dict[str, torch.Tensor],
-                      alpha: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Smoothing vector per linear input, keyed like the statistics (fc stands for fc and gate)."""
+                      alpha: float, dtype: torch.dtype,
+                      fused_partner: Callable[[str], str | None]) -> dict[str, torch.Tensor]:
+    """Smoothing vector per linear input, keyed like the statistics (fc stands for fc and gate);
+    `fused_partner` names the linear the engine fuses a linear with."""
     factors = {}
     for module, act in activation_channel_max.items():
         if module not in weight_column_max:

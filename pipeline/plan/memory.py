@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 
 from ..arch import ModelArch
+from ..model.layout import RankLayout, kv_heads_per_rank, padded_vocab
+from ..model.spec import dims
+from ..precisions import DTYPE_CODES
+from ..safetensors_stream import ITEM_SIZE
 from ..targets import GIB, Target
 from .schema import Roofline, Workload
 from .trtllm import QUANT_ALGO
 
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "int8": 1}
 LOGITS_BYTES = 4                 # PretrainedConfig.logits_dtype default 'float32'
 CUDA_CONTEXT_RESERVE = 1 * GIB   # CUDA context + cuBLAS(Lt) + TensorRT-LLM plugin workspaces
 NCCL_RESERVE = GIB // 2          # all-reduce workspaces when tp > 1
@@ -23,6 +26,10 @@ NCCL_RESERVE = GIB // 2          # all-reduce workspaces when tp > 1
 
 def format_gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def _element_bytes(dtype: str) -> int:
+    return ITEM_SIZE[DTYPE_CODES[dtype]]
 
 
 def _linear_weight_bytes(in_f: int, out_f: int, precision: str, dtype_bytes: int) -> int:
@@ -35,39 +42,36 @@ def _linear_weight_bytes(in_f: int, out_f: int, precision: str, dtype_bytes: int
     return n * dtype_bytes
 
 
-def _stage_layers(num_layers: int, pp: int) -> list[int]:
-    base, extra = divmod(num_layers, pp)
-    return [base + (1 if s < extra else 0) for s in range(pp)]
+def layer_bytes_per_rank(arch: ModelArch, precision: str, dtype: str, tp: int) -> int:
+    """One decoder layer on one tp rank, from the family's spec: every linear split as the spec says (K/V
+    heads duplicated when tp > num_key_value_heads), its bias in the model dtype, norms whole."""
+    family, eb = arch.family, _element_bytes(dtype)
+    rank = RankLayout(tp, 1, arch.num_hidden_layers).rank(0)
+    total = sum(dims(arch)[n.size] * eb for n in family.layer_norms(arch))
+    for lin in family.linears:
+        out_f, in_f = rank.linear_shape(arch, lin)
+        total += _linear_weight_bytes(in_f, out_f, precision, eb) + out_f * eb * family.has_bias(lin, arch)
+    return total
 
 
 def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int) -> list[int]:
     """Bytes of weights one GPU holds, for each pipeline stage (all tp ranks of a stage are equal).
 
-    Linear layers are split over tp (KV heads duplicated when tp > num_key_value_heads); norms whole;
-    vocab_embedding whole on pp stage 0; lm_head (vocab padded to a multiple of tp, split) and ln_f on
-    the last stage; lm_head stays in the engine dtype (modelopt does not quantize it); a tied lm_head
-    shares the embedding when tp == pp == 1 (tensorrt_llm share_embedding).
+    Decoder layers as `layer_bytes_per_rank`; vocab_embedding whole on pp stage 0; lm_head (vocab padded
+    to a multiple of tp, split) and ln_f on the last stage; lm_head stays in the engine dtype (modelopt
+    does not quantize it); a tied lm_head shares the embedding when tp == pp == 1 (tensorrt_llm
+    share_embedding).
     """
-    h, d = arch.hidden_size, arch.head_size
-    eb = _DTYPE_BYTES[dtype]
-    q_local = arch.num_attention_heads * d // tp
-    kv_local = max(1, arch.num_key_value_heads // tp) * d
-    i_local = arch.intermediate_size // tp
-    per_layer = (_linear_weight_bytes(h, q_local + 2 * kv_local, precision, eb)   # qkv
-                 + _linear_weight_bytes(q_local, h, precision, eb)                # dense
-                 + 2 * _linear_weight_bytes(h, i_local, precision, eb)            # fc + gate
-                 + _linear_weight_bytes(i_local, h, precision, eb)                # proj
-                 + 2 * h * eb                                                     # two RMSNorms
-                 + (q_local + 2 * kv_local + h) * eb * arch.attn_bias             # qkv, dense biases
-                 + (2 * i_local + h) * eb * arch.mlp_bias)                        # fc, gate, proj biases
+    h, eb = arch.hidden_size, _element_bytes(dtype)
+    per_layer = layer_bytes_per_rank(arch, precision, dtype, tp)
     embedding = arch.vocab_size * h * eb
-    padded_vocab = math.ceil(arch.vocab_size / tp) * tp
-    lm_head = padded_vocab // tp * h * eb
+    lm_head = padded_vocab(arch.vocab_size, tp) // tp * h * eb
     if arch.tie_word_embeddings and tp == 1 and pp == 1:
         lm_head = 0
+    layout = RankLayout(tp, pp, arch.num_hidden_layers)
     stages = []
-    for s, layers in enumerate(_stage_layers(arch.num_hidden_layers, pp)):
-        b = layers * per_layer
+    for s in range(pp):
+        b = len(layout.stage_layers(s)) * per_layer
         if s == 0:
             b += embedding
         if s == pp - 1:
@@ -78,9 +82,9 @@ def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: i
 
 def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str, tp: int, pp: int = 1) -> int:
     """2 (K and V) x layers on the GPU x KV heads on the GPU x head size x bytes per element."""
-    layers = max(_stage_layers(arch.num_hidden_layers, pp))
-    kv_heads_local = max(1, arch.num_key_value_heads // tp)   # duplicated heads when tp > kv heads
-    return 2 * layers * kv_heads_local * arch.head_size * _DTYPE_BYTES[kv_cache_dtype]
+    layers = RankLayout(tp, pp, arch.num_hidden_layers).layers_per_stage
+    return (2 * layers * kv_heads_per_rank(arch.num_key_value_heads, tp) * arch.head_size
+            * _element_bytes(kv_cache_dtype))
 
 
 ACTIVATION_FORMULA = (
@@ -103,7 +107,7 @@ def activation_bytes(arch: ModelArch, precision: str, dtype: str, tp: int, max_n
                      max_batch_size: int) -> int:
     h, q, kv = arch.hidden_size, arch.q_size, arch.kv_size
     i_local = arch.intermediate_size // tp
-    per_token = _DTYPE_BYTES[dtype] * (2 * h + max(3 * i_local, 2 * (q + 2 * kv) // tp + q // tp))
+    per_token = _element_bytes(dtype) * (2 * h + max(3 * i_local, 2 * (q + 2 * kv) // tp + q // tp))
     if precision in QUANT_ALGO:
         per_token += h + i_local
     vocab_local = math.ceil(arch.vocab_size / tp)
@@ -134,8 +138,8 @@ def decode_step_seconds(weights_per_rank: int, batch: int, context_tokens: float
 def prefill_seconds(arch: ModelArch, input_len: int, precision: str, tp: int, target: Target) -> float:
     """2 FLOPs per weight per token for the decoder GEMMs and lm_head of the last token, plus causal
     attention 2 * layers * L^2 * q_size, over tp GPUs at the dense peak rate."""
-    h, i = arch.hidden_size, arch.intermediate_size
-    linear = arch.num_hidden_layers * (h * (arch.q_size + 2 * arch.kv_size) + arch.q_size * h + 3 * h * i)
+    h, sizes = arch.hidden_size, dims(arch)
+    linear = arch.num_hidden_layers * sum(lin.out_features(sizes) * sizes[lin.inputs] for lin in arch.family.linears)
     flops = 2 * linear * input_len + 2 * arch.vocab_size * h + 2 * arch.num_hidden_layers * input_len ** 2 * arch.q_size
     return flops / (tp * target.peak_ops_per_s(precision))
 

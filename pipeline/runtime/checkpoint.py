@@ -1,10 +1,10 @@
 """Read a TensorRT-LLM checkpoint of any tp/pp layout back as float32 weights, whole or a layer at a time.
 
-Every rank file is checked against the layout TensorRT-LLM defines (upstream-facts A1) before a
+Every rank file is checked against the layout its model family declares (pipeline/model) before a
 tensor is read: missing or unexpected tensors, wrong shapes and wrong dtypes are all reported by
-rank file and tensor name. Merging undoes the sharding: pipeline stages are renumbered from local to
-global layer indices, column-parallel linears (qkv, mlp.fc, mlp.gate, lm_head) are concatenated on
-dim 0 and row-parallel ones (attention.dense, mlp.proj) on dim 1, duplicated K/V heads (tp >
+rank file and tensor name. Merging undoes the sharding the spec describes: pipeline stages are
+renumbered from local to global layer indices, column-parallel linears (and lm_head) are concatenated
+on dim 0 and row-parallel ones on dim 1, duplicated K/V heads of the fused qkv (tp >
 num_key_value_heads) are collapsed after checking that the copies agree, and vocab padding is cut.
 Quantized weights are dequantized rank by rank with their own scales, so the merged float32 weight
 is exactly the value the engine's GEMM sees.
@@ -17,24 +17,21 @@ merges everything at once for the serving runtime.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from fnmatch import fnmatch
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..checkpoint import CheckpointConfig, RankFile, open_rank_files
 from ..errors import UserError
-from ..safetensors_stream import SafetensorsFile, torch_dtype
-from .config import RuntimeConfig, read_config
+from ..model.spec import QKV, ROW, LinearSpec, dims
+from ..precisions import DTYPE_CODES
+from ..safetensors_stream import torch_dtype
+from .config import read_config
 from .quant import TensorQuant, dequantize_weight, fake_quant_fp8
 
-MODEL_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SCALAR = (1,)
-COLUMN = ("attention.qkv", "mlp.fc", "mlp.gate")
-ROW = ("attention.dense", "mlp.proj")
-LAYER_NAME = re.compile(r"^transformer\.layers\.(\d+)\.")
 MAX_PROBLEMS = 12
 
 
@@ -50,13 +47,11 @@ class Linear:
 
 @dataclass
 class Layer:
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    qkv: Linear
-    dense: Linear
-    fc: Linear
-    gate: Linear
-    proj: Linear
+    """One merged decoder layer: its linears and norms by TensorRT-LLM name (`attention.qkv`,
+    `input_layernorm`, ...), as the family's spec lists them."""
+
+    linears: dict[str, Linear]
+    norms: dict[str, torch.Tensor]
     kv_quant: TensorQuant | None = None
 
 
@@ -75,52 +70,33 @@ class Expect:
     required: bool = True
 
 
-@dataclass
-class RankFile:
-    rank: int
-    tp_rank: int
-    pp_rank: int
-    path: Path
-    file: SafetensorsFile = field(repr=False)
-
-    def names(self) -> set[str]:
-        return self.file.names()
-
-    def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
-        return self.file.read(name, rows)
-
-    def maybe(self, name: str) -> torch.Tensor | None:
-        return self.get(name) if name in self.file.names() else None
-
-
 class CheckpointReader:
     """A validated checkpoint whose merged float32 pieces are read on demand (nothing is held)."""
 
     def __init__(self, ckpt_dir: Path):
         self.path = Path(ckpt_dir)
-        self.config, self.cfg = read_config(self.path)
+        self.cfg = read_config(self.path)
         self.ranks = open_rank_files(self.path, self.cfg)
-        self.stage_layers = layers_per_stage(self.ranks, self.cfg)
         problems = []
         for rf in self.ranks:
-            problems += check_rank(rf, expected_tensors(self.cfg, rf, self.stage_layers))
+            problems += check_rank(rf, expected_tensors(self.cfg, rf))
         report(self.path, problems)
-        self._stages = [[rf for rf in self.ranks if rf.pp_rank == s] for s in range(self.cfg.pp_size)]
+        self._stages = [[rf for rf in self.ranks if rf.pp_rank == s] for s in range(self.cfg.layout.pp)]
 
     @property
     def num_layers(self) -> int:
-        return self.cfg.num_layers
+        return self.cfg.arch.num_hidden_layers
 
     def embedding(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """The float32 embedding [vocab, hidden], or only the given range of vocabulary rows."""
         return merge_embedding(self.cfg, self._stages[0], rows)
 
     def layer(self, index: int) -> Layer:
-        stage = next(s for s in range(self.cfg.pp_size) if index < first_layer(self.stage_layers, s + 1))
-        return merge_layer(self.cfg, self._stages[stage], index - first_layer(self.stage_layers, stage), index)
+        stage = self._stages[index // self.cfg.layout.layers_per_stage]
+        return merge_layer(self.cfg, stage, index - stage[0].layer_offset, index)
 
     def final_norm(self) -> torch.Tensor:
-        return self._stages[-1][0].get("transformer.ln_f.weight").float()
+        return self._stages[-1][0].read("transformer.ln_f.weight").float()
 
     @property
     def tied_lm_head(self) -> bool:
@@ -130,7 +106,7 @@ class CheckpointReader:
         """The float32 lm_head [vocab, hidden] (the embedding when tied), or only a range of its rows."""
         if self.tied_lm_head:
             return self.embedding(rows)
-        start, stop = rows or (0, self.cfg.vocab_size)
+        start, stop = rows or (0, self.cfg.arch.vocab_size)
         return torch.cat([part.float() for part in _vocab_shards(self._stages[-1], "lm_head.weight", start, stop)])
 
     def merge_all(self) -> ModelWeights:
@@ -139,87 +115,35 @@ class CheckpointReader:
                             embedding if self.tied_lm_head else self.lm_head())
 
 
-def load_checkpoint(ckpt_dir: Path) -> tuple[dict, RuntimeConfig, ModelWeights]:
+def load_checkpoint(ckpt_dir: Path) -> tuple[CheckpointConfig, ModelWeights]:
     """Read, validate and merge a checkpoint; UserError (naming every problem) if it is not runnable."""
     reader = CheckpointReader(ckpt_dir)
-    return reader.config, reader.cfg, reader.merge_all()
+    return reader.cfg, reader.merge_all()
 
 
-def open_rank_files(ckpt_dir: Path, cfg: RuntimeConfig) -> list[RankFile]:
-    world = cfg.tp_size * cfg.pp_size
-    missing = [f"rank{r}.safetensors" for r in range(world) if not (ckpt_dir / f"rank{r}.safetensors").is_file()]
-    if missing:
-        raise UserError(f"{ckpt_dir}: missing {', '.join(missing)} (config.json maps tp={cfg.tp_size} x "
-                        f"pp={cfg.pp_size} = {world} ranks)")
-    expected = {f"rank{r}.safetensors" for r in range(world)}
-    extra = sorted(p.name for p in ckpt_dir.glob("rank*.safetensors") if p.name not in expected)
-    if extra:
-        raise UserError(f"{ckpt_dir}: unexpected {', '.join(extra)} for a {world}-rank checkpoint "
-                        f"(config.json mapping tp={cfg.tp_size} pp={cfg.pp_size})")
-    files = []
-    for r in range(world):
-        path = ckpt_dir / f"rank{r}.safetensors"
-        files.append(RankFile(r, r % cfg.tp_size, r // cfg.tp_size, path, SafetensorsFile(path)))
-    return files
-
-
-def layers_per_stage(ranks: list[RankFile], cfg: RuntimeConfig) -> list[int]:
-    """How many layers each pipeline stage holds, read from the local layer indices in its files."""
-    counts = []
-    for stage in range(cfg.pp_size):
-        found = {int(m.group(1)) for rf in ranks if rf.pp_rank == stage
-                 for m in map(LAYER_NAME.match, rf.names()) if m}
-        n = max(found) + 1 if found else 0
-        if found != set(range(n)):
-            raise UserError(f"pipeline stage {stage}: layer indices {sorted(found)} are not 0..{n - 1}; "
-                            "each stage must name its layers with contiguous local indices")
-        counts.append(n)
-    if sum(counts) != cfg.num_layers:
-        raise UserError(f"the rank files hold {sum(counts)} layers ({' + '.join(map(str, counts))} over "
-                        f"{cfg.pp_size} pipeline stages) but config.json says num_hidden_layers={cfg.num_layers}")
-    return counts
-
-
-def first_layer(stage_layers: list[int], pp_rank: int) -> int:
-    return sum(stage_layers[:pp_rank])
-
-
-def is_quantized(cfg: RuntimeConfig, module: str) -> bool:
-    if cfg.quant_algo is None:
-        return False
-    return not any(fnmatch(module, pat) or module.endswith("." + pat) for pat in cfg.exclude_modules)
-
-
-def linear_shapes(cfg: RuntimeConfig) -> dict[str, tuple[int, int]]:
-    """[out, in] of each linear on one tp rank."""
-    tp, h, hd = cfg.tp_size, cfg.hidden_size, cfg.head_size
-    qkv_out = (cfg.q_heads_per_rank + 2 * cfg.kv_heads_per_rank) * hd
-    inter = cfg.intermediate_size // tp
-    return {"attention.qkv": (qkv_out, h), "attention.dense": (h, cfg.q_heads_per_rank * hd),
-            "mlp.fc": (inter, h), "mlp.gate": (inter, h), "mlp.proj": (h, inter)}
-
-
-def expected_tensors(cfg: RuntimeConfig, rf: RankFile, stage_layers: list[int]) -> dict[str, Expect]:
+def expected_tensors(cfg: CheckpointConfig, rf: RankFile) -> dict[str, Expect]:
     """Every tensor this rank file must (or may) hold, with its shape and allowed dtypes."""
-    dt = (MODEL_DTYPES[cfg.dtype],)
-    h, v, tp = cfg.hidden_size, cfg.vocab_size, cfg.tp_size
+    arch, family, pos = cfg.arch, cfg.family, rf.position
+    dt = (torch_dtype(DTYPE_CODES[cfg.dtype]),)
+    h, v, tp = arch.hidden_size, arch.vocab_size, cfg.layout.tp
     shard_vocab = -(-v // tp)
+    sizes = dims(arch)
     out: dict[str, Expect] = {}
-    if rf.pp_rank == 0:
+    if pos.is_first_pp:
         emb = (v, h)
         if cfg.use_parallel_embedding and tp > 1:
             emb = (shard_vocab, h) if cfg.embedding_sharding_dim == 0 else (v, h // tp)
         out["transformer.vocab_embedding.weight"] = Expect(emb, dt)
-    if rf.pp_rank == cfg.pp_size - 1:
+    if pos.is_last_pp:
         out["transformer.ln_f.weight"] = Expect((h,), dt)
         out["lm_head.weight"] = Expect((shard_vocab, h), dt, required=not cfg.share_embedding_table)
-    offset = first_layer(stage_layers, rf.pp_rank)
-    for local in range(stage_layers[rf.pp_rank]):
-        p = f"transformer.layers.{local}."
-        out[p + "input_layernorm.weight"] = Expect((h,), dt)
-        out[p + "post_layernorm.weight"] = Expect((h,), dt)
-        for name, (o, i) in linear_shapes(cfg).items():
-            out.update(expected_linear(cfg, p + name, f"transformer.layers.{offset + local}.{name}", o, i, dt))
+    for local in range(cfg.layout.layers_per_stage):
+        p, g = f"transformer.layers.{local}.", f"transformer.layers.{pos.layers[local]}."
+        for norm in family.layer_norms(arch):
+            out[p + norm.name + ".weight"] = Expect((sizes[norm.size],), dt)
+        for lin in family.linears:
+            o, i = pos.linear_shape(arch, lin)
+            out.update(expected_linear(cfg, p + lin.name, g + lin.name, family.has_bias(lin, arch), o, i, dt))
         if cfg.kv_cache_quant_algo:
             out[p + "attention.kv_cache_scaling_factor"] = Expect(SCALAR, FLOATS)
             for kind in "kv":   # modelopt also writes the separate K and V factors (informational)
@@ -227,13 +151,12 @@ def expected_tensors(cfg: RuntimeConfig, rf: RankFile, stage_layers: list[int]) 
     return out
 
 
-def expected_linear(cfg: RuntimeConfig, local: str, module: str, o: int, i: int,
+def expected_linear(cfg: CheckpointConfig, local: str, module: str, has_bias: bool, o: int, i: int,
                     dt: tuple[torch.dtype, ...]) -> dict[str, Expect]:
-    has_bias = cfg.attn_bias if ".attention." in local else cfg.mlp_bias
     out = {}
     if has_bias:
         out[local + ".bias"] = Expect((o,), dt)
-    if not is_quantized(cfg, module):
+    if not cfg.quantizes(module):
         out[local + ".weight"] = Expect((o, i), dt)
         return out
     if cfg.quant_algo == "FP8":
@@ -281,14 +204,15 @@ def report(ckpt_dir: Path, problems: list[str]) -> None:
 # ---------------------------------------------------------------- merging
 
 
-def merge_embedding(cfg: RuntimeConfig, stage: list[RankFile], rows: tuple[int, int] | None = None) -> torch.Tensor:
+def merge_embedding(cfg: CheckpointConfig, stage: list[RankFile],
+                    rows: tuple[int, int] | None = None) -> torch.Tensor:
     name = "transformer.vocab_embedding.weight"
-    start, stop = rows or (0, cfg.vocab_size)
-    if not (cfg.use_parallel_embedding and cfg.tp_size > 1):
-        return stage[0].get(name, (start, stop)).float()
+    start, stop = rows or (0, cfg.arch.vocab_size)
+    if not (cfg.use_parallel_embedding and cfg.layout.tp > 1):
+        return stage[0].read(name, (start, stop)).float()
     if cfg.embedding_sharding_dim == 0:
         return torch.cat([part.float() for part in _vocab_shards(stage, name, start, stop)])
-    return torch.cat([rf.get(name, (start, stop)).float() for rf in stage], dim=1)
+    return torch.cat([rf.read(name, (start, stop)).float() for rf in stage], dim=1)
 
 
 def _vocab_shards(stage: list[RankFile], name: str, start: int, stop: int) -> list[torch.Tensor]:
@@ -298,33 +222,34 @@ def _vocab_shards(stage: list[RankFile], name: str, start: int, stop: int) -> li
     for rf in stage:
         lo, hi = max(start, rf.tp_rank * shard), min(stop, (rf.tp_rank + 1) * shard)
         if lo < hi:
-            parts.append(rf.get(name, (lo - rf.tp_rank * shard, hi - rf.tp_rank * shard)))
+            parts.append(rf.read(name, (lo - rf.tp_rank * shard, hi - rf.tp_rank * shard)))
     return parts
 
 
-def merge_layer(cfg: RuntimeConfig, stage: list[RankFile], local: int, layer: int) -> Layer:
-    p = f"transformer.layers.{local}."
-    g = f"transformer.layers.{layer}."
-    linears = {name: merge_linear(cfg, stage, p + name, g + name) for name in COLUMN + ROW}
-    if cfg.quant_algo == "FP8" and is_quantized(cfg, g + "mlp.fc") and is_quantized(cfg, g + "mlp.gate"):
-        fuse_fp8_gate_mlp(stage, p + "mlp.", linears["mlp.fc"], linears["mlp.gate"])
+def merge_layer(cfg: CheckpointConfig, stage: list[RankFile], local: int, layer: int) -> Layer:
+    p, g = f"transformer.layers.{local}.", f"transformer.layers.{layer}."
+    family = cfg.family
+    linears = {lin.name: merge_linear(cfg, lin, stage, p + lin.name, g + lin.name) for lin in family.linears}
+    if cfg.quant_algo == "FP8":
+        for lin in family.linears:
+            partner = lin.fused_with
+            if partner and lin.name < partner and cfg.quantizes(g + lin.name) and cfg.quantizes(g + partner):
+                fuse_fp8_pair(stage, p, lin.name, partner, linears)
     kv_quant = None
     if cfg.kv_cache_quant_algo:
         scale = same_on_all_ranks(stage, p + "attention.kv_cache_scaling_factor", g + "attention")
         kv_quant = TensorQuant(cfg.kv_cache_quant_algo.lower(), float(scale.reshape(-1)[0]))
-    return Layer(input_norm=stage[0].get(p + "input_layernorm.weight").float(),
-                 post_norm=stage[0].get(p + "post_layernorm.weight").float(),
-                 qkv=linears["attention.qkv"], dense=linears["attention.dense"],
-                 fc=linears["mlp.fc"], gate=linears["mlp.gate"], proj=linears["mlp.proj"], kv_quant=kv_quant)
+    norms = {n.name: stage[0].read(p + n.name + ".weight").float() for n in family.layer_norms(cfg.arch)}
+    return Layer(linears, norms, kv_quant)
 
 
-def merge_linear(cfg: RuntimeConfig, stage: list[RankFile], local: str, module: str) -> Linear:
-    quantized = is_quantized(cfg, module)
-    weights = [dequantize_weight(rf.get(local + ".weight"),
-                                 rf.get(local + ".weights_scaling_factor") if quantized else None) for rf in stage]
+def merge_linear(cfg: CheckpointConfig, lin: LinearSpec, stage: list[RankFile], local: str, module: str) -> Linear:
+    quantized = cfg.quantizes(module)
+    weights = [dequantize_weight(rf.read(local + ".weight"),
+                                 rf.read(local + ".weights_scaling_factor") if quantized else None) for rf in stage]
     biases = [rf.maybe(local + ".bias") for rf in stage]
-    row = local.endswith(ROW)
-    if local.endswith("attention.qkv"):
+    row = lin.parallel == ROW
+    if lin.parallel == QKV:
         weight = merge_qkv(cfg, weights, module)
         bias = merge_qkv(cfg, [b.float() for b in biases], module) if biases[0] is not None else None
     else:
@@ -332,56 +257,59 @@ def merge_linear(cfg: RuntimeConfig, stage: list[RankFile], local: str, module: 
         bias = None
         if biases[0] is not None:
             bias = biases[0].float() if row else torch.cat([b.float() for b in biases])
-    lin = Linear(weight, bias)
+    result = Linear(weight, bias)
     if quantized:
         kind = "fp8" if cfg.quant_algo == "FP8" else "int8"
         act = same_on_all_ranks(stage, local + ".activation_scaling_factor", module)
-        lin.act_quant = TensorQuant(kind, float(act.reshape(-1)[0]))
+        result.act_quant = TensorQuant(kind, float(act.reshape(-1)[0]))
         if cfg.quant_algo == "W8A8_SQ_PER_CHANNEL":
-            pre = [rf.get(local + ".prequant_scaling_factor").float() for rf in stage]
-            lin.prequant = (torch.cat(pre) if row
-                            else same_on_all_ranks(stage, local + ".prequant_scaling_factor", module))
-    return lin
+            pre = [rf.read(local + ".prequant_scaling_factor").float() for rf in stage]
+            result.prequant = (torch.cat(pre) if row
+                               else same_on_all_ranks(stage, local + ".prequant_scaling_factor", module))
+    return result
 
 
-def fuse_fp8_gate_mlp(stage: list[RankFile], prefix: str, fc: Linear, gate: Linear) -> None:
-    """The FP8 engine runs mlp.fc and mlp.gate as one GEMM (PluginConfig.use_fused_mlp, default on).
+def fuse_fp8_pair(stage: list[RankFile], prefix: str, a: str, b: str, linears: dict[str, Linear]) -> None:
+    """The FP8 engine runs a fused pair (mlp.fc and mlp.gate) as one GEMM (PluginConfig.use_fused_mlp, on).
 
     TensorRT-LLM's `fuse_gate_mlp` dequantizes both weights, requantizes them with the larger of the two
     weight scales and quantizes the input with the larger activation scale; each tp rank does this on
     its own shards. A no-op when the two scales already agree (as nvidia-modelopt writes them).
     """
-    fc_parts, gate_parts = [], []
+    parts: dict[str, list[torch.Tensor]] = {a: [], b: []}
     for rf in stage:
-        ws = max(float(rf.get(prefix + n + ".weights_scaling_factor").reshape(-1)[0]) for n in ("fc", "gate"))
-        for name, parts in (("fc", fc_parts), ("gate", gate_parts)):
-            w = dequantize_weight(rf.get(prefix + name + ".weight"), rf.get(prefix + name + ".weights_scaling_factor"))
-            parts.append(fake_quant_fp8(w, ws))
-    fc.weight, gate.weight = torch.cat(fc_parts), torch.cat(gate_parts)
-    fc.act_quant = gate.act_quant = TensorQuant("fp8", max(fc.act_quant.scale, gate.act_quant.scale))
+        ws = max(float(rf.read(prefix + n + ".weights_scaling_factor").reshape(-1)[0]) for n in (a, b))
+        for name in (a, b):
+            w = dequantize_weight(rf.read(prefix + name + ".weight"),
+                                  rf.read(prefix + name + ".weights_scaling_factor"))
+            parts[name].append(fake_quant_fp8(w, ws))
+    scale = max(linears[a].act_quant.scale, linears[b].act_quant.scale)
+    for name in (a, b):
+        linears[name].weight = torch.cat(parts[name])
+        linears[name].act_quant = TensorQuant("fp8", scale)
 
 
-def merge_qkv(cfg: RuntimeConfig, per_rank: list[torch.Tensor], module: str) -> torch.Tensor:
+def merge_qkv(cfg: CheckpointConfig, per_rank: list[torch.Tensor], module: str) -> torch.Tensor:
     """Undo the per-rank cat(q, k, v) layout and the duplication of K/V heads."""
-    hd = cfg.head_size
+    hd, tp, kv = cfg.arch.head_size, cfg.layout.tp, cfg.arch.num_key_value_heads
     q_rows, kv_rows = cfg.q_heads_per_rank * hd, cfg.kv_heads_per_rank * hd
     parts = [torch.split(t, [q_rows, kv_rows, kv_rows], dim=0) for t in per_rank]
     q = torch.cat([p[0] for p in parts])
-    reps = max(cfg.tp_size // cfg.num_kv_heads, 1)
+    reps = max(tp // kv, 1)
     k, v = [], []
-    for r in range(0, cfg.tp_size, reps):
+    for r in range(0, tp, reps):
         for dup in range(r + 1, r + reps):
             for idx, kind in ((1, "K"), (2, "V")):
                 if not torch.allclose(parts[dup][idx], parts[r][idx], rtol=1e-5, atol=1e-8):
                     raise UserError(f"{module}: tp ranks {r} and {dup} must hold the same duplicated {kind} head "
-                                    f"(tp_size {cfg.tp_size} > num_key_value_heads {cfg.num_kv_heads}) but differ")
+                                    f"(tp_size {tp} > num_key_value_heads {kv}) but differ")
         k.append(parts[r][1])
         v.append(parts[r][2])
     return torch.cat([q, torch.cat(k), torch.cat(v)])
 
 
 def same_on_all_ranks(stage: list[RankFile], name: str, module: str) -> torch.Tensor:
-    values = [rf.get(name).float() for rf in stage]
+    values = [rf.read(name).float() for rf in stage]
     for rf, value in zip(stage[1:], values[1:]):
         if not torch.equal(value.reshape(-1), values[0].reshape(-1)):
             raise UserError(f"{module}: {name.rsplit('.', 1)[-1]} differs between {stage[0].path.name} and "

@@ -1,6 +1,9 @@
-"""The Llama forward pass as TensorRT-LLM defines it, and generation with a preallocated KV cache.
+"""The decoder forward pass as TensorRT-LLM defines it for the Llama and Qwen families, and generation
+with a preallocated KV cache.
 
-Per layer: RMSNorm(norm_epsilon) -> fused qkv (split by head counts and head_size) -> rope_gpt_neox
+Per layer: RMSNorm(norm_epsilon) -> fused qkv (split by head counts and head_size; plus its bias when
+the family has one) -> per-head RMSNorm of q and k when the layer has `attention.q_layernorm` /
+`k_layernorm` (Qwen3; eps = norm_epsilon, as transformers computes it) -> rope_gpt_neox
 -> attention over the KV cache (GQA/MQA: query head h reads K/V head h // (heads / kv_heads)) ->
 attention.dense -> residual -> RMSNorm -> GatedMLP proj(silu(fc(x)) * gate(x)) -> residual; then
 ln_f and lm_head. Everything is computed in float32; quantized checkpoints run with their weights
@@ -19,12 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from ..checkpoint import CheckpointConfig
 from .checkpoint import Layer, Linear, ModelWeights, load_checkpoint
-from .config import RuntimeConfig
 from .rope import RotaryTable
 from .sampling import SamplingConfig, TokenSelector
 
 Observer = Callable[[str, torch.Tensor], None]
+#: the GatedMLP linears that read the same input and can run as one GEMM
+FUSED_MLP = ("mlp.fc", "mlp.gate")
 TokenCallback = Callable[[int, int], None]
 
 
@@ -64,27 +69,25 @@ class Step:
 
 
 class ReferenceModel:
-    """A TensorRT-LLM Llama checkpoint executed with torch on the CPU."""
+    """A TensorRT-LLM checkpoint executed with torch on the CPU."""
 
-    def __init__(self, config: dict, cfg: RuntimeConfig, weights: ModelWeights):
-        self.config = config
+    def __init__(self, cfg: CheckpointConfig, weights: ModelWeights):
         self.cfg = cfg
         self.weights = weights
-        self.rotary = RotaryTable(cfg)
+        self.rotary = RotaryTable(cfg.arch)
         self._fused_mlp = [fuse_fc_gate(layer) for layer in weights.layers]
 
     @classmethod
     def load(cls, ckpt_dir: str | Path) -> "ReferenceModel":
-        config, cfg, weights = load_checkpoint(Path(ckpt_dir))
-        return cls(config, cfg, weights)
+        return cls(*load_checkpoint(Path(ckpt_dir)))
 
     @property
     def vocab_size(self) -> int:
-        return self.cfg.vocab_size
+        return self.cfg.arch.vocab_size
 
     @property
     def max_position_embeddings(self) -> int:
-        return self.cfg.max_position_embeddings
+        return self.cfg.arch.max_position_embeddings
 
     # ------------------------------------------------------------------ forward
 
@@ -97,14 +100,19 @@ class ReferenceModel:
                             f"(got shape {list(input_ids.shape)})")
         self._check_tokens(input_ids)
         b, t = input_ids.shape
-        cache = KVCache(len(self.weights.layers), b, t, self.cfg.num_kv_heads, self.cfg.head_size)
+        cache = self._cache(b, t)
         positions = torch.arange(t).expand(b, t)
         hidden = self._hidden(input_ids.long(), positions, cache, None, observer)
         return self._logits(hidden)
 
+    def _cache(self, batch: int, capacity: int) -> KVCache:
+        arch = self.cfg.arch
+        return KVCache(len(self.weights.layers), batch, capacity, arch.num_key_value_heads, arch.head_size)
+
     def _check_tokens(self, ids: torch.Tensor) -> None:
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise UserError(f"token ids must be in [0, {self.cfg.vocab_size}) (got {int(ids.min())}..{int(ids.max())})")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.arch.vocab_size):
+            raise UserError(f"token ids must be in [0, {self.cfg.arch.vocab_size}) "
+                            f"(got {int(ids.min())}..{int(ids.max())})")
 
     def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
@@ -114,8 +122,13 @@ class ReferenceModel:
             h = decoder_layer(self.cfg, i, layer, self._fused_mlp[i], h, step, cache.k[i], cache.v[i], observer)
         return h
 
+    @property
+    def config(self) -> dict:
+        """The checkpoint's config.json."""
+        return self.cfg.to_dict()
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.weights.final_norm, self.cfg.norm_epsilon), self.weights.lm_head)
+        return F.linear(rms_norm(hidden, self.weights.final_norm, self.cfg.arch.norm_epsilon), self.weights.lm_head)
 
     # ------------------------------------------------------------------ generation
 
@@ -128,10 +141,10 @@ class ReferenceModel:
         if n == 0:
             return []
         capacity = max(len(p) + c.max_new_tokens for p, c in zip(prompts, configs))
-        cache = KVCache(len(self.weights.layers), n, capacity, self.cfg.num_kv_heads, self.cfg.head_size)
+        cache = self._cache(n, capacity)
         selectors = [TokenSelector(c) for c in configs]
         outputs: list[list[int]] = [[] for _ in range(n)]
-        last_logits = torch.empty(n, self.cfg.vocab_size)
+        last_logits = torch.empty(n, self.cfg.arch.vocab_size)
         for r, prompt in enumerate(prompts):
             if configs[r].max_new_tokens:
                 ids = torch.tensor([list(prompt)])
@@ -175,43 +188,48 @@ class ReferenceModel:
                 raise UserError(f"prompt {r} is empty; every request needs at least one input token")
             self._check_tokens(torch.tensor(list(prompt)))
             total = len(prompt) + cfg.max_new_tokens
-            if total > self.cfg.max_position_embeddings:
+            if total > self.cfg.arch.max_position_embeddings:
                 raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
-                                f"max_position_embeddings {self.cfg.max_position_embeddings}")
+                                f"max_position_embeddings {self.cfg.arch.max_position_embeddings}")
         return configs
 
 
-def make_step(cfg: RuntimeConfig, rotary: RotaryTable, positions: torch.Tensor, rows: torch.Tensor | None,
+def make_step(cfg: CheckpointConfig, rotary: RotaryTable, positions: torch.Tensor, rows: torch.Tensor | None,
               capacity: int) -> Step:
     """Where a forward step's tokens go in a cache of `capacity` positions and what each may attend to."""
     cos, sin = rotary.lookup(positions)
     used = int(positions.max()) + 1
     j = torch.arange(used)
     visible = j[None, None, :] <= positions[:, :, None]
-    if cfg.sliding_window:
-        visible &= j[None, None, :] > positions[:, :, None] - int(cfg.sliding_window)
-    kv_heads = cfg.num_kv_heads
+    if cfg.arch.sliding_window:
+        visible &= j[None, None, :] > positions[:, :, None] - int(cfg.arch.sliding_window)
+    kv_heads = cfg.arch.num_key_value_heads
     batch_rows = torch.arange(positions.shape[0]) if rows is None else rows
     head_rows = batch_rows[:, None, None] * kv_heads + torch.arange(kv_heads)[None, None, :]
     slots = (head_rows * capacity + positions[:, :, None]).reshape(-1)
     return Step(rows, slots, cos, sin, visible[:, None], used)
 
 
-def decoder_layer(cfg: RuntimeConfig, i: int, layer: Layer, fused_mlp: Linear | None, h: torch.Tensor, step: Step,
+def decoder_layer(cfg: CheckpointConfig, i: int, layer: Layer, fused_mlp: Linear | None, h: torch.Tensor, step: Step,
                   keys: torch.Tensor, values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
     """Layer `i` applied to hidden states h [B, T, hidden], with its K/V cache `keys`, `values`."""
-    eps = cfg.norm_epsilon
-    h = h + attention_block(cfg, i, layer, rms_norm(h, layer.input_norm, eps), step, keys, values, observer)
-    return h + mlp_block(i, layer, fused_mlp, rms_norm(h, layer.post_norm, eps), observer)
+    eps = cfg.arch.norm_epsilon
+    x = rms_norm(h, layer.norms["input_layernorm"], eps)
+    h = h + attention_block(cfg, i, layer, x, step, keys, values, observer)
+    return h + mlp_block(i, layer, fused_mlp, rms_norm(h, layer.norms["post_layernorm"], eps), observer)
 
 
-def attention_block(cfg: RuntimeConfig, i: int, layer: Layer, x: torch.Tensor, step: Step, keys: torch.Tensor,
+def attention_block(cfg: CheckpointConfig, i: int, layer: Layer, x: torch.Tensor, step: Step, keys: torch.Tensor,
                     values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
     b, t, _ = x.shape
-    hd, nq, nkv = cfg.head_size, cfg.num_heads, cfg.num_kv_heads
-    qkv = linear(x, layer.qkv, observer, f"transformer.layers.{i}.attention.qkv")
+    hd, nq, nkv = cfg.arch.head_size, cfg.arch.num_attention_heads, cfg.arch.num_key_value_heads
+    qkv = linear(x, layer.linears["attention.qkv"], observer, f"transformer.layers.{i}.attention.qkv")
     qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
-    q, k = rotate(qk.reshape(b, t, nq + nkv, hd), step.cos, step.sin).split([nq, nkv], dim=2)
+    q, k = qk.reshape(b, t, nq + nkv, hd).split([nq, nkv], dim=2)
+    if "attention.q_layernorm" in layer.norms:
+        q = rms_norm(q, layer.norms["attention.q_layernorm"], cfg.arch.norm_epsilon)
+        k = rms_norm(k, layer.norms["attention.k_layernorm"], cfg.arch.norm_epsilon)
+    q, k = rotate(q, step.cos, step.sin), rotate(k, step.cos, step.sin)
     v = v.reshape(b, t, nkv, hd)
     if observer is not None:
         observer(f"transformer.layers.{i}.attention.k", k.reshape(b * t, nkv * hd))
@@ -221,11 +239,12 @@ def attention_block(cfg: RuntimeConfig, i: int, layer: Layer, x: torch.Tensor, s
     cached_k, cached_v = step.store(keys, values, k, v)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), cached_k, cached_v, attn_mask=step.visible,
                                          scale=1.0 / math.sqrt(hd), enable_gqa=nq != nkv)
-    return linear(out.transpose(1, 2).reshape(b, t, nq * hd), layer.dense, observer,
+    return linear(out.transpose(1, 2).reshape(b, t, nq * hd), layer.linears["attention.dense"], observer,
                   f"transformer.layers.{i}.attention.dense")
 
 
 def mlp_block(i: int, layer: Layer, fused: Linear | None, x: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+    """TensorRT-LLM's GatedMLP: proj(silu(fc(x)) * gate(x)), fc and gate as one GEMM when `fused` is given."""
     p = f"transformer.layers.{i}.mlp."
     if fused is not None:
         if observer is not None:
@@ -233,9 +252,9 @@ def mlp_block(i: int, layer: Layer, fused: Linear | None, x: torch.Tensor, obser
             observer(p + "gate", x.reshape(-1, x.shape[-1]))
         fc, gate = linear(x, fused, None, p + "fc").chunk(2, dim=-1)
     else:
-        fc = linear(x, layer.fc, observer, p + "fc")
-        gate = linear(x, layer.gate, observer, p + "gate")
-    return linear(F.silu(fc) * gate, layer.proj, observer, p + "proj")
+        fc = linear(x, layer.linears["mlp.fc"], observer, p + "fc")
+        gate = linear(x, layer.linears["mlp.gate"], observer, p + "gate")
+    return linear(F.silu(fc) * gate, layer.linears["mlp.proj"], observer, p + "proj")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -260,7 +279,7 @@ def linear(x: torch.Tensor, lin: Linear, observer: Observer | None, name: str) -
 
 def fuse_fc_gate(layer: Layer) -> Linear | None:
     """mlp.fc and mlp.gate as one GEMM when they quantize their shared input identically (same result)."""
-    fc, gate = layer.fc, layer.gate
+    fc, gate = (layer.linears[name] for name in FUSED_MLP)
     same_prequant = (fc.prequant is None and gate.prequant is None) or (
         fc.prequant is not None and gate.prequant is not None and torch.equal(fc.prequant, gate.prequant))
     if fc.act_quant != gate.act_quant or not same_prequant or (fc.bias is None) != (gate.bias is None):

@@ -6,17 +6,17 @@ import math
 
 import torch
 
-from .config import RuntimeConfig
+from ..arch import ModelArch
 
 
-def inverse_frequencies(cfg: RuntimeConfig) -> torch.Tensor:
+def inverse_frequencies(arch: ModelArch) -> torch.Tensor:
     """inv_freq[i] = base^(-2i/d), then the rotary_scaling adjustment (linear or llama3), in float64."""
-    d = cfg.head_size
-    inv = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    scaling = cfg.rotary_scaling or {}
-    if cfg.rope_type == "linear":
+    d = arch.head_size
+    inv = 1.0 / (arch.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = arch.rotary_scaling or {}
+    if arch.rope_type == "linear":
         return inv / float(scaling["factor"])
-    if cfg.rope_type == "llama3":
+    if arch.rope_type == "llama3":
         return llama3_scaled(inv, scaling)
     return inv
 
@@ -35,10 +35,10 @@ def llama3_scaled(inv: torch.Tensor, s: dict) -> torch.Tensor:
 class RotaryTable:
     """cos/sin of every position (float32), computed in float64 and grown on demand."""
 
-    def __init__(self, cfg: RuntimeConfig):
-        self.inv_freq = inverse_frequencies(cfg)
-        self.cos = self.sin = torch.empty(0, cfg.head_size)
-        self._grow(cfg.max_position_embeddings)
+    def __init__(self, arch: ModelArch):
+        self.inv_freq = inverse_frequencies(arch)
+        self.cos = self.sin = torch.empty(0, arch.head_size)
+        self._grow(arch.max_position_embeddings)
 
     def _grow(self, n: int) -> None:
         angles = torch.arange(n, dtype=torch.float64)[:, None] * self.inv_freq[None, :]

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from .checkpoint import CheckpointReader, Layer, Linear
-from .model import Observer, decoder_layer, fuse_fc_gate, make_step, rms_norm
+from .model import FUSED_MLP, Observer, decoder_layer, fuse_fc_gate, make_step, rms_norm
 from .rope import RotaryTable
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,11 +61,11 @@ class LayerStream:
         self.reader = CheckpointReader(Path(ckpt_dir))
         self.cfg = self.reader.cfg
         self.device = torch.device(device)
-        self.rotary = RotaryTable(self.cfg)
+        self.rotary = RotaryTable(self.cfg.arch)
 
     @property
     def num_layers(self) -> int:
-        return self.cfg.num_layers
+        return self.cfg.arch.num_hidden_layers
 
     @torch.inference_mode()
     def run_layers(self, sequences: Sequence[Sequence[int]], passes: LayerPasses | None = None,
@@ -77,12 +77,13 @@ class LayerStream:
         once the layer's weights are released.
         """
         hidden = self.embed(sequences)
+        arch = self.cfg.arch
         steps = {}
         for i in tqdm(range(self.num_layers), desc=desc, unit="layer", disable=desc is None, leave=False):
             layer = _to_device(self.reader.layer(i), self.device)
             fused = fuse_fc_gate(layer)
             if fused is not None:                # the fused GEMM replaces them: do not hold both copies
-                layer = replace(layer, fc=None, gate=None)
+                layer = replace(layer, linears={k: v for k, v in layer.linears.items() if k not in FUSED_MLP})
             for observer in (passes(i) if passes else (None,)):
                 out = []
                 for h in hidden:
@@ -90,7 +91,7 @@ class LayerStream:
                     if t not in steps:
                         positions = torch.arange(t)[None]
                         steps[t] = make_step(self.cfg, self.rotary, positions, None, t).to(self.device)
-                    keys = torch.zeros(1, self.cfg.num_kv_heads, t, self.cfg.head_size, device=self.device)
+                    keys = torch.zeros(1, arch.num_key_value_heads, t, arch.head_size, device=self.device)
                     out.append(decoder_layer(self.cfg, i, layer, fused, h, steps[t], keys, torch.zeros_like(keys),
                                              observer))
             hidden = out
@@ -101,18 +102,18 @@ class LayerStream:
 
     def embed(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """float32 [1, T, hidden] embeddings of each sequence, reading the table a vocabulary chunk at a time."""
-        return embed_in_chunks(sequences, self.cfg.vocab_size, self.cfg.hidden_size, self.reader.embedding,
+        return embed_in_chunks(sequences, self.cfg.arch.vocab_size, self.cfg.arch.hidden_size, self.reader.embedding,
                                self.device)
 
     def vocab_ranges(self) -> list[tuple[int, int]]:
-        return vocab_ranges(self.cfg.vocab_size, self.cfg.hidden_size)
+        return vocab_ranges(self.cfg.arch.vocab_size, self.cfg.arch.hidden_size)
 
     @torch.inference_mode()
     def token_scores(self, sequences: Sequence[Sequence[int]], desc: str | None = None) -> list[TokenScores]:
         """NLL and argmax of every next token of each sequence, from logits computed a vocabulary chunk at a time."""
         hidden = self.run_layers(sequences, desc=desc)
         norm = self.reader.final_norm().to(self.device)
-        normed = [rms_norm(h[0, :-1], norm, self.cfg.norm_epsilon) for h in hidden]
+        normed = [rms_norm(h[0, :-1], norm, self.cfg.arch.norm_epsilon) for h in hidden]
         targets = [torch.tensor(list(s[1:]), dtype=torch.long, device=self.device) for s in sequences]
         lse = [torch.full((len(t),), float("-inf"), device=self.device) for t in targets]
         picked = [torch.zeros(len(t), device=self.device) for t in targets]
@@ -164,12 +165,8 @@ def running_argmax(best: torch.Tensor, best_id: torch.Tensor, logits: torch.Tens
 def _to_device(layer: Layer, device: torch.device) -> Layer:
     if device.type == "cpu":
         return layer
-    moved = {}
-    for name, value in vars(layer).items():
-        if isinstance(value, Linear):
-            value = Linear(*(None if t is None else t.to(device) for t in (value.weight, value.bias)),
-                           value.act_quant, None if value.prequant is None else value.prequant.to(device))
-        elif isinstance(value, torch.Tensor):
-            value = value.to(device)
-        moved[name] = value
-    return Layer(**moved)
+    def move(t):
+        return None if t is None else t.to(device)
+    linears = {name: Linear(move(lin.weight), move(lin.bias), lin.act_quant, move(lin.prequant))
+               for name, lin in layer.linears.items()}
+    return Layer(linears, {name: norm.to(device) for name, norm in layer.norms.items()}, layer.kv_quant)

@@ -1,0 +1,1 @@
+"""One module per model family; each defines one `Family` (pipeline/model/spec.py)."""
