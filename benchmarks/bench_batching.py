@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
-from pipeline.plan import make_plan, resolve_model_info, save_plan
+from pipeline.plan import load_plan, make_plan, resolve_model_info, save_plan
 from pipeline.server import embedded_server
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
@@ -92,7 +92,7 @@ def main() -> None:
     repos = {}
     for batch_size in (8, 1):
         variant_plan = plan_with_batch_size(plan, batch_size, args.workdir / f"plan-mbs{batch_size}.json")
-        repos[batch_size] = deploy_repository(variant_plan, args.workdir / f"repo-mbs{batch_size}",
+        repos[batch_size] = deploy_repository(load_plan(variant_plan), args.workdir / f"repo-mbs{batch_size}",
                                               checkpoint=checkpoint, force=True).path
     results = measure_side_by_side(repos, args.rounds, args.requests_per_client, args.max_tokens)
 

@@ -3,15 +3,16 @@
     OUT/checkpoint/               convert
     OUT/checkpoint-<precision>/   calibrate (fp8, int8-sq)
     OUT/plan.json                 plan
-    OUT/engine/                   compile (GPU targets; --dry-run or no GPU: the command and build config)
+    OUT/engine/                   compile (the engine backend; --dry-run or no GPU: the command and build config)
     OUT/model_repo/               deploy
-    OUT/validation/               validate (the embedded Triton for the cpu target, or --url)
+    OUT/validation/               validate (the embedded Triton for the reference backend, or --url)
     OUT/build.json                the summary: where everything is, sizes, times, the verdict
 
-A GPU target's repository is deployed only for an engine that was built (or, with --dry-run, as the
-preview it asks for). When the engine is not built the build stops after compile, writes build.json and
-says why: trtllm-build failed (exit 1, with its last lines), or this machine has no GPU / TensorRT-LLM
-1.2.x (exit 2: the command is written; --dry-run is the way to ask for only that).
+The plan's backend (pipeline.backends) decides what is built between plan and deploy and whether the
+embedded server can validate. An engine backend's repository is deployed only for an engine that was
+built (or, with --dry-run, as the preview it asks for). When the engine is not built the build stops after
+compile, writes build.json and says why: trtllm-build failed (exit 1, with its last lines), or this machine
+has no GPU / TensorRT-LLM 1.2.x (exit 2: the command is written; --dry-run is the way to ask for only that).
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .compile import CompileResult, CompileStatus, compile_checkpoint, not_built_here_message
+from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
-from .precisions import FLOAT_DTYPES
 
 QUANTIZED = ("fp8", "int8-sq")
 #: Held-out documents for the before/after perplexity in a build's calibration report: fewer than
@@ -94,8 +94,14 @@ def directory_bytes(path: Path) -> int:
 
 
 def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSummary:
-    """Run convert -> calibrate -> plan -> compile -> deploy -> validate for one model and target."""
+    """Run convert -> calibrate -> plan -> compile -> deploy -> validate for one model and target.
+
+    Each stage's result goes to the next in memory; what is written (plan.json, the directories) is for
+    people and for skipping unchanged stages on the next run.
+    """
+    from .backends import backend_for
     from .convert import convert_model
+    from .deploy import deploy_repository
     from .plan import load_plan, make_plan, resolve_model_info, save_plan
     from .sources import resolve_model
     from .targets import get_target
@@ -114,10 +120,11 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
             + (f" ({detail})" if detail else ""))
 
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
-    make_plan(source.arch, target, options.precision, options.kv_cache)
+    preview = make_plan(source.arch, target, options.precision, options.kv_cache)
+    backend = backend_for(preview.backend)
 
     started = time.monotonic()
-    dtype = checkpoint_dtype(options.precision, source.arch.dtype, target.is_gpu)
+    dtype = backend.checkpoint_dtype(preview)
     converted = convert_model(source, out / "checkpoint", dtype=dtype, force=True, progress=options.progress)
     record("convert", converted.path, started, converted.skipped, f"{dtype}")
     checkpoint = converted.path
@@ -133,16 +140,23 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 
     started = time.monotonic()
     plan_path = out / "plan.json"
-    plan = make_plan(resolve_model_info(str(checkpoint)), target, options.precision, options.kv_cache)
-    previous = load_plan(plan_path).to_dict() if plan_path.is_file() else None
-    unchanged = previous == plan.to_dict()
+    plan = make_plan(resolve_model_info(str(checkpoint)), target, options.precision, options.kv_cache,
+                     backend=backend.name)
+    unchanged = plan_path.is_file() and load_plan(plan_path).to_dict() == plan.to_dict()
     if not unchanged:
         save_plan(plan, plan_path)
-    record("plan", plan_path, started, unchanged, f"max_batch_size {plan.triton.triton_max_batch_size}")
+    record("plan", plan_path, started, unchanged, f"{plan.backend} backend, max_batch_size "
+                                                  f"{plan.triton.triton_max_batch_size}")
 
+    started = time.monotonic()
+    engine_dir = out / "engine"
+    compiled = backend.build_artifact(checkpoint, plan, engine_dir, dry_run=options.dry_run, force=True)
     engine = None
-    if target.is_gpu:
-        compiled = run_compile(checkpoint, plan_path, out / "engine", options, record, say)
+    if compiled is not None:
+        status = {CompileStatus.FAILED: "FAILED", CompileStatus.NOT_BUILT_HERE: "not built"}.get(compiled.status, "")
+        record("compile", engine_dir, started, compiled.skipped, compiled.describe(), status)
+        if compiled.dry_run:
+            say("engine build command (run it on the GPU machine):\n  " + compiled.shell_command)
         if compiled.status is CompileStatus.FAILED:
             summary.passed, summary.tool_output = False, compiled.output_tail
             summary.verdict = f"not validated: the engine build failed ({compiled.reason}); nothing deployed"
@@ -155,47 +169,23 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
                             "is no engine to serve); pass --dry-run to do only what needs no GPU")
         engine = compiled.engine_dir
 
-    from .deploy import deploy_repository
-
     started = time.monotonic()
     repo = out / "model_repo"
-    deployed = deploy_repository(plan_path, repo, engine=engine, checkpoint=checkpoint,
-                                 force=True)
+    deployed = deploy_repository(plan, repo, engine=engine, checkpoint=checkpoint, force=True)
     record("deploy", repo, started, deployed.skipped, f"{deployed.target} target")
 
-    if options.dry_run or (target.is_gpu and options.url is None):
+    if options.dry_run or (not backend.serves_embedded and options.url is None):
         summary.verdict = ("not validated: dry run" if options.dry_run else
                            "not validated: serve the repository on the GPU machine and run "
                            f"`trtpipe validate {repo} --url URL`")
     else:
-        golden = str(source.hf_dir())
+        from .validate import golden_reference
+
+        golden = golden_reference(str(source.hf_dir()), precision=plan.precision, weights_dtype=dtype,
+                                  device=options.device)
         summary.passed, summary.verdict = run_validation(repo, out / "validation", golden, options, record)
     summary.save(out)
     return summary
-
-
-def checkpoint_dtype(precision: str, model_dtype: str, gpu: bool) -> str:
-    """The float dtype of the converted checkpoint.
-
-    fp16/bf16/fp32 name it. Quantized precisions keep the model's own dtype for what stays unquantized
-    on a GPU; the cpu target's reference runtime computes in float32, so there the checkpoint is float32.
-    """
-    if precision in FLOAT_DTYPES:
-        return FLOAT_DTYPES[precision]
-    return model_dtype if gpu else "float32"
-
-
-def run_compile(checkpoint: Path, plan_path: Path, engine: Path, options: BuildOptions, record,
-                say: Callable[[str], None]) -> CompileResult:
-    from .plan import load_plan
-
-    started = time.monotonic()
-    compiled = compile_checkpoint(checkpoint, load_plan(plan_path), engine, dry_run=options.dry_run, force=True)
-    status = {CompileStatus.FAILED: "FAILED", CompileStatus.NOT_BUILT_HERE: "not built"}.get(compiled.status, "")
-    record("compile", engine, started, compiled.skipped, compiled.describe(), status)
-    if compiled.dry_run:
-        say("engine build command (run it on the GPU machine):\n  " + compiled.shell_command)
-    return compiled
 
 
 def run_calibration(checkpoint: Path, out: Path, options: BuildOptions):
@@ -209,12 +199,12 @@ def run_calibration(checkpoint: Path, out: Path, options: BuildOptions):
                                                                   progress=options.progress))
 
 
-def run_validation(repo: Path, out: Path, golden: str, options: BuildOptions, record) -> tuple[bool, str]:
-    from .validate import ValidateOptions, reference_for, validate_repository
+def run_validation(repo: Path, out: Path, golden, options: BuildOptions, record) -> tuple[bool, str]:
+    from .validate import ValidateOptions, validate_repository
 
     started = time.monotonic()
-    report = validate_repository(repo, out, ValidateOptions(golden=reference_for(repo, golden, options.device),
-                                                            load_test=options.load_test), url=options.url)
+    report = validate_repository(repo, out, ValidateOptions(golden=golden, load_test=options.load_test),
+                                 url=options.url)
     failed = [c.name for c in report.checks if not c.passed]
     record("validate", out, started, False, f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed")
     verdict = "passed" if report.passed else f"FAILED: {', '.join(failed)} (see {out / 'report.json'})"

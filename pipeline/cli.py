@@ -362,9 +362,11 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, force, as_json):
 
 @main.command()
 @click.option("--engine", type=click.Path(path_type=Path), default=None,
-              help="Engine directory (GPU targets; where `trtpipe compile` writes, need not exist yet).")
+              help="Engine directory (the engine backend: GPU targets; where `trtpipe compile` writes, need not "
+                   "exist yet).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
-              help="TensorRT-LLM checkpoint (the cpu target serves it; also the default tokenizer source).")
+              help="TensorRT-LLM checkpoint (the reference backend, i.e. the cpu target, serves it; also the "
+                   "default tokenizer source).")
 @click.option("--plan", "plan_path", type=click.Path(path_type=Path), required=True,
               help="plan.json from `trtpipe plan`.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Repository to write.")
@@ -376,14 +378,16 @@ def deploy(engine, checkpoint, plan_path, out, tokenizer, force, as_json):
     """Write a Triton model repository (NVIDIA's inflight_batcher_llm layout) from a plan.
 
     \b
-    Models: ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls.
+    Models: ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls; the plan's backend
+    (engine or reference) decides what tensorrt_llm runs.
     Examples:
       trtpipe deploy --checkpoint out/ckpt --plan out/plan.json -o out/model_repo          # cpu target
       trtpipe deploy --engine out/engine --plan out/plan.json --tokenizer ./Llama-3-8B -o out/model_repo
     """
     from .deploy import deploy_repository
+    from .plan import load_plan
 
-    result = deploy_repository(plan_path, out, engine=engine, checkpoint=checkpoint, tokenizer=tokenizer,
+    result = deploy_repository(load_plan(plan_path), out, engine=engine, checkpoint=checkpoint, tokenizer=tokenizer,
                                force=force)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
 
@@ -420,7 +424,7 @@ def check(repo, engine, as_json):
 @click.option("--grpc-url", default=None,
               help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
 @click.option("--golden", default=None, metavar="MODEL", help="Reference model for the golden outputs (default: the "
-              "model in the repository's plan). " + MODEL_HELP)
+              "model deploy recorded in the repository's manifest). " + MODEL_HELP)
 @click.option("--load-test", is_flag=True, help="Also run a bounded concurrency sweep (TTFT, ITL, latency, tokens/s).")
 @click.option("--concurrency", default="1,2,4,8", show_default=True, help="Load-test concurrency levels.")
 @click.option("--max-tokens", type=click.IntRange(2, 4096), default=16, show_default=True,

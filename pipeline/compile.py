@@ -38,15 +38,9 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
+from .backends.base import ENGINE
 from .errors import UserError
-from .outputs import (
-    atomic_output_dir,
-    check_output_free,
-    fingerprint_inputs,
-    is_up_to_date,
-    read_manifest,
-    write_manifest,
-)
+from .outputs import fingerprint_inputs, read_manifest, stage_output
 from . import TRTLLM_VERSION as TENSORRT_LLM_VERSION
 from .plan import Plan, is_trtllm_checkpoint
 
@@ -228,9 +222,10 @@ def not_built_here_message(result: CompileResult, plan: Plan) -> str:
 def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
                        force: bool = False) -> CompileResult:
     """Write the command and build config into `out`, and build the engine when this machine can."""
-    if plan.build_config is None or plan.plugin_config is None:
-        raise UserError(f"the plan is for the {plan.target.name} target, which builds no engine; deploy the "
-                        "checkpoint directly: trtpipe deploy --checkpoint CHECKPOINT --plan PLAN -o REPO")
+    if plan.backend != ENGINE or plan.build_config is None or plan.plugin_config is None:
+        raise UserError(f"the plan's backend is {plan.backend} ({plan.target.name} target), which builds no "
+                        "engine; deploy the checkpoint directly: trtpipe deploy --checkpoint CHECKPOINT --plan "
+                        "PLAN -o REPO")
     if workers < 1:
         raise UserError("--workers must be at least 1")
     checkpoint, out = Path(checkpoint).absolute(), Path(out).absolute()
@@ -243,17 +238,18 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
     gpu = check_gpu_is_the_target(plan) if status is CompileStatus.BUILT else None
     inputs = fingerprint_inputs([checkpoint])
     params = {"plan": plan.to_dict(), "command": command, "dry_run": status is not CompileStatus.BUILT}
-    if is_up_to_date(out, "compile", inputs, params):
-        return CompileResult(out, command, config, status, skipped=True, reason=missing or "")
     previous = read_manifest(out) or {}
-    check_output_free(out, force or (previous.get("stage") == "compile" and previous.get("dry_run") is True))
+    replaceable = previous.get("stage") == "compile" and previous.get("dry_run") is True
     try:
-        with atomic_output_dir(out) as tmp:
+        with stage_output(out, "compile", inputs, params, force=force or replaceable) as output:
+            if output.up_to_date:
+                return CompileResult(out, command, config, status, skipped=True, reason=missing or "")
+            tmp = output.dir
             (tmp / BUILD_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
             (tmp / COMMAND_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile: the exact TensorRT-LLM "
                                             f"{TENSORRT_LLM_VERSION} engine build.\nexec {shlex.join(command)}\n")
-            extra = build_with_trtllm(command, tmp, out, plan, gpu) if gpu is not None else {"dry_run": True}
-            write_manifest(tmp, "compile", inputs, params, extra)
+            output.extra.update(build_with_trtllm(command, tmp, out, plan, gpu) if gpu is not None
+                                else {"dry_run": True})
     except EngineBuildFailed as exc:  # the partial output is gone; the result carries why
         return CompileResult(out, command, config, CompileStatus.FAILED, reason=exc.reason,
                              output_tail=exc.output_tail)

@@ -3,7 +3,9 @@
 Every stage writes into a temporary sibling of its output directory and renames it into place only
 when everything succeeded, so an interrupted run never leaves an output that looks complete. The
 manifest records the stage's inputs (paths with sizes and modification times), its parameters and the
-tool version; a later run with the same fingerprint is skipped.
+tool version; a later run with the same fingerprint is skipped. `stage_output` is that whole routine
+(up to date? -> refuse an occupied output -> temporary directory -> manifest -> rename); the pieces
+below it are what it is made of.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -105,3 +108,46 @@ def atomic_output_dir(out: Path) -> Iterator[Path]:
         out.rename(old)
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass
+class StageWrite:
+    """One run of a stage: `up_to_date` (nothing to do), or `dir`, the temporary directory to fill.
+
+    `extra` holds more manifest fields (source paths, timings, versions); the block may add to it until
+    it ends, when the manifest is written.
+    """
+
+    up_to_date: bool
+    dir: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@contextmanager
+def stage_output(out: Path, stage: str, inputs: dict, params: dict, *, force: bool = False,
+                 extra: dict | None = None) -> Iterator[StageWrite]:
+    """The one way a stage writes its output directory `out`.
+
+    - `out` holds this stage's output of the same `inputs` (see `fingerprint_inputs`), `params` and tool
+      version: yields `StageWrite(up_to_date=True)` and touches nothing (the caller returns its skipped
+      result from inside the block);
+    - `out` exists otherwise and `force` is false: UserError before anything is written;
+    - else yields a temporary sibling of `out` in `.dir`; when the block ends without an exception the
+      manifest (inputs, params, the outputs' sizes and hashes, `extra`) is written into it and it replaces
+      `out`; on an exception it is removed and `out` is left as it was.
+
+        with stage_output(out, "deploy", inputs, params, force=force) as output:
+            if output.up_to_date:
+                return Result(out, skipped=True)
+            write_files(output.dir)
+            output.extra["seconds"] = ...
+    """
+    out = Path(out)
+    if is_up_to_date(out, stage, inputs, params):
+        yield StageWrite(up_to_date=True)
+        return
+    check_output_free(out, force)
+    with atomic_output_dir(out) as tmp:
+        output = StageWrite(up_to_date=False, dir=tmp, extra=dict(extra or {}))
+        yield output
+        write_manifest(tmp, stage, inputs, params, output.extra)

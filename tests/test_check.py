@@ -45,7 +45,7 @@ def clean_repo(gpu_plan, smollm2_hf_dir, tmp_path_factory) -> Path:
     engine = root / "engine"
     engine.mkdir()
     (engine / "config.json").write_text(json.dumps(engine_config_for(gpu_plan)))
-    return deploy_repository(gpu_plan, root / "repo", engine=engine, tokenizer=smollm2_hf_dir).path
+    return deploy_repository(load_plan(gpu_plan), root / "repo", engine=engine, tokenizer=smollm2_hf_dir).path
 
 
 @pytest.fixture

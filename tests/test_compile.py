@@ -12,7 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -315,6 +315,13 @@ def test_cpu_plan_has_nothing_to_compile(fp16_checkpoint, tmp_path):
                      Workload(input_len=64, output_len=32))
     with pytest.raises(UserError, match="builds no engine"):
         compile_engine(fp16_checkpoint, plan, tmp_path / "engine", dry_run=True)
+
+
+def test_only_an_engine_backend_plan_is_compiled(fp16_checkpoint, gpu_plan, tmp_path):
+    """compile follows plan.backend: a GPU plan with its build config, but naming the reference backend, is refused."""
+    with pytest.raises(UserError, match="backend is reference .*builds no engine"):
+        compile_engine(fp16_checkpoint, replace(gpu_plan, backend="reference"), tmp_path / "engine", dry_run=True)
+    assert not (tmp_path / "engine").exists()
 
 
 def test_checkpoint_that_does_not_match_the_plan(fp16_checkpoint, tmp_path):

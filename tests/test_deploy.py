@@ -62,12 +62,14 @@ def tiny_checkpoint(tiny_llama, smollm2_hf_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def gpu_repo(plans, smollm2_hf_dir, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gpu")
-    return deploy_repository(plans["gpu"], root / "repo", engine=root / "engine", tokenizer=smollm2_hf_dir).path
+    return deploy_repository(load_plan(plans["gpu"]), root / "repo", engine=root / "engine",
+                             tokenizer=smollm2_hf_dir).path
 
 
 @pytest.fixture(scope="module")
 def cpu_repo(plans, tiny_checkpoint, tmp_path_factory) -> Path:
-    return deploy_repository(plans["cpu"], tmp_path_factory.mktemp("cpu") / "repo", checkpoint=tiny_checkpoint).path
+    return deploy_repository(load_plan(plans["cpu"]), tmp_path_factory.mktemp("cpu") / "repo",
+                             checkpoint=tiny_checkpoint).path
 
 
 def test_gpu_repository_renders_from_the_plan_alone(gpu_repo, plans):
@@ -120,7 +122,7 @@ def test_gpu_repository_passes_check_and_waits_for_its_engine(gpu_repo):
 
 def test_gpu_deploy_takes_the_tokenizer_from_the_checkpoint_and_does_not_copy_weights(plans, tiny_checkpoint,
                                                                                      tmp_path):
-    repo = deploy_repository(plans["gpu"], tmp_path / "repo", engine=tmp_path / "engine",
+    repo = deploy_repository(load_plan(plans["gpu"]), tmp_path / "repo", engine=tmp_path / "engine",
                              checkpoint=tiny_checkpoint).path
     assert (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").read_bytes() == \
         (tiny_checkpoint / "tokenizer" / "tokenizer.json").read_bytes()
@@ -134,7 +136,7 @@ def test_deploy_refuses_an_engine_that_does_not_match_the_plan(plans, smollm2_hf
         "version": "1.2.1", "pretrained_config": {},
         "build_config": {"max_batch_size": 8, "max_beam_width": 1, "plugin_config": {"use_paged_context_fmha": True}}}))
     with pytest.raises(UserError, match="max_batch_size .* exceeds the engine's build_config.max_batch_size 8"):
-        deploy_repository(plans["gpu"], tmp_path / "repo", engine=engine, tokenizer=smollm2_hf_dir)
+        deploy_repository(load_plan(plans["gpu"]), tmp_path / "repo", engine=engine, tokenizer=smollm2_hf_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]   # nothing half-written
 
 
@@ -144,7 +146,7 @@ def test_plan_asking_for_kv_reuse_without_paged_context_fmha_is_refused(plans, s
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps(data))
     with pytest.raises(UserError, match="enable_kv_cache_reuse and enable_chunked_context .* paged context FMHA"):
-        deploy_repository(bad, tmp_path / "repo", engine=tmp_path / "engine", tokenizer=smollm2_hf_dir)
+        deploy_repository(load_plan(bad), tmp_path / "repo", engine=tmp_path / "engine", tokenizer=smollm2_hf_dir)
 
 
 def test_cpu_repository_is_self_contained(cpu_repo, plans, tiny_checkpoint):
@@ -173,7 +175,7 @@ def test_cpu_repository_limits_sequences_to_the_plans_max_seq_len(tiny_checkpoin
     """A 32k-context model planned for the cpu target is sized for 8192 tokens: the served limit is the plan's."""
     arch = dataclasses.replace(resolve_model_info("smollm2-135m").arch, max_position_embeddings=32768)
     plan = save_plan(make_plan(arch, get_target("cpu"), "fp32"), tmp_path / "plan.json")
-    repo = deploy_repository(plan, tmp_path / "repo", checkpoint=tiny_checkpoint).path
+    repo = deploy_repository(load_plan(plan), tmp_path / "repo", checkpoint=tiny_checkpoint).path
     assert params(configs(repo)["tensorrt_llm"])["max_seq_len"] == "8192"
 
 
@@ -207,9 +209,9 @@ def test_repository_is_relocatable(cpu_repo, tmp_path):
 
 def test_rerun_with_same_inputs_does_nothing_and_changed_inputs_need_force(plans, tiny_checkpoint, tmp_path):
     out = tmp_path / "repo"
-    first = deploy_repository(plans["cpu"], out, checkpoint=tiny_checkpoint)
+    first = deploy_repository(load_plan(plans["cpu"]), out, checkpoint=tiny_checkpoint)
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    again = deploy_repository(plans["cpu"], out, checkpoint=tiny_checkpoint)
+    again = deploy_repository(load_plan(plans["cpu"]), out, checkpoint=tiny_checkpoint)
     assert not first.skipped and again.skipped
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamp
     data = json.loads(plans["cpu"].read_text())
@@ -217,9 +219,64 @@ def test_rerun_with_same_inputs_does_nothing_and_changed_inputs_need_force(plans
     changed = tmp_path / "plan4.json"
     changed.write_text(json.dumps(data))
     with pytest.raises(UserError, match="already exists"):
-        deploy_repository(changed, out, checkpoint=tiny_checkpoint)
-    deploy_repository(changed, out, checkpoint=tiny_checkpoint, force=True)
+        deploy_repository(load_plan(changed), out, checkpoint=tiny_checkpoint)
+    deploy_repository(load_plan(changed), out, checkpoint=tiny_checkpoint, force=True)
     assert configs(out)["tensorrt_llm"].max_batch_size == 4
+
+
+# ------------------------------------------------------------------------------ the backend seam
+
+
+def rewritten_plan(path: Path, out: Path, **changes) -> Path:
+    """plan.json at `path` with top-level `changes` (None deletes the key), saved as `out`."""
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            del data[key]
+        else:
+            data[key] = value
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_deploy_dispatches_on_the_plans_backend_not_on_its_target(plans, tiny_checkpoint, smollm2_hf_dir, tmp_path):
+    """A reference plan whose target says GPU still serves the checkpoint; an engine plan whose target says cpu
+    still names the engine: the target never decides."""
+    gpu_target, cpu_target = (json.loads(plans[k].read_text())["target"] for k in ("gpu", "cpu"))
+    reference_on_gpu = load_plan(rewritten_plan(plans["cpu"], tmp_path / "r.json", target=gpu_target))
+    engine_on_cpu = load_plan(rewritten_plan(plans["gpu"], tmp_path / "e.json", target=cpu_target))
+    with pytest.raises(UserError, match="pass --checkpoint DIR"):
+        deploy_repository(reference_on_gpu, tmp_path / "r", engine=tmp_path / "engine", tokenizer=smollm2_hf_dir)
+    repo = deploy_repository(reference_on_gpu, tmp_path / "r", checkpoint=tiny_checkpoint).path
+    assert configs(repo)["tensorrt_llm"].backend == "python" and (repo / "tensorrt_llm" / "1" / "checkpoint").is_dir()
+    with pytest.raises(UserError, match="pass --engine DIR"):
+        deploy_repository(engine_on_cpu, tmp_path / "e", checkpoint=tiny_checkpoint)
+    repo = deploy_repository(engine_on_cpu, tmp_path / "e", engine=tmp_path / "engine", tokenizer=smollm2_hf_dir).path
+    trt = configs(repo)["tensorrt_llm"]
+    assert trt.backend == "tensorrtllm" and params(trt)["gpt_model_path"] == str((tmp_path / "engine").resolve())
+    assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
+
+
+@pytest.mark.parametrize("kind, backend", [("cpu", "python"), ("gpu", "tensorrtllm")])
+def test_a_plan_written_before_the_backend_was_recorded_still_deploys(kind, backend, plans, tiny_checkpoint,
+                                                                       tmp_path):
+    old = rewritten_plan(plans[kind], tmp_path / "old.json", backend=None)
+    artifact = (["--checkpoint", str(tiny_checkpoint)] if kind == "cpu" else
+                ["--engine", str(tmp_path / "engine"), "--tokenizer", str(tiny_checkpoint / "tokenizer")])
+    result = CliRunner().invoke(main, ["deploy", "--plan", str(old), *artifact, "-o", str(tmp_path / "repo")])
+    assert result.exit_code == 0, result.output
+    assert configs(tmp_path / "repo")["tensorrt_llm"].backend == backend
+
+
+def test_deploy_records_what_the_repository_serves_in_its_manifest(cpu_repo, plans, tiny_checkpoint):
+    from pipeline.deploy import read_deployment
+
+    plan = load_plan(plans["cpu"])
+    served = read_deployment(cpu_repo)
+    assert (served.backend, served.precision, served.target) == ("reference", "fp32", "cpu")
+    assert served.model == (plan.model.path or plan.model.name) and not served.quantized
+    assert served.weights_dtype == json.loads((tiny_checkpoint / "config.json").read_text())["dtype"]
+    assert read_deployment(cpu_repo / "tensorrt_llm") is None   # no record: not a repository deploy wrote
 
 
 @pytest.mark.parametrize("args, message", [
@@ -259,7 +316,7 @@ def served(plans, smollm2_checkpoint, tmp_path_factory):
     """The SmolLM2 cpu repository running in the embedded Triton server."""
     from pipeline.server import embedded_server
 
-    repo = deploy_repository(plans["cpu"], tmp_path_factory.mktemp("served") / "repo",
+    repo = deploy_repository(load_plan(plans["cpu"]), tmp_path_factory.mktemp("served") / "repo",
                              checkpoint=smollm2_checkpoint).path
     with embedded_server(repo, ready_timeout=600) as server:
         yield server

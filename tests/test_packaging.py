@@ -55,7 +55,9 @@ def test_installed_wheel_builds_smollm2_without_the_source_tree(tmp_path):
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "PATH": os.pathsep.join([str(VENV_BIN), os.environ["PATH"]])}
     probe = ("import json, pipeline, pipeline.calibrate.data as d, pipeline.deploy as p;"
-             "print(json.dumps([pipeline.__file__, d.recipe_names(), [str(f) for f in p.model_source_files(True)]]))")
+             "import pipeline.backends.reference as r;"
+             "sources = [*p.model_source_files(), r.MODEL_SOURCE];"
+             "print(json.dumps([pipeline.__file__, d.recipe_names(), [str(f) for f in sources]]))")
     package, recipes, model_sources = json.loads(run([sys.executable, "-c", probe], cwd=work, env=env).stdout)
     assert Path(package).parent == site / "pipeline", package
     assert {"news", "cnn_dailymail"} <= set(recipes)

@@ -396,6 +396,52 @@ def test_plan_json_uses_upstream_names(tmp_path):
     assert data["target"]["sm"] == 89 and data["model"]["num_key_value_heads"] == 8
 
 
+# ------------------------------------------------------------------------------------------ backends
+
+
+def test_the_plan_names_its_backend_and_the_backend_decides_the_triton_backend(tmp_path):
+    gpu, cpu = plan_for(), plan_for("smollm2-135m", target="cpu")
+    assert (gpu.backend, gpu.triton.triton_backend) == ("engine", "tensorrtllm")
+    assert (cpu.backend, cpu.triton.triton_backend) == ("reference", "python")
+    assert load_plan(save_plan(cpu, tmp_path / "plan.json")).backend == "reference"
+    assert json.loads((tmp_path / "plan.json").read_text())["backend"] == "reference"
+
+
+@pytest.mark.parametrize("target, expected", [("cpu", "reference"), ("rtx4090", "engine")])
+def test_a_plan_saved_before_the_backend_was_recorded_gets_its_targets(tmp_path, target, expected):
+    data = plan_for("smollm2-135m", target=target).to_dict()
+    del data["backend"]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert load_plan(tmp_path / "plan.json").backend == expected
+
+
+@pytest.mark.parametrize("target, backend, message", [
+    ("cpu", "engine", "the engine backend does not serve cpu targets"),
+    ("rtx4090", "reference", "the reference backend does not serve gpu targets"),
+    ("rtx4090", "pytorch", "unknown backend 'pytorch'; trtpipe knows engine, reference"),
+])
+def test_a_backend_is_planned_only_for_the_targets_it_serves(target, backend, message):
+    with pytest.raises(UserError, match=message):
+        make_plan(preset("smollm2-135m"), get_target(target), "fp16", backend=backend)
+
+
+def test_a_plan_naming_an_unknown_backend_is_one_clear_message(tmp_path):
+    data = plan_for().to_dict()
+    data["backend"] = "pytorch"
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="plan.json: unknown backend 'pytorch'"):
+        load_plan(tmp_path / "plan.json")
+
+
+def test_cli_plan_table_says_which_backend_serves_and_whose_memory_it_budgets():
+    for target, backend, memory in (("cpu", "reference: no engine", "Memory budget (host)"),
+                                    ("l40s", "engine: a TensorRT-LLM", "Memory budget (per GPU)")):
+        result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", target, "--precision", "fp16"],
+                                    terminal_width=200)
+        assert result.exit_code == 0, result.output
+        assert backend in result.output and memory in result.output
+
+
 def test_load_plan_rejects_other_files(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"hello": 1}')

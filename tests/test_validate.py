@@ -256,11 +256,35 @@ def test_no_golden_reference_without_golden_or_a_deploy_manifest(tmp_path):
     assert reference_for(None, None) is None
 
 
+def test_the_golden_reference_takes_precision_and_dtype_from_deploys_record(tmp_path, monkeypatch):
+    """`trtpipe validate REPO` reads the manifest's `deployment`, nothing inside the models' folders."""
+    from dataclasses import asdict
+
+    import pipeline.golden
+    from pipeline.deploy import STAGE, Deployment
+    from pipeline.validate import golden_reference
+
+    made = []
+    monkeypatch.setattr(pipeline.golden.GoldenReference, "from_spec",
+                        classmethod(lambda cls, spec, **kw: made.append((spec, kw)) or spec))
+    record = Deployment(model="smollm2-135m", precision="fp8", backend="reference", target="cpu",
+                        weights_dtype="float16")
+    (tmp_path / "manifest.json").write_text(json.dumps({"stage": STAGE, "deployment": asdict(record)}))
+    assert reference_for(tmp_path, None) == "smollm2-135m"
+    assert reference_for(tmp_path, "other-model") == "other-model"
+    assert made == [(spec, {"exact": False, "weights_dtype": "float16", "device": "auto"})
+                    for spec in ("smollm2-135m", "other-model")]
+    made.clear()
+    assert golden_reference("m", precision="bf16", weights_dtype="bfloat16", device="cpu") == "m"
+    assert golden_reference(None, precision="fp16", weights_dtype="float16") is None
+    assert made == [("m", {"exact": True, "weights_dtype": "bfloat16", "device": "cpu"})]
+
+
 def test_the_package_exports_what_the_cli_build_and_benchmarks_import():
     from pipeline import validate
 
-    for name in ("DEFAULT_PROMPTS", "EnsembleClient", "run_level", "ValidateOptions", "reference_for",
-                 "render_report", "validate_repository"):
+    for name in ("DEFAULT_PROMPTS", "EnsembleClient", "run_level", "ValidateOptions", "golden_reference",
+                 "reference_for", "render_report", "validate_repository"):
         assert name in validate.__all__ and hasattr(validate, name)
 
 
@@ -292,13 +316,13 @@ def test_cli_validate_bad_input_is_exit_2(tmp_path):
 def smollm2_report(smollm2_checkpoint, tmp_path_factory):
     """deploy's five-model cpu repository for SmolLM2, validated against transformers (reference from the plan)."""
     from pipeline.deploy import deploy_repository
-    from pipeline.plan import make_plan, resolve_model_info, save_plan
+    from pipeline.plan import make_plan, resolve_model_info
     from pipeline.targets import get_target
 
     root = tmp_path_factory.mktemp("smollm2-validate")
-    plan = save_plan(make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32"), root / "plan.json")
+    plan = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
     repo = deploy_repository(plan, root / "repo", checkpoint=smollm2_checkpoint).path
-    reference = reference_for(repo, None)  # found through the repository's manifest -> plan -> model
+    reference = reference_for(repo, None)  # found through the deployment deploy recorded in the manifest
     report = validate_repository(repo, root / "validation", ValidateOptions(
         golden=reference, max_tokens=8, load_test=True, concurrencies=(1, 4), requests_per_client=1))
     return report, root / "validation"

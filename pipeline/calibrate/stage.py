@@ -17,9 +17,10 @@ from pathlib import Path
 from .. import __version__
 from ..errors import UserError
 from ..precisions import QUANT_ALGO
-from ..outputs import atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date, write_manifest
+from ..outputs import fingerprint_inputs, stage_output
 from .amax import DEFAULT_PERCENTILE, METHODS
-from .checkpoint import LINEAR_NAMES, FloatCheckpoint, QuantizedCheckpointWriter, is_excluded, open_float_checkpoint
+from ..checkpoint import is_excluded
+from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
 from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples
 from .rounding import DEFAULT_DAMP, ROUNDINGS
@@ -114,23 +115,23 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     ckpt = open_float_checkpoint(checkpoint)
     check_options(ckpt, options)
     inputs = fingerprint_inputs([checkpoint] + _dataset_inputs(options.recipe))
-    params = options.params()
-    if is_up_to_date(out, STAGE, inputs, params):
-        config = json.loads((out / "config.json").read_text())
-        return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)
-    check_output_free(out, options.force)
+    with stage_output(out, STAGE, inputs, options.params(), force=options.force,
+                      extra={"source_checkpoint": str(checkpoint.resolve())}) as output:
+        if output.up_to_date:
+            config = json.loads((out / "config.json").read_text())
+            return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)
 
-    from ..runtime import LayerStream, perplexity, resolve_device
+        from ..runtime import LayerStream, perplexity, resolve_device
 
-    device = resolve_device(options.device)
-    tokenizer = load_tokenizer(checkpoint)
-    samples = tokenize_samples(load_texts(options.recipe), tokenizer, options.recipe)
-    heldout = heldout_sequences(tokenizer, options.eval_samples)
-    stream = LayerStream(checkpoint, device)
-    float_ppl = perplexity(stream, heldout, window=EVAL_WINDOW, progress=options.progress,
-                           desc="perplexity (float)") if heldout else None
+        device = resolve_device(options.device)
+        tokenizer = load_tokenizer(checkpoint)
+        samples = tokenize_samples(load_texts(options.recipe), tokenizer, options.recipe)
+        heldout = heldout_sequences(tokenizer, options.eval_samples)
+        stream = LayerStream(checkpoint, device)
+        float_ppl = perplexity(stream, heldout, window=EVAL_WINDOW, progress=options.progress,
+                               desc="perplexity (float)") if heldout else None
 
-    with atomic_output_dir(out) as tmp:
+        tmp = output.dir
         writer = QuantizedCheckpointWriter(ckpt, options.precision, options.kv_cache, options.exclude,
                                            options.alpha if options.precision == "int8-sq" else None, tmp)
         calibrator = LayerCalibrator(ckpt, options, writer, quantized_modules(ckpt, options.exclude))
@@ -147,8 +148,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
         tokens = sum(len(s) for s in samples)
         write_reports(tmp / REPORT_DIR, options, calibrator.reports, calibrator.histograms, ppl, len(samples), tokens)
         seconds = time.monotonic() - started
-        write_manifest(tmp, STAGE, inputs, params, {"source_checkpoint": str(checkpoint.resolve()),
-                                                    "seconds": round(seconds, 2)})
+        output.extra["seconds"] = round(seconds, 2)
     return CalibrationResult(out, config, options.chosen_method, calibrator.reports, ppl, len(samples), tokens,
                              seconds)
 
@@ -166,7 +166,7 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
         raise UserError(f"--damp must be positive (got {options.damp})")
     if not 0.0 < options.percentile <= 100.0:
         raise UserError(f"--percentile must be in (0, 100] (got {options.percentile})")
-    context = ckpt.config.get("max_position_embeddings")
+    context = ckpt.cfg.arch.max_position_embeddings
     if context and options.recipe.seq_len > context:
         raise UserError(f"--seq-len {options.recipe.seq_len} is longer than the model's context "
                         f"(max_position_embeddings={context}); use at most {context}")
@@ -200,8 +200,7 @@ def heldout_sequences(tokenizer, count: int) -> list[list[int]]:
 
 def quantized_modules(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> dict[int, list[str]]:
     """The quantized linears of each layer (global names)."""
-    return {i: [f"transformer.layers.{i}.{lin}" for lin in LINEAR_NAMES
-                if not is_excluded(f"transformer.layers.{i}.{lin}", exclude)] for i in range(ckpt.num_layers)}
+    return {i: ckpt.layer_modules(i, exclude) for i in range(ckpt.num_layers)}
 
 
 def write_reports(directory: Path, options: CalibrateOptions, tensors: list[TensorReport],

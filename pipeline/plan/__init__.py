@@ -1,16 +1,18 @@
 """The plan stage: what fits on a target, and a build + Triton configuration that agree.
 
 `make_plan` takes the architecture numbers of a model, a target from the catalogue, a precision, a
-KV-cache precision, a tensor-parallel size and a workload, and returns a `Plan`: a memory budget,
-TensorRT-LLM 1.2.1 BuildConfig / PluginConfig values, the optimization profiles trtllm-build will
-derive from them, the Triton `tensorrt_llm` model parameters, and a roofline estimate. `save_plan`
-writes it as plan.json (upstream names as keys), `load_plan` reads it back.
+KV-cache precision, a tensor-parallel size and a workload, and returns a `Plan` for a backend
+(`pipeline.backends`: the engine on GPU targets, the reference runtime on the cpu target): a memory
+budget, for an engine the TensorRT-LLM 1.2.1 BuildConfig / PluginConfig values and the optimization
+profiles trtllm-build will derive from them, the Triton `tensorrt_llm` model parameters, and a roofline
+estimate. `save_plan` writes it as plan.json (upstream names as keys), `load_plan` reads it back.
 
 - `schema`: the inputs (Workload, Overrides, ModelInfo), the Plan and its parts, plan.json;
 - `memory`: bytes of weights, KV cache, activations and runtime reserve; roofline timings;
 - `trtllm`: TensorRT-LLM 1.2.1's rules (quantization names, tp/pp layouts, context length, paged
   context FMHA, optimization profiles);
-- `policy`: the choices (batch, tokens, plugins, KV cache) and the GPU and cpu planners;
+- `policy`: the checks every plan passes and the choice of backend; each backend's own planner is in
+  `pipeline.backends.<name>` (batch, tokens, plugins, KV cache);
 - `render`: the human-readable tables.
 """
 

@@ -24,14 +24,18 @@ def render_plan(plan: Plan) -> list:
     """Rich renderables: a readable summary of every section of the plan."""
     from rich.table import Table
 
+    from ..backends import backend_for   # the backends import the plan package
+
     m, w, mem, roof = plan.model, plan.workload, plan.memory, plan.roofline
     a = m.arch
+    backend = backend_for(plan.backend)
     out = [_kv_table(f"Plan: {m.name} on {plan.target.name}", [
         ("model", (f"{a.architecture}: {a.num_hidden_layers} layers, {a.num_attention_heads} heads "
                    f"({a.num_key_value_heads} KV) x {a.head_size}, hidden {a.hidden_size}, "
                    f"intermediate {a.intermediate_size}, vocab {a.vocab_size}")),
         ("target", (f"{plan.target.sku} (sm {plan.target.compute_capability or '-'}, "
                     f"{format_gib(plan.target.memory_bytes)}, {plan.target.bandwidth_bytes_per_s / 1e9:.0f} GB/s)")),
+        ("backend", f"{plan.backend}: {backend.summary}"),
         ("precision", f"{plan.precision} (engine dtype {plan.dtype}), KV cache {plan.kv_cache_dtype}"),
         ("parallelism", f"tp {plan.tp_size}, pp {plan.pp_size}"),
         ("workload", (f"input {w.input_len}, output {w.output_len} tokens, concurrency "
@@ -39,7 +43,7 @@ def render_plan(plan: Plan) -> list:
                       f"{f'{w.p99_latency_s:g} s' if w.p99_latency_s else 'none'}")),
         ("max_seq_len", f"{plan.max_seq_len} tokens (longest prompt + output of one request)"),
     ])]
-    out.append(_kv_table("Memory budget (per GPU)" if not plan.is_cpu else "Memory budget (host)", [
+    out.append(_kv_table(f"Memory budget ({backend.memory_scope})", [
         ("total", format_gib(mem.memory_bytes)),
         ("weights", f"{format_gib(mem.weights_bytes_per_rank)} (all ranks: {format_gib(plan.weights_bytes)})"),
         ("activations", f"{format_gib(mem.activation_bytes)} = {mem.activation_formula}"),
@@ -63,9 +67,6 @@ def render_plan(plan: Plan) -> list:
             profiles.add_row(str(i), str(p["num_tokens"]), str(p["batch_size_beam_width"]),
                              str(p["max_blocks_per_seq"]))
         out.append(profiles)
-    else:
-        no_engine = "none: the cpu target serves the checkpoint with the reference runtime"
-        out.append(_kv_table("engine", [("build", no_engine)]))
     out.append(_kv_table("triton (tensorrt_llm model parameters)", list(asdict(plan.triton).items())))
     out.append(_kv_table("Roofline estimate", [
         ("decode, batch 1", (f"{roof.decode_tokens_per_s_per_seq_batch1:.1f} tokens/s "

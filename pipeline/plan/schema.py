@@ -3,6 +3,10 @@
 Output field names are TensorRT-LLM 1.2.1 / tensorrtllm_backend names where one exists, so plan.json
 reads like the upstream configuration it becomes. `save_plan` writes it atomically, `load_plan` reads it
 back and turns anything that is not a plan into one clear message.
+
+`Plan.backend` names what serves the model (`pipeline.backends`: "engine" or "reference"); every stage
+after planning dispatches on it. Plans written before it was recorded get it from their target: the cpu
+target's reference runtime, an engine on any other.
 """
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ class PluginConfig:
 class TritonParams:
     """Parameters of the Triton models, named as the tensorrt_llm model's config.pbtxt placeholders."""
 
-    triton_backend: str                       # "tensorrtllm" | "python" (cpu target)
+    triton_backend: str                       # the backend's: "tensorrtllm" (engine) | "python" (reference)
     triton_max_batch_size: int
     decoupled_mode: bool
     max_queue_delay_microseconds: int
@@ -204,6 +208,7 @@ class Plan:
 
     model: ModelInfo
     target: Target
+    backend: str                      # pipeline.backends: "engine" | "reference"
     precision: str
     dtype: str
     kv_cache_dtype: str
@@ -217,7 +222,7 @@ class Plan:
     kv_bytes_per_token: int           # per GPU (TP-aware): what one token costs in one GPU's cache
     max_concurrent_sequences: int
     memory: MemoryBudget
-    engine: dict | None               # None: the cpu target has nothing to compile
+    engine: dict | None               # None: the backend compiles nothing
     build_config: BuildConfig | None
     plugin_config: PluginConfig | None
     optimization_profiles: list[dict]
@@ -226,15 +231,12 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     plan_version: int = PLAN_VERSION
 
-    @property
-    def is_cpu(self) -> bool:
-        return not self.target.is_gpu
-
     def to_dict(self) -> dict:
         return {
             "plan_version": self.plan_version,
             "model": self.model.to_dict(),
             "target": self.target.to_dict(),
+            "backend": self.backend,
             "precision": self.precision,
             "dtype": self.dtype,
             "kv_cache_dtype": self.kv_cache_dtype,
@@ -261,9 +263,12 @@ class Plan:
     def from_dict(cls, d: dict) -> Plan:
         target_keys = {f.name for f in fields(Target)}
         model, workload = ModelInfo.from_dict(d["model"]), Workload(**d["workload"])
+        target = Target(**{k: v for k, v in d["target"].items() if k in target_keys})
         return cls(
             model=model,
-            target=Target(**{k: v for k, v in d["target"].items() if k in target_keys}),
+            target=target,
+            # Plans written before the backend was recorded: the cpu target's reference runtime, else an engine.
+            backend=d.get("backend") or ("reference" if target.kind == "cpu" else "engine"),
             precision=d["precision"], dtype=d["dtype"], kv_cache_dtype=d["kv_cache_dtype"],
             quantization=d["quantization"], tp_size=d["tp_size"], pp_size=d["pp_size"],
             workload=workload,
@@ -296,6 +301,9 @@ def save_plan(plan: Plan, path: Path) -> Path:
 
 def load_plan(path: Path) -> Plan:
     path = Path(path)
+    if not path.exists():
+        raise UserError(f"plan {path} does not exist; make one with `trtpipe plan MODEL --target T "
+                        "--precision P -o plan.json`")
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -306,9 +314,16 @@ def load_plan(path: Path) -> Plan:
         raise UserError(f"{path} is not a trtpipe plan (plan_version {PLAN_VERSION}); "
                         "make one with `trtpipe plan MODEL --target T --precision P --json > plan.json`")
     try:
-        return Plan.from_dict(data)
+        plan = Plan.from_dict(data)
     except (KeyError, TypeError) as exc:
         raise UserError(f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-run `trtpipe plan`") from None
+    from ..backends import backend_for
+
+    try:
+        backend_for(plan.backend)
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    return plan
 
 
 # ----------------------------------------------------------------------------------------------

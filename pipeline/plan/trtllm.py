@@ -67,7 +67,7 @@ def split_num_tokens_range(max_num_tokens: int) -> list[list[int]]:
     """GenerationMixin.split_num_tokens_range for multiple_profiles, with split points 64..1024.
 
     Upstream returns the flat list [1, max, max] (not a list of ranges) when max_num_tokens <= 64;
-    the planner never enables multiple_profiles there (see `choose_multiple_profiles`).
+    the planner never enables multiple_profiles there (see `pipeline.backends.engine.choose_multiple_profiles`).
     """
     points = [64, 128, 256, 512, 1024]
     if max_num_tokens <= points[0]:

@@ -25,9 +25,10 @@ from .checks import GoldenReference, config_differences, parse_config
 from .client import EnsembleClient
 from .load_test import run_level
 from .report import DEFAULT_PROMPTS, CheckResult, ValidateOptions, ValidationReport, render_report
-from .stage import reference_for, validate_repository
+from .stage import golden_reference, reference_for, validate_repository
 
 __all__ = [
     "DEFAULT_PROMPTS", "CheckResult", "EnsembleClient", "GoldenReference", "ValidateOptions", "ValidationReport",
-    "config_differences", "parse_config", "reference_for", "render_report", "run_level", "validate_repository",
+    "config_differences", "golden_reference", "parse_config", "reference_for", "render_report", "run_level",
+    "validate_repository",
 ]

@@ -1,5 +1,7 @@
 """The validate stage: serve a repository (or connect to a running server), run every check in order and
-write report.json atomically; and the golden reference a repository's own deploy records call for.
+write report.json atomically; and the golden reference: from what the caller knows (`golden_reference`,
+as `trtpipe build` calls it), or from the record deploy wrote into the repository's manifest
+(`reference_for`, for `trtpipe validate REPO`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..outputs import atomic_output_dir
+from ..precisions import QUANT_ALGO
 from ..server import TritonServer, connect, embedded_server
 from .checks import (
     GoldenReference,
@@ -72,35 +75,25 @@ def default_grpc_url(http_url: str) -> str:
     return f"{host}:{int(port) + 1}" if port.isdigit() else f"{host_port}:8001"
 
 
-def golden_spec_from_repo(repo: Path) -> tuple[str | None, bool]:
-    """(model spec, exact) recorded by deploy: the plan's model when it is not a bare checkpoint."""
-    try:
-        manifest = json.loads((repo / "manifest.json").read_text())
-        plan = json.loads(Path(manifest["plan"]).read_text())
-    except (OSError, KeyError, ValueError, TypeError):
-        return None, True
-    model = plan.get("model", {})
-    exact = plan.get("precision") not in ("fp8", "int8-sq")
-    if model.get("source") in (None, "checkpoint", "arch"):
-        return None, exact
-    return model.get("path") or model.get("name"), exact
+def golden_reference(model: str | None, *, precision: str, weights_dtype: str,
+                     device: str = "auto") -> GoldenReference | None:
+    """The golden reference for a repository serving MODEL at PRECISION from a WEIGHTS_DTYPE checkpoint: the
+    Hugging Face model run with its weights rounded to that dtype, compared exactly unless quantized."""
+    from ..golden import GoldenReference as StreamedReference
+
+    if model is None:
+        return None
+    return StreamedReference.from_spec(model, exact=precision not in QUANT_ALGO, weights_dtype=weights_dtype,
+                                       device=device)
 
 
 def reference_for(repo: Path | None, golden: str | None, device: str = "auto") -> GoldenReference | None:
-    """The golden reference: --golden MODEL, else the model recorded in the repository's plan, else None."""
-    from ..golden import GoldenReference as StreamedReference
+    """`trtpipe validate REPO`'s golden reference: --golden MODEL, else the model deploy recorded in REPO's
+    manifest (`pipeline.deploy.read_deployment`), with the precision and dtype recorded there (an exact
+    float32 comparison for a repository deploy did not write); None when there is no model to compare with."""
+    from ..deploy import read_deployment
 
-    spec, exact = golden_spec_from_repo(Path(repo)) if repo else (None, True)
-    spec = golden or spec
-    dtype = served_checkpoint_dtype(Path(repo)) if repo else "float32"
-    return StreamedReference.from_spec(spec, exact=exact, weights_dtype=dtype, device=device) if spec else None
-
-
-def served_checkpoint_dtype(repo: Path) -> str:
-    """The weight dtype of the checkpoint a cpu-target repository serves (float32 when unknown)."""
-    try:
-        dtype = json.loads((repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").read_text())["dtype"]
-    except (OSError, KeyError, ValueError, TypeError):
-        return "float32"
-    return dtype if dtype in ("float16", "bfloat16", "float32") else "float32"
-
+    served = read_deployment(Path(repo)) if repo else None
+    return golden_reference(golden or (served.model if served else None),
+                            precision=served.precision if served else "fp32",
+                            weights_dtype=served.weights_dtype if served else "float32", device=device)

@@ -1,0 +1,38 @@
+"""The backends: which software serves a plan's model, and what each stage does differently because of it.
+
+The plan names its backend (`plan.backend`, a key of `BACKENDS`); plan, build, compile, deploy and
+validate dispatch on that name through `backend_for`, never on the target. One module per backend:
+
+- `engine`: a TensorRT-LLM 1.2.1 engine (trtllm-build) in Triton's `tensorrtllm` backend (GPU targets);
+- `reference`: trtpipe's reference runtime serving the checkpoint from a Triton Python model (the cpu target).
+
+`base.Backend` is what a backend provides. Adding one (e.g. `pytorch`, the TensorRT-LLM LLM API with no
+compile step) is a module with a `BACKEND` object and an entry here.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from ..targets import Target
+from .base import ENGINE, REFERENCE, Backend
+from .engine import BACKEND as _ENGINE
+from .reference import BACKEND as _REFERENCE
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (_ENGINE, _REFERENCE)}
+#: The backend a target kind gets when the plan request names none.
+DEFAULT_BACKEND = {"gpu": ENGINE, "cpu": REFERENCE}
+
+
+def backend_for(name: str) -> Backend:
+    """The backend called `name` (a plan's `backend`); UserError for a name trtpipe does not know."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UserError(f"unknown backend {name!r}; trtpipe knows {', '.join(BACKENDS)}") from None
+
+
+def default_backend(target: Target) -> str:
+    return DEFAULT_BACKEND[target.kind]
+
+
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "ENGINE", "REFERENCE", "Backend", "backend_for", "default_backend"]

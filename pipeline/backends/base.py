@@ -1,0 +1,73 @@
+"""What a backend provides, and the few things the backends share.
+
+A backend is the software that serves a plan's model inside Triton as the `tensorrt_llm` model; the
+plan names it (`plan.backend`) and every stage after planning dispatches on that name through
+`pipeline.backends.backend_for`, never on the target:
+
+- plan: the backend's planner turns a checked request (`PlanRequest`) into a `Plan`;
+- build: `build_artifact` makes what the backend serves besides the checkpoint (the engine backend
+  compiles an engine; the reference backend builds nothing);
+- deploy: `check_artifacts`, `repository_inputs`, `model_parameters` and `write_model` give the
+  `tensorrt_llm` model its backend, parameters and files; the other four models are the same for all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..compile import CompileResult
+    from ..plan import Plan
+    from ..plan.policy import PlanRequest
+
+#: The backends' names as plan.json spells them.
+ENGINE = "engine"
+REFERENCE = "reference"
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: The Python model sources shipped with trtpipe as package data (data/model_repo/<model>/1/model.py).
+MODEL_SOURCES = PACKAGE_DIR / "data" / "model_repo"
+
+
+class Backend(Protocol):
+    """One backend: its planner, its build step and its part of the model repository."""
+
+    name: str                        # plan.json's `backend`
+    triton_backend: str              # the Triton backend of the `tensorrt_llm` model
+    target_kinds: tuple[str, ...]    # the target kinds it plans for ("gpu", "cpu")
+    exact_checkpoint_dtype: bool     # serves a checkpoint in its own dtype (an engine is built in it)
+    serves_embedded: bool            # trtpipe's embedded Triton server (this machine) can serve it
+    memory_scope: str                # whose memory the plan budgets: "per GPU" | "host"
+    summary: str                     # one line for people: what serves the model
+
+    def plan(self, request: PlanRequest) -> Plan:
+        """The plan for a request `make_plan` has checked; UserError for anything that cannot work."""
+
+    def checkpoint_dtype(self, plan: Plan) -> str:
+        """The float dtype the checkpoint for `plan` is converted to."""
+
+    def build_artifact(self, checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool,
+                       force: bool) -> CompileResult | None:
+        """Build what the backend serves besides the checkpoint into `out`; None: nothing to build."""
+
+    def check_artifacts(self, engine: Path | None, checkpoint: Path | None) -> tuple[Path | None, Path | None]:
+        """deploy's --engine and --checkpoint, checked and resolved (UserError names what is missing)."""
+
+    def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
+        """The files deploy reads for this backend's `tensorrt_llm` model (its manifest fingerprints them)."""
+
+    def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
+        """The `tensorrt_llm` model's config.pbtxt parameters."""
+
+    def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
+        """Files of the `tensorrt_llm` model's version directory (`REPO/tensorrt_llm/1`)."""
+
+
+def parameter_string(value) -> str:
+    """A config.pbtxt parameter value: booleans as true/false, lists comma-separated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(parameter_string(v) for v in value)
+    return str(value)

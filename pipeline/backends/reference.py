@@ -1,0 +1,222 @@
+"""The reference backend: trtpipe's reference runtime serves the TensorRT-LLM checkpoint from a Triton
+Python-backend `tensorrt_llm` model (the cpu target; no engine, nothing to build).
+
+- plan: float32 weights and KV cache in host memory, small dynamic batches (`plan_reference`);
+- build: nothing (the checkpoint is what it serves);
+- deploy: `REPO/tensorrt_llm/1` gets data/model_repo/tensorrt_llm/1/model.py, the checkpoint
+  (`checkpoint/`, hard links when possible) and the runtime package (`pipeline/`, exactly the modules
+  `pipeline.runtime` imports), so the server's Python needs torch, safetensors, numpy and transformers
+  but not trtpipe itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+from ..errors import UserError
+from ..plan.memory import (
+    CUDA_CONTEXT_RESERVE,
+    format_gib,
+    kv_bytes_per_token,
+    prefill_seconds,
+    roofline,
+    weights_per_rank_by_stage,
+)
+from ..plan.policy import QUEUE_BATCHES, PlanRequest, latency_batch_cap
+from ..plan.schema import MemoryBudget, Plan, TritonParams
+from ..plan.trtllm import quantization
+from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
+from .base import MODEL_SOURCES, PACKAGE_DIR, REFERENCE, parameter_string
+
+TRITON_BACKEND = "python"
+#: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
+#: (an engine's in-flight batching schedules per iteration and plans no queue delay).
+QUEUE_DELAY_US = 1000
+#: The `tensorrt_llm` model's source, copied into REPO/tensorrt_llm/1/.
+MODEL_SOURCE = MODEL_SOURCES / "tensorrt_llm" / "1" / "model.py"
+CHECKPOINT_DIR = "checkpoint"
+
+
+class ReferenceBackend:
+    name = REFERENCE
+    triton_backend = TRITON_BACKEND
+    target_kinds = ("cpu",)
+    exact_checkpoint_dtype = False   # any checkpoint dtype, computed in float32
+    serves_embedded = True
+    memory_scope = "host"
+    summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        return plan_reference(request)
+
+    def checkpoint_dtype(self, plan: Plan) -> str:
+        """fp16/bf16/fp32 name it; quantized checkpoints are float32, the dtype the runtime computes in."""
+        return FLOAT_DTYPES.get(plan.precision, "float32")
+
+    def build_artifact(self, checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool, force: bool) -> None:
+        """Nothing to build: the checkpoint is served as it is."""
+        return None
+
+    def check_artifacts(self, engine: Path | None, checkpoint: Path | None) -> tuple[Path | None, Path | None]:
+        if checkpoint is None:
+            raise UserError("the reference backend (the cpu target) serves the checkpoint with the reference "
+                            "runtime: pass --checkpoint DIR (a `trtpipe convert` or `trtpipe calibrate` output)")
+        checkpoint = Path(checkpoint).resolve()
+        if not (checkpoint / "config.json").is_file() or not list(checkpoint.glob("rank*.safetensors")):
+            raise UserError(f"{checkpoint} is not a TensorRT-LLM checkpoint (config.json + rank<N>.safetensors); "
+                            "make one with `trtpipe convert`")
+        return None, checkpoint
+
+    def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
+        if not MODEL_SOURCE.is_file():
+            raise UserError(f"trtpipe's model source {MODEL_SOURCE} is missing; reinstall trtpipe")
+        return [MODEL_SOURCE, *runtime_closure(), checkpoint]
+
+    def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
+        return {"checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
+                "exclude_input_in_output": parameter_string(plan.triton.exclude_input_in_output)}
+
+    def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
+        shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
+        copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
+        copy_runtime(runtime_closure(), version_dir)
+
+
+BACKEND = ReferenceBackend()
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan
+
+
+def plan_reference(request: PlanRequest) -> Plan:
+    """The reference runtime serves the checkpoint in float32 on the host: no engine, small dynamic batches."""
+    model, target, precision, kv_dtype = request.model, request.target, request.precision, request.kv_cache_dtype
+    workload, overrides, max_context, warnings = (request.workload, request.overrides, request.max_context,
+                                                  list(request.warnings))
+    arch = model.arch
+    if overrides.max_num_tokens or overrides.opt_num_tokens or overrides.multiple_profiles is not None \
+            or overrides.use_paged_context_fmha is not None or overrides.enable_kv_cache_reuse \
+            or overrides.kv_cache_free_gpu_mem_fraction is not None:
+        raise UserError("engine options (--max-num-tokens, --opt-num-tokens, --multiple-profiles, "
+                        "--paged-context-fmha, --kv-cache-reuse, --kv-cache-free-gpu-mem-fraction) "
+                        f"contradict --target {target.name}, whose {REFERENCE} backend builds no engine")
+    stages = weights_per_rank_by_stage(arch, "fp32", "float32", 1, 1)
+    weights = stages[0]
+    kv_per_token = kv_bytes_per_token(arch, "float32", 1, 1)
+    memory = target.memory_bytes
+    reserve = CUDA_CONTEXT_RESERVE   # Python, PyTorch and Triton processes
+    if weights + reserve >= memory:
+        raise UserError(f"{model.name} needs {format_gib(weights)} of float32 weights in the reference "
+                        f"runtime; the cpu target assumes {format_gib(memory)} of host memory. Use a GPU target")
+    batch = overrides.max_batch_size or min(workload.concurrency or target.triton_max_batch_size,
+                                            target.triton_max_batch_size)
+    if workload.concurrency and overrides.max_batch_size and overrides.max_batch_size < workload.concurrency:
+        raise UserError(f"--max-batch-size {overrides.max_batch_size} contradicts --concurrency {workload.concurrency}")
+    free = memory - weights - reserve
+    kv_tokens = free // kv_per_token
+    if kv_tokens < max_context:
+        raise UserError(f"no room for one sequence of {max_context} tokens of float32 KV cache in "
+                        f"{format_gib(free)} of host memory left; lower --max-context")
+    fit = kv_tokens // (workload.input_len + workload.output_len)
+    concurrent = max(1, min(batch, fit))
+    prefill_s = prefill_seconds(arch, workload.input_len, "fp32", 1, target)
+    if workload.p99_latency_s is not None:
+        cap = latency_batch_cap(workload.p99_latency_s, prefill_s, workload, weights,
+                                workload.input_len + workload.output_len / 2, kv_per_token, target)
+        batch = min(batch, cap)
+        concurrent = min(concurrent, batch)
+    if precision in QUANT_ALGO:
+        warnings.append(f"cpu target: the reference runtime computes in float32 and simulates {precision} "
+                        "from the checkpoint's scales")
+    triton = TritonParams(
+        triton_backend=TRITON_BACKEND, triton_max_batch_size=batch, decoupled_mode=True,
+        max_queue_delay_microseconds=QUEUE_DELAY_US, max_queue_size=QUEUE_BATCHES * batch,
+        preferred_batch_size=[batch])
+    budget = MemoryBudget(
+        memory_bytes=memory, weights_bytes_per_rank=weights, activation_bytes=0,
+        activation_formula="not planned: PyTorch allocates the reference runtime's activations per call",
+        activation_basis="the cpu target builds no engine, so nothing is reserved ahead of time",
+        runtime_reserve_bytes=reserve, runtime_reserve_formula="1 GiB for the Python/PyTorch/Triton processes",
+        free_bytes=free, kv_cache_free_gpu_mem_fraction=1.0, kv_cache_bytes=kv_tokens * kv_per_token,
+        kv_cache_tokens=kv_tokens)
+    return Plan(
+        model=model, target=target, backend=REFERENCE, precision=precision, dtype="float32",
+        kv_cache_dtype=kv_dtype if kv_dtype in KV_CACHE_QUANT_ALGO else "float32",
+        quantization=quantization(precision, kv_dtype),
+        tp_size=request.tp, pp_size=request.pp, workload=workload, max_seq_len=max_context, weights_bytes=weights,
+        weights_bytes_per_rank=weights,
+        kv_bytes_per_token=kv_per_token, max_concurrent_sequences=concurrent, memory=budget, engine=None,
+        build_config=None, plugin_config=None, optimization_profiles=[], triton=triton,
+        roofline=roofline(target, workload, weights, kv_per_token, batch, prefill_s),
+        warnings=warnings)
+
+
+# ----------------------------------------------------------------------------------------------
+# The files
+
+
+def copy_checkpoint(checkpoint: Path, dest: Path) -> None:
+    """config.json and the rank files; hard links when the file system allows (checkpoints are big)."""
+    dest.mkdir(parents=True)
+    for f in [checkpoint / "config.json", *sorted(checkpoint.glob("rank*.safetensors"))]:
+        try:
+            (dest / f.name).hardlink_to(f)
+        except OSError:
+            shutil.copyfile(f, dest / f.name)
+
+
+def runtime_closure() -> list[Path]:
+    """`pipeline/__init__.py`, `pipeline/runtime/**.py` and every pipeline module they import, transitively."""
+    runtime = PACKAGE_DIR / "runtime"
+    if not (runtime / "__init__.py").is_file():
+        raise UserError("trtpipe's reference runtime (pipeline/runtime) is missing; the reference backend needs it")
+    todo = [PACKAGE_DIR / "__init__.py", *sorted(runtime.rglob("*.py"))]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo.extend(pipeline_imports(path))
+    return sorted(seen)
+
+
+def pipeline_imports(path: Path) -> list[Path]:
+    """Files of the `pipeline` package that the module at `path` imports (absolute or relative)."""
+    package = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[tuple[str, ...]] = []
+        if isinstance(node, ast.Import):
+            targets = [tuple(a.name.split(".")) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = tuple(node.module.split(".")) if node.module else ()
+            if node.level:
+                base = package[:len(package) - node.level + 1] + base
+            targets = [base] + [base + (a.name,) for a in node.names]
+        for parts in targets:
+            if parts and parts[0] == "pipeline":
+                found.extend(_module_files(parts))
+    return found
+
+
+def _module_files(parts: tuple[str, ...]) -> list[Path]:
+    """The file of module `parts` plus the __init__.py of every package on the way."""
+    files = []
+    for i in range(1, len(parts) + 1):
+        base = PACKAGE_DIR.parent.joinpath(*parts[:i])
+        if (base / "__init__.py").is_file():
+            files.append(base / "__init__.py")
+        elif base.with_suffix(".py").is_file():
+            files.append(base.with_suffix(".py"))
+    return files
+
+
+def copy_runtime(files: list[Path], version_dir: Path) -> None:
+    for f in files:
+        dest = version_dir / f.relative_to(PACKAGE_DIR.parent)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
