@@ -189,10 +189,6 @@ class RankFile:
         m = LAYER_TENSOR.match(name)
         return f"transformer.layers.{int(m.group(1)) + self.layer_offset}.{m.group(2)}" if m else name
 
-    def local_name(self, global_name: str) -> str:
-        m = LAYER_TENSOR.match(global_name)
-        return f"transformer.layers.{int(m.group(1)) - self.layer_offset}.{m.group(2)}" if m else global_name
-
 
 def open_rank_files(ckpt_dir: Path, cfg: CheckpointConfig) -> list[RankFile]:
     """The rank files config.json's mapping calls for, each holding its stage's layers (UserError otherwise)."""

@@ -30,8 +30,7 @@ from .errors import UserError
 from .model.layout import Rank, padded_vocab, shard
 from .model.spec import HF_LAYER, ROW, TRT_LAYER, LinearSpec, dims
 from .precisions import DTYPE_CODES
-from .outputs import (atomic_output_dir, check_output_free, fingerprint_inputs, is_up_to_date,
-                      write_manifest)
+from .outputs import fingerprint_inputs, stage_output
 from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec, torch_dtype
 from .sources import ModelSource, read_hf_arch
 
@@ -73,23 +72,22 @@ def convert_model(source: ModelSource, out: Path, *, dtype: str | None = None, t
     dtype = config.dtype
     inputs = fingerprint_inputs([hf_dir])
     params = {"dtype": dtype, "tp": tp, "pp": pp}
-    if is_up_to_date(out, STAGE, inputs, params):
-        return ConvertResult(out, json.loads((out / "config.json").read_text()), True, 0.0, 0)
-    check_output_free(out, force)
-
-    start = time.perf_counter()
-    return_freed_tensor_memory()
-    weights = LazyWeights(hf_dir)
-    check_source_tensors(weights, arch, hf_dir)
-    jobs = {pos.rank: rank_jobs(arch, weights, pos, DTYPE_CODES[dtype]) for pos in config.layout.ranks}
-    total = sum(spec.nbytes for rank_list in jobs.values() for spec, _ in rank_list)
-    with atomic_output_dir(out) as tmp, _progress(progress) as bar:
-        task = bar.add_task("convert", total=total)
-        for rank, rank_list in sorted(jobs.items()):
-            write_rank_file(tmp / f"rank{rank}.safetensors", rank_list, lambda n: bar.advance(task, n))
-        config.write(tmp)
-        copy_tokenizer_files(hf_dir, tmp)
-        write_manifest(tmp, STAGE, inputs, params, {"source": source.spec, "trtllm_version": TRTLLM_VERSION})
+    extra = {"source": source.spec, "trtllm_version": TRTLLM_VERSION}
+    with stage_output(out, STAGE, inputs, params, force=force, extra=extra) as output:
+        if output.up_to_date:
+            return ConvertResult(out, json.loads((out / "config.json").read_text()), True, 0.0, 0)
+        start = time.perf_counter()
+        return_freed_tensor_memory()
+        weights = LazyWeights(hf_dir)
+        check_source_tensors(weights, arch, hf_dir)
+        jobs = {pos.rank: rank_jobs(arch, weights, pos, DTYPE_CODES[dtype]) for pos in config.layout.ranks}
+        total = sum(spec.nbytes for rank_list in jobs.values() for spec, _ in rank_list)
+        with _progress(progress) as bar:
+            task = bar.add_task("convert", total=total)
+            for rank, rank_list in sorted(jobs.items()):
+                write_rank_file(output.dir / f"rank{rank}.safetensors", rank_list, lambda n: bar.advance(task, n))
+        config.write(output.dir)
+        copy_tokenizer_files(hf_dir, output.dir)
     return ConvertResult(out, config.to_dict(), False, time.perf_counter() - start, total)
 
 

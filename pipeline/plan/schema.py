@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..arch import ModelArch
+from ..checkpoint import CheckpointConfig
 from ..errors import UserError
 from ..targets import Target
 from .trtllm import TOKENS_PER_BLOCK, model_context_limit
@@ -345,14 +346,10 @@ def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
     """A preset, HF directory, GGUF, hub id (via pipeline.sources) or a TensorRT-LLM checkpoint."""
     path = Path(spec).expanduser()
     if path.is_dir() and is_trtllm_checkpoint(path):
-        cfg_path = path / "config.json"
-        cfg = json.loads(cfg_path.read_text())
-        mapping = cfg.get("mapping") or {}
-        return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()),
-                         arch=ModelArch.from_checkpoint_config(cfg, str(cfg_path)),
-                         checkpoint_quantization=cfg.get("quantization") or {},
-                         checkpoint_tp_size=int(mapping.get("tp_size", 1)),
-                         checkpoint_pp_size=int(mapping.get("pp_size", 1)))
+        cfg = CheckpointConfig.read(path)
+        return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()), arch=cfg.arch,
+                         checkpoint_quantization=cfg.quantization, checkpoint_tp_size=cfg.layout.tp,
+                         checkpoint_pp_size=cfg.layout.pp)
     from ..sources import resolve_model
 
     source = resolve_model(spec, model_dir)
