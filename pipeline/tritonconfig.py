@@ -1,7 +1,7 @@
 """Triton model configurations as `ModelConfig` protobuf messages (tritonclient's `model_config_pb2`).
 
 The tensor contract is that of NVIDIA's `inflight_batcher_llm` templates (tensorrtllm_backend
-`all_models/inflight_batcher_llm@c2e65b8`, upstream-facts B), restricted to decoder-only text models:
+`all_models/inflight_batcher_llm@c2e65b8`, docs/upstream-facts.md §B), restricted to decoder-only text models:
 the multimodal, encoder-decoder, prompt-tuning, LoRA, speculative-decoding and guided-decoding tensors
 are not declared. Every name, data type and shape that is declared is NVIDIA's, so clients written for
 NVIDIA's deployments work unchanged. Configs are built here and serialized with protobuf `text_format`;

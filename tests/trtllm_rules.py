@@ -1,5 +1,5 @@
 """TensorRT-LLM's checkpoint rules written out independently with plain torch ops (docs/model-families.md
-§2.2, §6; upstream-facts A1), for the tests to check convert against: what one rank file must hold."""
+§2.2, §6; docs/upstream-facts.md §A1), for the tests to check convert against: what one rank file must hold."""
 
 from __future__ import annotations
 

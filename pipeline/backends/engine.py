@@ -42,7 +42,7 @@ from .base import ENGINE, parameter_string
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
 DEFAULT_KV_FRACTION = 0.9
-#: Parameters of NVIDIA's tensorrt_llm config.pbtxt (tensorrtllm_backend@c2e65b8, upstream-facts B).
+#: Parameters of NVIDIA's tensorrt_llm config.pbtxt (tensorrtllm_backend@c2e65b8, docs/upstream-facts.md §B).
 TRTLLM_PARAMETERS = {
     "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
     "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",

@@ -1,7 +1,7 @@
 """amax methods over a histogram of |x|: max, percentile, mse and entropy (KL divergence).
 
 The semantics are NVIDIA's (`HistogramCalibrator` in nvidia-modelopt / pytorch-quantization, see
-upstream-facts D): candidates start at bin 128, the entropy search compares the clipped reference
+docs/upstream-facts.md §D): candidates start at bin 128, the entropy search compares the clipped reference
 distribution (tail folded into the last kept bin) with its quantized version (each bucket's mass
 spread evenly over the bucket's non-empty bins), `bins[0]` is replaced by `bins[1]`, and the last
 minimum wins; amax is the right edge of the last kept bin.

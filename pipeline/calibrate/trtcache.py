@@ -1,6 +1,6 @@
 """TensorRT calibration cache (the IInt8EntropyCalibrator2 text format), for ONNX/TensorRT tooling.
 
-Format (upstream-facts D): a header line `TRT-<version>-EntropyCalibration2`, then one line per tensor
+Format (docs/upstream-facts.md §D): a header line `TRT-<version>-EntropyCalibration2`, then one line per tensor
 `name: <8 hex digits>` holding the IEEE-754 float32 *scale*; the dynamic range a reader restores is
 scale x 127. `<version>` is TensorRT's NV_TENSORRT_VERSION of the release TensorRT-LLM 1.2.1 ships with
 (TensorRT 10.14.1: 10 * 10000 + 14 * 100 + 1 = 101401); TensorRT rejects caches from other versions.

@@ -1,6 +1,6 @@
 """TensorRT-LLM 1.2.1 build rules the planner must obey: names, defaults, layouts, profiles.
 
-Upstream rules used here (see reference/upstream-facts.md A2-A4; TensorRT-LLM 1.2-era sources):
+Upstream rules used here (docs/upstream-facts.md §A2-§A4; TensorRT-LLM 1.2-era sources):
 - tensorrt_llm/builder.py `build()`: FP8 context FMHA only with an FP8 quant_algo and sm >= 89;
   with paged context FMHA it needs an FP8 KV cache; paged context FMHA is switched off with an INT8
   KV cache and with an FP8 KV cache when the weights are not FP8; FP8 forces strongly_typed.
