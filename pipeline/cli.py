@@ -16,6 +16,8 @@ from . import __version__
 from .errors import UserError
 from .precisions import PRECISIONS
 
+#: The image the Dockerfile builds (`docker build -t trtpipe:VERSION .`), for `trtpipe k8s`.
+DEFAULT_IMAGE = f"trtpipe:{__version__}"
 MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging Face directory, a GGUF file "
               "or a hub id.")
 
@@ -116,8 +118,11 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--samples", type=int, default=None, help="Calibration samples (default: the recipe's).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @device_option("calibration and the golden reference run")
+@click.option("--k8s", "k8s_manifests", is_flag=True,
+              help="Also write Kubernetes manifests, alerts and a dashboard to OUT/k8s (see `trtpipe k8s`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
-def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir, device, as_json):
+def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir, device, k8s_manifests,
+          as_json):
     """Run every stage: convert, calibrate, plan, compile, deploy, validate.
 
     \b
@@ -138,6 +143,11 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:
         sys.exit(1)
+    if k8s_manifests:
+        from .k8s import K8sOptions, write_k8s
+
+        written = write_k8s(out, out / "k8s", K8sOptions(image=DEFAULT_IMAGE, force=True))
+        click.echo(written.summary(), err=as_json)
 
 
 @main.command()
@@ -479,6 +489,43 @@ def serve(repo, port, host, log_path, timeout):
     from .server import serve_forever
 
     serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout, echo=click.echo)
+
+
+@main.command()
+@click.argument("build_or_repo", metavar="BUILD_OR_REPO", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="Directory for the manifests (kustomization.yaml, ...), the alerts and the dashboard.")
+@click.option("--image", default=DEFAULT_IMAGE, show_default=True,
+              help="The trtpipe image (the Dockerfile's: Triton 25.12 with TensorRT-LLM 1.2.1), pushed where the "
+                   "cluster pulls from.")
+@click.option("--replicas", default="1:4", show_default=True, metavar="MIN:MAX", help="Autoscaling bounds.")
+@click.option("--namespace", default="default", show_default=True, help="Namespace of every object.")
+@click.option("--repo-source", default=None, metavar="pvc|pvc:CLAIM",
+              help="Where pods find the model repository: pvc (default) writes a new PersistentVolumeClaim to fill "
+                   "with the loader pod; pvc:CLAIM uses an existing, already filled claim.")
+@click.option("--scale-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="queue:compute ratio the autoscaler holds (default: from the plan's --p99-latency, else 1.0).")
+@click.option("--name", default=None, help="Name of every object (default: <model>-<target>).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+def k8s(build_or_repo, out, image, replicas, namespace, repo_source, scale_ratio, name, force):
+    """Kubernetes manifests for a built model repository: Triton, autoscaling, alerts, a Grafana dashboard.
+
+    \b
+    BUILD_OR_REPO is a `trtpipe build` directory or a `trtpipe deploy` repository; its plan sizes the pods
+    (GPUs = tp x pp, memory, /dev/shm, startup and drain times). Writes kustomization.yaml with the
+    Deployment, Service, HorizontalPodAutoscaler (on triton:queue_compute:ratio), PodDisruptionBudget,
+    PodMonitor, PrometheusRule and the model-repository volume; model-repo-loader.yaml and
+    grafana-dashboard.json beside them. Nothing is built in the cluster (docs/kubernetes.md).
+    Examples:
+      trtpipe k8s out/smollm2 -o out/smollm2/k8s
+      trtpipe k8s out/llama3 -o k8s/llama3 --image registry.example.com/trtpipe:0.1.0 --replicas 2:8 --namespace llm
+      kubectl apply -k out/smollm2/k8s
+    """
+    from .k8s import K8sOptions, write_k8s
+
+    options = K8sOptions(image=image, replicas=replicas, namespace=namespace, repo_source=repo_source,
+                         scale_ratio=scale_ratio, name=name, force=force)
+    click.echo(write_k8s(build_or_repo, out, options).summary())
 
 
 @main.command()

@@ -1,0 +1,127 @@
+"""`trtpipe k8s`: Kubernetes manifests, autoscaling, alerts and a dashboard for a built model repository.
+
+- `source`: reads a build directory or a `trtpipe deploy` repository (the plan sizes everything) and the flags;
+- `manifests`: Deployment, Service, HorizontalPodAutoscaler, PodDisruptionBudget, the model-repository
+  volume (a PersistentVolumeClaim and a loader pod) and, for an engine, the engine path's ConfigMap;
+- `monitoring`: the metric names, the queue:compute recording rules and alerts, PodMonitor, PrometheusRule;
+- `dashboard`: the Grafana dashboard from the same names.
+
+`write_k8s` writes them into a temporary sibling of the output directory and renames it into place, so
+a failure leaves no half-written set. docs/kubernetes.md says why each choice was made.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..outputs import atomic_output_dir, check_output_free
+from . import manifests as k
+from .monitoring import QUEUE_COMPUTE_RATIO, Monitoring, pod_monitor, prometheus_rule
+from .source import (DeploymentSource, Replicas, RepoSource, check_name, parse_replicas, parse_repo_source,
+                     read_source)
+
+__all__ = ["K8sOptions", "K8sResult", "parse_replicas", "read_source", "scale_ratio", "write_k8s"]
+
+#: The queue:compute ratio the autoscaler holds when the plan gives no latency budget: queueing as long
+#: as computing (the tutorial chart's default, 1000m).
+DEFAULT_SCALE_RATIO = 1.0
+#: Labels kube-prometheus-stack's Prometheus selects PodMonitors and PrometheusRules by (its Helm release
+#: name, `prometheus` in NVIDIA's tutorial).
+PROMETHEUS_LABELS = {"release": "prometheus"}
+KUSTOMIZATION = "kustomization.yaml"
+LOADER = "model-repo-loader.yaml"
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    image: str
+    replicas: str = "1:4"
+    namespace: str = "default"
+    repo_source: str | None = None
+    scale_ratio: float | None = None     # None: from the plan
+    name: str | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class K8sResult:
+    out: Path
+    files: list[str]
+    name: str
+    scale_ratio: float
+
+    def summary(self) -> str:
+        return (f"wrote {len(self.files)} files to {self.out} for {self.name} (autoscaling at queue:compute "
+                f"{self.scale_ratio:g})\napply with `kubectl apply -k {self.out}` (see docs/kubernetes.md first: "
+                f"the model repository goes onto its volume with {LOADER})")
+
+
+def scale_ratio(src: DeploymentSource, flag: float | None) -> float:
+    """The flag's ratio, else the plan's: the queueing its p99 budget leaves per second of computing.
+
+    With `--p99-latency` the plan knows the end-to-end budget and its roofline the request latency; the
+    difference is what a request may wait. Without one, the tutorial's 1.0.
+    """
+    if flag is not None:
+        return flag
+    budget, compute = src.plan.workload.p99_latency_s, src.plan.roofline.request_latency_s
+    if budget is None or compute <= 0:
+        return DEFAULT_SCALE_RATIO
+    return round(min(10.0, max(0.1, (budget - compute) / compute)), 3)
+
+
+def monitoring_for(src: DeploymentSource, namespace: str, ratio: float) -> Monitoring:
+    """The queue-time alert fires at twice the queueing the autoscaler aims for (at least a second)."""
+    queue_alert_us = round(2 * ratio * src.plan.roofline.request_latency_s * 1e6)
+    return Monitoring(name=src.name, namespace=namespace, queue_alert_us=max(queue_alert_us, 1_000_000))
+
+
+def render(src: DeploymentSource, options: K8sOptions, replicas: Replicas, source: RepoSource, ratio: float,
+           m: Monitoring) -> dict[str, dict]:
+    """File name -> object, for everything applied with `kubectl apply -k` (the loader pod is apart)."""
+    sizing = k.PodSizing.from_plan(src.plan)
+    objects = {
+        "deployment.yaml": k.deployment(src, options.image, replicas, source, sizing),
+        "service.yaml": k.service(src.name),
+        "hpa.yaml": k.autoscaler(src.name, replicas, QUEUE_COMPUTE_RATIO, ratio),
+        "pdb.yaml": k.disruption_budget(src.name),
+        "podmonitor.yaml": pod_monitor(m, {**k.labels(src.name), **PROMETHEUS_LABELS}, k.selector(src.name)),
+        "prometheusrule.yaml": prometheus_rule(m, {**k.labels(src.name), **PROMETHEUS_LABELS}),
+    }
+    if source.create:
+        objects["model-repo-pvc.yaml"] = k.volume_claim(src, source)
+    if src.engine_config is not None:
+        objects["engine-config.yaml"] = k.engine_config_map(src)
+    return objects
+
+
+def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
+    """Read the build or repository at `path`, check every flag, then write the set into `out` atomically."""
+    from .dashboard import dashboard
+
+    replicas = parse_replicas(options.replicas)
+    check_name(options.namespace, "--namespace")
+    src = read_source(path, options.name)
+    source = parse_repo_source(options.repo_source, src.name)
+    ratio = scale_ratio(src, options.scale_ratio)
+    m = monitoring_for(src, options.namespace, ratio)
+    objects = render(src, options, replicas, source, ratio, m)
+    loader = k.loader_pod(src.name, source)
+    board = dashboard(m)
+    check_output_free(Path(out), options.force)
+    with atomic_output_dir(Path(out)) as tmp:
+        for name, obj in objects.items():
+            (tmp / name).write_text(yaml.safe_dump(obj, sort_keys=False))
+        kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                         "namespace": options.namespace, "resources": list(objects)}
+        (tmp / KUSTOMIZATION).write_text(yaml.safe_dump(kustomization, sort_keys=False))
+        (tmp / LOADER).write_text(yaml.safe_dump({**loader, "metadata": {**loader["metadata"],
+                                                                         "namespace": options.namespace}},
+                                                 sort_keys=False))
+        (tmp / "grafana-dashboard.json").write_text(json.dumps(board, indent=2) + "\n")
+        files = sorted(p.name for p in tmp.iterdir())
+    return K8sResult(out=Path(out), files=files, name=src.name, scale_ratio=ratio)

@@ -1,0 +1,97 @@
+"""The Grafana dashboard of one deployment, built with grafana-foundation-sdk from monitoring's names.
+
+Rows follow NVIDIA's "Inference Metrics" dashboard (tutorials, TensorRT-LLM_Autoscaling_and_Load_Balancing):
+requests and failures, the queue:compute ratio, request/queue/compute durations, the TensorRT-LLM
+in-flight batcher and KV cache, GPU utilisation and memory. Unlike that dashboard, the TensorRT-LLM
+gauges are shown as they are (it applies rate() to gauges), and GPU panels read Triton's own GPU
+families instead of a separate DCGM exporter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from . import monitoring as mon
+from .monitoring import Monitoring
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    queries: tuple[tuple[str, str], ...]   # (PromQL, legend)
+
+
+def panels(m: Monitoring) -> dict[str, list[Panel]]:
+    """Row title -> its panels; every expression reads names from `pipeline.k8s.monitoring`."""
+    sel, entry = m.select(), m.select(f'model=~"{mon.ENTRY_MODELS}"')
+
+    def by_pod(metric: str, extra: str = "") -> str:
+        return f"sum by (pod) ({metric}{m.select(extra)})"
+
+    def trtllm(metric: str, label: str, values: str) -> tuple[tuple[str, str], ...]:
+        matcher = f'{label}=~"{values}"'
+        return ((f"sum by (pod, {label}) ({metric}{m.select(matcher)})", "{{pod}} {{" + label + "}}"),)
+
+    return {
+        "Requests": [
+            Panel("Requests / second", "reqps", (
+                (f"sum by (pod) (rate({mon.REQUEST_SUCCESS}{entry}[1m]))", "{{pod}} answered"),
+                (f"sum by (pod) (rate({mon.REQUEST_FAILURE}{entry}[1m]))", "{{pod}} failed"))),
+            Panel("Pending requests", "short", ((by_pod(mon.PENDING_REQUESTS), "{{pod}}"),)),
+        ],
+        "Autoscaling": [
+            Panel("Queue : compute ratio (the autoscaler's metric)", "short",
+                  ((f"{mon.QUEUE_COMPUTE_RATIO}{sel}", "{{pod}}"),)),
+            Panel("Average durations per request", "µs", (
+                (f"avg({mon.REQUEST_AVERAGE}{sel})", "request"), (f"avg({mon.QUEUE_AVERAGE}{sel})", "queue"),
+                (f"avg({mon.COMPUTE_AVERAGE}{sel})", "compute"))),
+            Panel("Compute input / output per request", "µs", tuple(
+                (f"sum(rate({metric}{sel}[1m])) / clamp_min(sum(rate({mon.REQUEST_SUCCESS}{sel}[1m])), 1)", what)
+                for metric, what in ((mon.COMPUTE_INPUT, "input"), (mon.COMPUTE_OUTPUT, "output")))),
+        ],
+        "TensorRT-LLM": [
+            Panel("In-flight batcher", "short", trtllm(mon.TRTLLM_INFLIGHT, "inflight_batcher_specific_metric",
+                                                       "generation_requests|total_context_tokens|paused_requests")),
+            Panel("Requests in the executor", "short",
+                  trtllm(mon.TRTLLM_REQUESTS, "request_type", "active|scheduled|context|waiting")),
+            Panel("KV cache blocks", "short", trtllm(mon.TRTLLM_KV_BLOCKS, "kv_cache_block_type", "max|free|used")),
+        ],
+        "GPU and host": [
+            Panel("GPU utilisation", "percentunit", ((f"avg by (pod) ({mon.GPU_UTILIZATION}{sel})", "{{pod}}"),)),
+            Panel("GPU memory used", "bytes", ((by_pod(mon.GPU_MEMORY_USED), "{{pod}} used"),
+                                               (by_pod(mon.GPU_MEMORY_TOTAL), "{{pod}} total"))),
+            Panel("Host CPU and memory", "short", ((f"avg by (pod) ({mon.CPU_UTILIZATION}{sel})", "{{pod}} CPU"),
+                                                   (by_pod(mon.CPU_MEMORY_USED), "{{pod}} memory bytes"))),
+        ],
+    }
+
+
+def dashboard(m: Monitoring) -> dict:
+    """The dashboard JSON model (a dict), with a Prometheus data-source variable."""
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.builders import prometheus, timeseries
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+    source = DataSourceRef(type_val="prometheus", uid="${datasource}")
+    board = (gd.Dashboard(f"trtpipe {m.name}").uid(m.name).tags(["trtpipe", "triton"]).refresh("30s")
+             .time("now-1h", "now"))
+    board = board.with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+    panel_id = 0
+    for row, row_panels in panels(m).items():
+        panel_id += 1
+        board = board.with_row(gd.Row(row).id(panel_id))
+        for p in row_panels:
+            panel_id += 1
+            built = timeseries.Panel().id(panel_id).title(p.title).unit(p.unit).datasource(source)
+            for ref, (expr, legend) in zip("ABCDEFGH", p.queries):
+                built = built.with_target(prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
+                                          .datasource(source))
+            board = board.with_panel(built)
+    return json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
+
+
+def dashboard_expressions(board: dict) -> list[str]:
+    return [t["expr"] for p in board["panels"] for t in p.get("targets", [])]

@@ -1,0 +1,244 @@
+"""The Kubernetes objects of one deployment, as Python data (dumped once with PyYAML by `write_k8s`).
+
+Sizes come from the plan (`PodSizing.from_plan`); every figure that is an assumption rather than a plan
+value is a named constant below with its reason, and docs/kubernetes.md explains each choice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..plan import Plan
+from ..tritonconfig import parse_pbtxt, to_pbtxt
+from .source import VOLUME_ROOT, DeploymentSource, Replicas, RepoSource
+
+GIB = 1 << 30
+HTTP, GRPC, METRICS = 8000, 8001, 8002
+#: GPU-feature-discovery's `nvidia.com/gpu.product` label for each GPU target: NVML's product name with
+#: spaces as '-' (the tutorial's chart matches `Tesla-T4` the same way). Not checked on a cluster here.
+GPU_PRODUCTS = {
+    "rtx4090": ["NVIDIA-GeForce-RTX-4090"],
+    "rtx3090": ["NVIDIA-GeForce-RTX-3090"],
+    "l40s": ["NVIDIA-L40S"],
+    "a100-40g": ["NVIDIA-A100-SXM4-40GB"],
+    "a100-80g": ["NVIDIA-A100-SXM4-80GB"],
+    "h100": ["NVIDIA-H100-80GB-HBM3"],
+    "h200": ["NVIDIA-H200"],
+}
+#: /dev/shm per rank: NVIDIA's `docker run --shm-size=2g` for the tensorrtllm backend (its README); the
+#: Python backend's tensors and, with tp x pp > 1, NCCL's intra-node buffers live there.
+SHM_PER_RANK = 2 * GIB
+#: Host memory per requested CPU for a GPU pod, and the CPUs it asks for at least (the tutorial's chart).
+MEMORY_PER_CPU = 8 * GIB
+MIN_CPUS = 4
+#: Host memory beyond the engine while it is read and handed to the GPUs (Triton, Python, MPI).
+HOST_HEADROOM = 4 * GIB
+#: Startup: a fixed part (container start, CUDA and backend initialisation) plus reading the weights at
+#: a rate a network volume sustains. An assumption to adjust, not a measurement.
+STARTUP_FIXED_S = 120
+LOAD_BYTES_PER_S = 100e6
+PROBE_PERIOD_S = 10
+#: Seconds the pod keeps serving after it is told to stop, while the Service stops sending it requests.
+PRESTOP_S = 10
+#: The shortest drain Triton is given (its own --exit-timeout-secs default).
+MIN_DRAIN_S = 30
+
+
+@dataclass(frozen=True)
+class PodSizing:
+    """Resources and timings of one Triton pod, from the plan."""
+
+    gpus: int
+    cpus: int
+    memory_bytes: int
+    shm_bytes: int
+    startup_s: int        # how long engine/checkpoint loading may take before liveness counts
+    drain_s: int          # Triton's --exit-timeout-secs: the longest request, estimated
+    grace_s: int          # terminationGracePeriodSeconds: preStop + drain + margin
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> PodSizing:
+        ranks = plan.tp_size * plan.pp_size
+        gpu = plan.target.is_gpu
+        shm = SHM_PER_RANK * ranks
+        cpus = max(MIN_CPUS, ranks)
+        if gpu:   # the engine passes through host memory on its way to the GPUs
+            host = max(cpus * MEMORY_PER_CPU, plan.weights_bytes + HOST_HEADROOM)
+        else:     # the reference runtime holds weights and KV cache in host memory
+            m = plan.memory
+            host = m.weights_bytes_per_rank + m.activation_bytes + m.runtime_reserve_bytes + m.kv_cache_bytes
+        startup = STARTUP_FIXED_S + plan.weights_bytes / LOAD_BYTES_PER_S
+        # the longest request: every token of the longest sequence at the planned batch's decode step
+        # (prompt tokens counted as decode steps: an overestimate, which is the safe side here)
+        drain = max(MIN_DRAIN_S, math.ceil(plan.max_seq_len * plan.roofline.decode_step_s))
+        return cls(gpus=ranks if gpu else 0, cpus=cpus, memory_bytes=_gib_ceil(host + shm), shm_bytes=shm,
+                   startup_s=math.ceil(startup / PROBE_PERIOD_S) * PROBE_PERIOD_S, drain_s=drain,
+                   grace_s=PRESTOP_S + drain + PROBE_PERIOD_S)
+
+
+def _gib_ceil(n: float) -> int:
+    return math.ceil(n / GIB) * GIB
+
+
+def quantity(n_bytes: int) -> str:
+    return f"{math.ceil(n_bytes / GIB)}Gi"
+
+
+def labels(name: str) -> dict:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "server",
+            "app.kubernetes.io/part-of": "trtpipe"}
+
+
+def selector(name: str) -> dict:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "server"}
+
+
+def metadata(name: str) -> dict:
+    return {"name": name, "labels": labels(name)}
+
+
+# ----------------------------------------------------------------------------------------------
+# The Triton container
+
+
+def server_args(plan: Plan, sizing: PodSizing, rank: int) -> list[str]:
+    """One tritonserver's flags; ranks above 0 load only tensorrt_llm (launch_triton_server.py's leader mode)."""
+    args = ["tritonserver", f"--model-repository={VOLUME_ROOT}/model_repo"]
+    if rank:
+        args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+    args += [f"--http-port={HTTP}", f"--grpc-port={GRPC}", f"--metrics-port={METRICS}",
+             "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+             f"--exit-timeout-secs={sizing.drain_s}"]
+    if not plan.target.is_gpu:
+        args.append("--allow-gpu-metrics=false")
+    return args
+
+
+def server_command(plan: Plan, sizing: PodSizing) -> list[str]:
+    """tritonserver for one rank; for tp x pp > 1 one per rank under mpirun, as launch_triton_server.py does."""
+    ranks = plan.tp_size * plan.pp_size
+    if ranks == 1:
+        return server_args(plan, sizing, 0)
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(ranks):
+        command += ["-n", "1", *server_args(plan, sizing, rank)] + ([":"] if rank < ranks - 1 else [])
+    return command
+
+
+def probe(path: str, period: int, failures: int) -> dict:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+
+
+def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
+    resources = {"cpu": str(sizing.cpus), "memory": quantity(sizing.memory_bytes)}
+    if sizing.gpus:
+        resources["nvidia.com/gpu"] = str(sizing.gpus)
+    mounts = [{"name": "model-repo", "mountPath": VOLUME_ROOT, "readOnly": True},
+              {"name": "dshm", "mountPath": "/dev/shm"}]
+    if src.engine_config is not None:
+        mounts.append({"name": "engine-config", "mountPath": f"{VOLUME_ROOT}/model_repo/tensorrt_llm/config.pbtxt",
+                       "subPath": "config.pbtxt", "readOnly": True})
+    return {
+        "name": "triton",
+        "image": image,
+        "command": server_command(src.plan, sizing),
+        "ports": [{"name": "http", "containerPort": HTTP}, {"name": "grpc", "containerPort": GRPC},
+                  {"name": "metrics", "containerPort": METRICS}],
+        "startupProbe": probe("/v2/health/ready", PROBE_PERIOD_S, sizing.startup_s // PROBE_PERIOD_S),
+        "livenessProbe": probe("/v2/health/live", PROBE_PERIOD_S, 3),
+        "readinessProbe": probe("/v2/health/ready", 5, 3),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
+        "resources": {"requests": resources, "limits": dict(resources)},
+        "volumeMounts": mounts,
+    }
+
+
+def gpu_scheduling(target: str) -> dict:
+    """Node affinity on the target's GPU product and the toleration of NVIDIA's GPU-node taint."""
+    return {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu", "operator": "Exists"},
+                                  {"key": "nvidia.com/gpu.product", "operator": "In",
+                                   "values": GPU_PRODUCTS[target]}]}]}}},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+
+
+def volumes(src: DeploymentSource, source: RepoSource, sizing: PodSizing) -> list[dict]:
+    found = [{"name": "model-repo", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}},
+             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(sizing.shm_bytes)}}]
+    if src.engine_config is not None:
+        found.append({"name": "engine-config", "configMap": {"name": f"{src.name}-engine-config"}})
+    return found
+
+
+def deployment(src: DeploymentSource, image: str, replicas: Replicas, source: RepoSource,
+               sizing: PodSizing) -> dict:
+    pod_spec = {
+        "terminationGracePeriodSeconds": sizing.grace_s,
+        "containers": [container(src, image, sizing)],
+        "volumes": volumes(src, source, sizing),
+        **(gpu_scheduling(src.plan.target.name) if sizing.gpus else {}),
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(src.name),
+        "spec": {"replicas": replicas.minimum, "selector": {"matchLabels": selector(src.name)},
+                 "template": {"metadata": {"labels": labels(src.name)}, "spec": pod_spec}},
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# The other objects
+
+
+def service(name: str) -> dict:
+    ports = [{"name": n, "port": p, "targetPort": n} for n, p in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS))]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(name),
+            "spec": {"selector": selector(name), "ports": ports}}
+
+
+def autoscaler(name: str, replicas: Replicas, metric: str, target_ratio: float) -> dict:
+    """autoscaling/v2 on the per-pod queue:compute ratio (served to the HPA by prometheus-adapter)."""
+    return {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": metadata(name),
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                 "minReplicas": replicas.minimum, "maxReplicas": replicas.maximum,
+                 "metrics": [{"type": "Pods", "pods": {
+                     "metric": {"name": metric},
+                     "target": {"type": "AverageValue", "averageValue": f"{round(target_ratio * 1000)}m"}}}]},
+    }
+
+
+def disruption_budget(name: str) -> dict:
+    """One pod at a time may be evicted: never blocks a node drain (minAvailable 1 with one replica would)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(name),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name)}}}
+
+
+def volume_claim(src: DeploymentSource, source: RepoSource) -> dict:
+    """ReadWriteMany: every replica mounts it (read-only) on whichever node it lands, and the loader fills it."""
+    size = quantity(max(GIB, round(src.volume_bytes * 1.25)))
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata(source.claim),
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}}
+
+
+def loader_pod(name: str, source: RepoSource) -> dict:
+    """A pod that mounts the claim writable so `kubectl cp` can fill it (applied by hand, then deleted)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-loader", "labels": labels(name)},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "loader", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                                     "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT}]}],
+                     "volumes": [{"name": "model-repo", "persistentVolumeClaim": {"claimName": source.claim}}]}}
+
+
+def engine_config_map(src: DeploymentSource) -> dict:
+    """tensorrt_llm/config.pbtxt with gpt_model_path at the engine's place on the volume.
+
+    deploy writes the engine's absolute path on the build machine; the pod finds the engine at
+    /trtpipe/engine, so this copy is mounted over the repository's file.
+    """
+    config = parse_pbtxt(src.engine_config)
+    config.parameters["gpt_model_path"].string_value = f"{VOLUME_ROOT}/engine"
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(f"{src.name}-engine-config"),
+            "data": {"config.pbtxt": to_pbtxt(config)}}

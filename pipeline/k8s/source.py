@@ -1,0 +1,129 @@
+"""What `trtpipe k8s` reads: a build directory or a model repository, and its command-line values.
+
+A build directory (`trtpipe build -o OUT`) has OUT/plan.json and OUT/model_repo/; a model repository
+written by `trtpipe deploy` carries its plan in manifest.json (deploy's params). Either way the plan is
+what sizes the pods. Flags are parsed here so that a bad one stops before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..build import directory_bytes
+from ..errors import UserError
+from ..outputs import read_manifest
+from ..plan import Plan, load_plan
+from ..targets import get_target
+
+#: Where the model repository and (for an engine) the engine live inside the pod: the build's layout.
+VOLUME_ROOT = "/trtpipe"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Room for the `-<hash>-<hash>` suffixes Kubernetes adds to pod names (63 characters in all).
+MAX_NAME = 40
+
+
+@dataclass(frozen=True)
+class Replicas:
+    minimum: int
+    maximum: int
+
+
+@dataclass(frozen=True)
+class RepoSource:
+    """A PersistentVolumeClaim holding model_repo/ (and engine/): one to create, or an existing claim."""
+
+    claim: str
+    create: bool
+
+
+@dataclass(frozen=True)
+class DeploymentSource:
+    """The plan and repository a set of manifests is generated from."""
+
+    plan: Plan
+    repo: Path
+    name: str              # the Kubernetes name of everything generated
+    volume_bytes: int      # what the volume must hold: the repository, plus the engine for the engine backend
+    engine_config: str | None   # tensorrt_llm/config.pbtxt of an engine repository (its engine path is rewritten)
+
+
+def parse_replicas(text: str) -> Replicas:
+    """MIN:MAX with 1 <= MIN <= MAX."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise UserError(f"--replicas must be MIN:MAX (two whole numbers, e.g. 1:4), got {text!r}")
+    minimum, maximum = (int(p) for p in parts)
+    if minimum < 1:
+        raise UserError(f"--replicas {text}: the minimum must be at least 1 (the autoscaler never scales to zero)")
+    if maximum < minimum:
+        raise UserError(f"--replicas {text}: the maximum {maximum} is below the minimum {minimum}")
+    return Replicas(minimum, maximum)
+
+
+def parse_repo_source(text: str | None, name: str) -> RepoSource:
+    """`pvc` (default): a new claim `<name>-model-repo`; `pvc:CLAIM`: an existing claim, left as it is."""
+    if text in (None, "pvc"):
+        return RepoSource(claim=f"{name}-model-repo", create=True)
+    kind, _, claim = text.partition(":")
+    if kind != "pvc" or not DNS_LABEL.match(claim):
+        raise UserError(f"--repo-source must be `pvc` (a new PersistentVolumeClaim) or `pvc:CLAIM` (an existing "
+                        f"claim, a lowercase DNS name), got {text!r}")
+    return RepoSource(claim=claim, create=False)
+
+
+def check_name(name: str, flag: str = "--name") -> str:
+    if len(name) > MAX_NAME or not DNS_LABEL.match(name):
+        raise UserError(f"{flag} {name!r} is not a Kubernetes name: lowercase letters, digits and '-', starting "
+                        f"and ending with a letter or digit, at most {MAX_NAME} characters")
+    return name
+
+
+def default_name(model: str, target: str) -> str:
+    """`<model>-<target>` as a DNS label: the model's last path part, lowercased, other characters as '-'."""
+    stem = re.sub(r"[^a-z0-9]+", "-", Path(model).name.lower().removesuffix(".gguf")).strip("-") or "model"
+    return f"{stem[:MAX_NAME - len(target) - 1].rstrip('-')}-{target}"
+
+
+def read_source(path: Path, name: str | None) -> DeploymentSource:
+    """A build directory (plan.json + model_repo/) or a `trtpipe deploy` repository (plan in manifest.json)."""
+    path = Path(path)
+    if (path / "plan.json").is_file() and (path / "model_repo").is_dir():
+        plan, repo, model = load_plan(path / "plan.json"), path / "model_repo", _built_model(path)
+    elif (path / "manifest.json").is_file():
+        plan, repo = _plan_from_repository(path), path
+        model = plan.model.name
+    else:
+        raise UserError(f"{path} is neither a build directory (plan.json and model_repo/, from `trtpipe build`) "
+                        "nor a model repository written by `trtpipe deploy` (manifest.json)")
+    get_target(plan.target.name)   # a plan for a target this trtpipe does not know is refused here
+    name = check_name(name) if name else default_name(model, plan.target.name)
+    engine_config = None
+    volume = directory_bytes(repo)
+    if plan.backend == "engine":
+        engine_config = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+        volume += plan.weights_bytes   # the engine is about as large as the weights it was built from
+    return DeploymentSource(plan=plan, repo=repo, name=name, volume_bytes=volume, engine_config=engine_config)
+
+
+def _built_model(build: Path) -> str:
+    """The model as the user named it to `trtpipe build` (plan.json names the converted checkpoint)."""
+    try:
+        return json.loads((build / "build.json").read_text())["options"]["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return load_plan(build / "plan.json").model.name
+
+
+def _plan_from_repository(repo: Path) -> Plan:
+    manifest = read_manifest(repo)
+    params = (manifest or {}).get("params") or {}
+    if (manifest or {}).get("stage") != "deploy" or not isinstance(params.get("plan"), dict):
+        raise UserError(f"{repo}/manifest.json is not a `trtpipe deploy` manifest with its plan; pass the build "
+                        "directory or re-run `trtpipe deploy`")
+    try:
+        return Plan.from_dict(params["plan"])
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{repo}/manifest.json: malformed plan ({type(exc).__name__}: {exc}); re-run "
+                        "`trtpipe deploy`") from None

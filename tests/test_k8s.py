@@ -1,0 +1,355 @@
+"""`trtpipe k8s`: manifests sized from the plan, validated offline, metric names checked on a live Triton."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import promql_parser
+import pytest
+import requests
+import yaml
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.convert import convert_model
+from pipeline.deploy import deploy_repository
+from pipeline.k8s import K8sOptions, monitoring as mon, scale_ratio, write_k8s
+from pipeline.k8s.dashboard import dashboard_expressions
+from pipeline.k8s.manifests import GPU_PRODUCTS, LOAD_BYTES_PER_S, SHM_PER_RANK
+from pipeline.k8s.source import read_source
+from pipeline.plan import Workload, load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.server import ServerPool
+from pipeline.sources import resolve_model
+from pipeline.targets import get_target
+from pipeline.tritonconfig import parse_pbtxt
+
+FIXTURE_REPO = Path(__file__).parent / "fixtures_repo"
+CRD_DIR = Path(__file__).parent / "data" / "prometheus-operator"
+K8S_VERSIONS = ("1.30.0", "1.37.0")
+GIB = 1 << 30
+
+
+def make_build(root: Path, plan, model: str, **deploy_args) -> Path:
+    """A build directory as `trtpipe build` leaves it: plan.json, model_repo/, build.json."""
+    root.mkdir(parents=True)
+    save_plan(plan, root / "plan.json")
+    deploy_repository(plan, root / "model_repo", **deploy_args)
+    (root / "build.json").write_text(json.dumps({"options": {"model": model}}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def builds(tiny_llama, smollm2_hf_dir, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("builds")
+    checkpoint = root / "checkpoint"
+    convert_model(resolve_model(str(tiny_llama("gqa"))), checkpoint, progress=False)
+    (checkpoint / "tokenizer").mkdir(exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(smollm2_hf_dir / f, checkpoint / "tokenizer" / f)
+    smollm2, llama = resolve_model_info("smollm2-135m"), resolve_model_info("llama-3-8b")
+    return {
+        "cpu": make_build(root / "cpu", make_plan(smollm2, get_target("cpu"), "fp32"), "smollm2-135m",
+                          checkpoint=checkpoint),
+        "rtx4090": make_build(root / "rtx4090", make_plan(llama, get_target("rtx4090"), "fp8"), "llama-3-8b",
+                              engine=root / "engine-4090", tokenizer=smollm2_hf_dir),
+        "h100-tp2": make_build(root / "h100", make_plan(llama, get_target("h100"), "fp16", "auto", 2),
+                               "meta-llama/Meta-Llama-3-8B", engine=root / "engine-h100", tokenizer=smollm2_hf_dir),
+    }
+
+
+@pytest.fixture(scope="module")
+def written(builds, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("k8s")
+    return {key: write_k8s(build, out / key, K8sOptions(image="registry.example/trtpipe:0.1.0",
+                                                        namespace="llm")).out
+            for key, build in builds.items()}
+
+
+def objects(out: Path) -> dict[str, dict]:
+    """kind -> object for every YAML file written (the kustomization's and the loader pod)."""
+    found = {}
+    for f in sorted(out.glob("*.yaml")):
+        obj = yaml.safe_load(f.read_text())
+        found[obj["kind"]] = obj
+    return found
+
+
+def pod(out: Path) -> dict:
+    return objects(out)["Deployment"]["spec"]["template"]["spec"]
+
+
+# ---------------------------------------------------------------------------------------- validation
+
+
+def test_every_manifest_validates_strictly_against_two_kubernetes_versions(written):
+    checked = set()
+    for out in written.values():
+        for kind, obj in objects(out).items():
+            if kind in ("Kustomization", "PodMonitor", "PrometheusRule"):
+                continue
+            for version in K8S_VERSIONS:
+                assert kubernetes_validate.validate(obj, version, strict=True)
+            checked.add(kind)
+    assert checked == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                       "PersistentVolumeClaim", "ConfigMap", "Pod"}
+    # the validator is strict: a misspelt field is refused
+    broken = objects(written["cpu"])["Deployment"]
+    broken["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSIONS[0], strict=True)
+
+
+def crd_validator(kind: str) -> jsonschema.Draft7Validator:
+    """The CRD's v1 openAPIV3Schema, closed like `kubectl --validate=strict` (tests/data/.../SOURCE.md)."""
+    plural = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}[kind]
+    crd = yaml.safe_load((CRD_DIR / f"monitoring.coreos.com_{plural}.yaml").read_text())
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
+
+    def close(node):
+        if isinstance(node, dict):
+            if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                close(value)
+        elif isinstance(node, list):
+            for value in node:
+                close(value)
+    close(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.mark.parametrize("kind", ["PodMonitor", "PrometheusRule"])
+def test_prometheus_operator_kinds_validate_against_the_crd_schemas(written, kind):
+    validator = crd_validator(kind)
+    for out in written.values():
+        obj = objects(out)[kind]
+        assert not list(validator.iter_errors(obj)), [e.message for e in validator.iter_errors(obj)]
+    broken = objects(written["cpu"])[kind]
+    if kind == "PodMonitor":
+        broken["spec"]["podMetricsEndpoints"][0]["prot"] = "metrics"
+    else:
+        broken["spec"]["groups"][0]["rules"][0]["recrd"] = "x"
+    assert list(validator.iter_errors(broken))
+
+
+def test_kustomization_applies_every_manifest_in_the_namespace(written):
+    for out in written.values():
+        kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+        manifests = {f.name for f in out.glob("*.yaml")} - {"kustomization.yaml", "model-repo-loader.yaml"}
+        assert set(kustomization["resources"]) == manifests and kustomization["namespace"] == "llm"
+        assert yaml.safe_load((out / "model-repo-loader.yaml").read_text())["metadata"]["namespace"] == "llm"
+
+
+# ---------------------------------------------------------------------------------------- sized from the plan
+
+
+@pytest.mark.parametrize("key", ["rtx4090", "h100-tp2"])
+def test_gpu_pod_is_sized_from_the_plan(builds, written, key):
+    plan = load_plan(builds[key] / "plan.json")
+    ranks = plan.tp_size * plan.pp_size
+    spec = pod(written[key])
+    (triton,) = spec["containers"]
+    resources = triton["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == str(ranks)
+    memory = int(resources["requests"]["memory"].removesuffix("Gi")) * GIB
+    assert memory >= plan.weights_bytes + ranks * SHM_PER_RANK
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    product = next(e for e in terms[0]["matchExpressions"] if e["key"] == "nvidia.com/gpu.product")
+    assert product["values"] == GPU_PRODUCTS[plan.target.name]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    shm = next(v for v in spec["volumes"] if v["name"] == "dshm")["emptyDir"]
+    assert shm == {"medium": "Memory", "sizeLimit": f"{ranks * SHM_PER_RANK // GIB}Gi"}
+    startup = triton["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= plan.weights_bytes / LOAD_BYTES_PER_S
+    assert (triton["livenessProbe"]["httpGet"]["path"], triton["readinessProbe"]["httpGet"]["path"]) == \
+        ("/v2/health/live", "/v2/health/ready")
+    assert [p["name"] for p in triton["ports"]] == ["http", "grpc", "metrics"]
+    servers = [i for i, arg in enumerate(triton["command"]) if arg == "tritonserver"]
+    assert len(servers) == ranks
+    drain = int(next(a for a in triton["command"] if a.startswith("--exit-timeout-secs=")).split("=")[1])
+    assert drain >= plan.max_seq_len * plan.roofline.decode_step_s
+    assert spec["terminationGracePeriodSeconds"] > drain
+    if ranks > 1:   # leader mode: mpirun, ranks above 0 load only tensorrt_llm
+        assert triton["command"][:2] == ["mpirun", "--allow-run-as-root"]
+        assert triton["command"].count("--load-model=tensorrt_llm") == ranks - 1
+
+
+def test_cpu_target_gets_the_same_manifests_without_gpus(builds, written):
+    gpu_kinds = set(objects(written["rtx4090"]))
+    cpu = objects(written["cpu"])
+    assert set(cpu) == gpu_kinds - {"ConfigMap"}   # no engine, so no engine path to rewrite
+    text = "".join(f.read_text() for f in written["cpu"].glob("*.yaml"))
+    assert "nvidia.com/gpu" not in text
+    spec = pod(written["cpu"])
+    assert "affinity" not in spec and "tolerations" not in spec
+    assert "--allow-gpu-metrics=false" in spec["containers"][0]["command"]
+    plan = load_plan(builds["cpu"] / "plan.json")
+    memory = int(spec["containers"][0]["resources"]["requests"]["memory"].removesuffix("Gi")) * GIB
+    assert memory >= plan.memory.weights_bytes_per_rank + plan.memory.kv_cache_bytes + SHM_PER_RANK
+
+
+def test_engine_path_is_rewritten_into_the_volume_and_nothing_else_changes(builds, written):
+    config_map = objects(written["rtx4090"])["ConfigMap"]
+    served = parse_pbtxt(config_map["data"]["config.pbtxt"])
+    original = parse_pbtxt((builds["rtx4090"] / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert served.parameters["gpt_model_path"].string_value == "/trtpipe/engine"
+    served.parameters["gpt_model_path"].string_value = original.parameters["gpt_model_path"].string_value
+    assert served == original
+    mounts = pod(written["rtx4090"])["containers"][0]["volumeMounts"]
+    assert {"name": "engine-config", "mountPath": "/trtpipe/model_repo/tensorrt_llm/config.pbtxt",
+            "subPath": "config.pbtxt", "readOnly": True} in mounts
+
+
+def test_nothing_written_names_the_build_machine(builds, written):
+    for key, out in written.items():
+        text = "".join(f.read_text() for f in out.iterdir())
+        assert str(builds[key].parent) not in text
+        assert not re.search(r"/(home|tmp|root|work)/", text)
+
+
+def test_names_come_from_the_model_and_target(written):
+    assert objects(written["cpu"])["Deployment"]["metadata"]["name"] == "smollm2-135m-cpu"
+    assert objects(written["h100-tp2"])["Deployment"]["metadata"]["name"] == "meta-llama-3-8b-h100"
+
+
+def test_autoscaler_target_comes_from_the_plan_or_the_flag(builds, tmp_path):
+    src = read_source(builds["rtx4090"], None)
+    assert scale_ratio(src, None) == 1.0 and scale_ratio(src, 2.5) == 2.5
+    latency = src.plan.roofline.request_latency_s
+    budgeted = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8",
+                         workload=Workload(p99_latency_s=3 * latency))
+    build = make_build(tmp_path / "b", budgeted, "llama-3-8b", engine=tmp_path / "engine",
+                       tokenizer=builds["rtx4090"] / "model_repo" / "preprocessing" / "1" / "tokenizer")
+    expected = (3 * latency - budgeted.roofline.request_latency_s) / budgeted.roofline.request_latency_s
+    assert scale_ratio(read_source(build, None), None) == pytest.approx(expected, abs=1e-3)
+    result = CliRunner().invoke(main, ["k8s", str(build), "-o", str(tmp_path / "k8s"), "--scale-ratio", "1.5",
+                                       "--replicas", "2:6"])
+    assert result.exit_code == 0, result.output
+    hpa = objects(tmp_path / "k8s")["HorizontalPodAutoscaler"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
+    assert hpa["metrics"][0]["pods"] == {"metric": {"name": mon.QUEUE_COMPUTE_RATIO},
+                                         "target": {"type": "AverageValue", "averageValue": "1500m"}}
+
+
+# ---------------------------------------------------------------------------------------- PromQL and metric names
+
+
+def selector_names(expr: str) -> set[str]:
+    names: set[str] = set()
+    promql_parser.walk(promql_parser.parse(expr), lambda node: names.add(node.name)
+                       if isinstance(node, promql_parser.VectorSelector) else None)
+    return names
+
+
+def used_expressions(out: Path) -> list[str]:
+    rule = objects(out)["PrometheusRule"]
+    board = json.loads((out / "grafana-dashboard.json").read_text())
+    hpa_metric = objects(out)["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    return [*mon.rule_expressions(rule), *dashboard_expressions(board), hpa_metric]
+
+
+def test_every_expression_parses_and_reads_only_known_series(written):
+    rule = objects(written["cpu"])["PrometheusRule"]
+    recorded = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
+    assert recorded == {mon.QUEUE_COMPUTE_RATIO, mon.QUEUE_AVERAGE, mon.COMPUTE_AVERAGE, mon.REQUEST_AVERAGE}
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts == {"TritonRequestFailureRate", "TritonQueueTimeHigh", "TensorRTLLMKVCacheFreeBlocksLow",
+                      "TritonPodsNotReady"}
+    known = set(mon.TRITON) | set(mon.TRTLLM_BACKEND) | set(mon.TRITON_GPU) | set(mon.CLUSTER) | recorded
+    used: set[str] = set()
+    for out in written.values():
+        for expr in used_expressions(out):
+            used |= selector_names(expr)
+            assert 'job="llm/' in expr or expr == mon.QUEUE_COMPUTE_RATIO or mon.REPLICAS_UNAVAILABLE in expr
+    assert used <= known, used - known
+    # the dashboard shows each kind the issue lists
+    assert {mon.REQUEST_FAILURE, mon.QUEUE_COMPUTE_RATIO, mon.TRTLLM_INFLIGHT, mon.TRTLLM_KV_BLOCKS,
+            mon.GPU_UTILIZATION, mon.GPU_MEMORY_USED} <= used
+
+
+@pytest.fixture(scope="module")
+def live_metrics() -> set[str]:
+    """Metric families the embedded Triton serves after good and bad requests to the fixture ensemble."""
+    pool = ServerPool(ready_timeout=120)
+    try:
+        server = pool.get(FIXTURE_REPO)
+        url = f"{server.http_url}/v2/models/ensemble/generate"
+        for prompt in ("one two three", "four five"):
+            assert requests.post(url, json={"text_input": prompt, "max_tokens": 4}, timeout=30).status_code == 200
+        assert requests.post(url, json={"text_input": "no max_tokens"}, timeout=30).status_code >= 400
+        text = requests.get(f"{server.endpoints.metrics_url}/metrics", timeout=30).text
+    finally:
+        pool.close()
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
+
+
+def test_triton_names_are_served_by_a_live_triton(live_metrics):
+    assert set(mon.TRITON) <= live_metrics, set(mon.TRITON) - live_metrics
+    # the other lists are what this GPU-less Triton cannot serve: they rest on the documented sources
+    assert not (set(mon.TRTLLM_BACKEND) | set(mon.TRITON_GPU) | set(mon.CLUSTER)) & live_metrics
+
+
+# ---------------------------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "0:3"], "at least 1"),
+    (["--replicas", "3:2"], "below the minimum"),
+    (["--replicas", "two"], "MIN:MAX"),
+    (["--replicas", "1:"], "MIN:MAX"),
+    (["--repo-source", "s3://bucket/repo"], "--repo-source"),
+    (["--namespace", "Bad_NS"], "--namespace"),
+    (["--name", "-x"], "--name"),
+])
+def test_bad_flags_exit_2_with_one_message_and_write_nothing(builds, tmp_path, flags, message):
+    out = tmp_path / "k8s"
+    result = CliRunner().invoke(main, ["k8s", str(builds["cpu"]), "-o", str(out), *flags])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_for_an_unknown_target_exits_2_and_writes_nothing(builds, tmp_path):
+    build = tmp_path / "build"
+    shutil.copytree(builds["rtx4090"], build)
+    plan = json.loads((build / "plan.json").read_text())
+    plan["target"]["name"] = "tpu9000"
+    (build / "plan.json").write_text(json.dumps(plan))
+    result = CliRunner().invoke(main, ["k8s", str(build), "-o", str(tmp_path / "k8s")])
+    assert result.exit_code == 2 and "unknown target 'tpu9000'" in result.output, result.output
+    assert not (tmp_path / "k8s").exists()
+
+
+def test_a_repository_is_read_through_its_deploy_manifest_and_an_existing_claim_is_used(builds, tmp_path):
+    result = CliRunner().invoke(main, ["k8s", str(builds["cpu"] / "model_repo"), "-o", str(tmp_path / "k8s"),
+                                       "--repo-source", "pvc:models", "--name", "chat"])
+    assert result.exit_code == 0, result.output
+    found = objects(tmp_path / "k8s")
+    assert "PersistentVolumeClaim" not in found
+    assert pod(tmp_path / "k8s")["volumes"][0]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert found["Deployment"]["metadata"]["name"] == "chat"
+    again = CliRunner().invoke(main, ["k8s", str(builds["cpu"]), "-o", str(tmp_path / "k8s")])
+    assert again.exit_code == 2 and "--force" in again.output
+    assert objects(tmp_path / "k8s")["Deployment"]["metadata"]["name"] == "chat"
+
+
+def test_build_with_k8s_writes_them_next_to_the_repository(builds, tmp_path, monkeypatch):
+    """The build itself is replaced by a copy of a finished one: what is tested is the --k8s step."""
+    import pipeline.build
+    from pipeline.build import BuildSummary
+
+    def fake_build(options, say):
+        shutil.copytree(builds["cpu"], options.out)
+        return BuildSummary(options={}, passed=True, verdict="passed")
+
+    monkeypatch.setattr(pipeline.build, "build", fake_build)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", "smollm2-135m", "--target", "cpu", "-o", str(out), "--k8s"])
+    assert result.exit_code == 0, result.output
+    assert objects(out / "k8s")["Deployment"]["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]
+    assert "kubectl apply -k" in result.output
