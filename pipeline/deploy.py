@@ -25,13 +25,14 @@ precision, backend, target and the served checkpoint's dtype. `trtpipe validate 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import TRTLLM_VERSION
 from .backends import backend_for
-from .backends.base import MODEL_SOURCES
+from .backends.base import MODEL_SOURCES, shell_command
 from .convert import TOKENIZER_FILES
 from .errors import UserError
 from .outputs import fingerprint_inputs, read_manifest, stage_output
@@ -76,6 +77,8 @@ class Deployment:
     backend: str
     target: str
     weights_dtype: str       # the served checkpoint's float dtype (the engine's: the plan's dtype)
+    world_size: int = 1      # GPUs (tp x pp) one server uses
+    serve_command: tuple[str, ...] = ()   # how to start Triton on the repository ($MODEL_REPOSITORY: where it is)
 
     @property
     def quantized(self) -> bool:
@@ -100,8 +103,11 @@ class DeployResult:
         if self.skipped:
             return f"model repository {self.path} is up to date (inputs unchanged); nothing to do"
         backend = f"engine {self.engine}" if self.engine else backend_for(self.deployment.backend).summary
+        gpus = f" on {self.deployment.world_size} GPUs" if self.deployment.world_size > 1 else ""
         return (f"wrote Triton model repository {self.path} for target {self.target}: "
-                f"{', '.join(self.models)} ({backend})\ncheck it with `trtpipe check {self.path}`")
+                f"{', '.join(self.models)} ({backend})\ncheck it with `trtpipe check {self.path}`\n"
+                f"serve it{gpus} with: MODEL_REPOSITORY={shlex.quote(str(self.path))} "
+                f"{shell_command(self.deployment.serve_command)}")
 
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
@@ -135,7 +141,8 @@ def describe_deployment(plan: Plan, checkpoint: Path | None) -> Deployment:
     if config is not None and config.is_file():
         dtype = json.loads(config.read_text()).get("dtype", dtype)
     return Deployment(model=spec, precision=plan.precision, backend=plan.backend, target=plan.target.name,
-                      weights_dtype=dtype)
+                      weights_dtype=dtype, world_size=plan.tp_size * plan.pp_size,
+                      serve_command=tuple(backend_for(plan.backend).serve_command(plan)))
 
 
 def read_deployment(repo: Path) -> Deployment | None:

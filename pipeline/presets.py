@@ -53,6 +53,13 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                            "high_freq_factor": 4.0,
                                            "original_max_position_embeddings": 8192})),
+    # meta-llama/Llama-3.1-70B config.json
+    Preset("llama-3.1-70b", "meta-llama/Llama-3.1-70B", _llama(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072,
+        rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 8192})),
     # meta-llama/Llama-2-7b-hf config.json
     Preset("llama-2-7b", "meta-llama/Llama-2-7b-hf", _llama(
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,

@@ -8,11 +8,13 @@ plan names it (`plan.backend`) and every stage after planning dispatches on that
 - build: `build_artifact` makes what the backend serves besides the checkpoint (the engine backend
   compiles an engine; the reference backend builds nothing);
 - deploy: `check_artifacts`, `repository_inputs`, `model_parameters` and `write_model` give the
-  `tensorrt_llm` model its backend, parameters and files; the other four models are the same for all.
+  `tensorrt_llm` model its backend, parameters and files; the other four models are the same for all;
+- serve: `serve_command` is how Triton is started for the repository (one process, or one per GPU rank).
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,6 +30,11 @@ REFERENCE = "reference"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: The Python model sources shipped with trtpipe as package data (data/model_repo/<model>/1/model.py).
 MODEL_SOURCES = PACKAGE_DIR / "data" / "model_repo"
+#: Triton's ports, as NVIDIA's images, launcher and Kubernetes examples use them
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+#: Where a serve command expects the model repository (set in the environment: a recorded command never
+#: names the machine the repository was built on)
+MODEL_REPOSITORY = "$MODEL_REPOSITORY"
 
 
 class Backend(Protocol):
@@ -62,6 +69,25 @@ class Backend(Protocol):
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         """Files of the `tensorrt_llm` model's version directory (`REPO/tensorrt_llm/1`)."""
+
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY) -> list[str]:
+        """The command that serves the repository of `plan` (argv; `model_repository` where it lies)."""
+
+
+def shell_command(argv: list[str] | tuple[str, ...]) -> str:
+    """argv as one shell line, every word quoted except the $MODEL_REPOSITORY it expands."""
+    def word(arg: str) -> str:
+        pieces = arg.split(MODEL_REPOSITORY)
+        return f'"{MODEL_REPOSITORY}"'.join(shlex.quote(p) if p else "" for p in pieces)
+    return " ".join(word(a) for a in argv)
+
+
+def tritonserver_args(model_repository: str, rank: int = 0) -> list[str]:
+    """One tritonserver as NVIDIA's launch_triton_server.py starts it: NVIDIA's configs are complete (no
+    auto-complete) and each MPI rank's Python models get their own shared-memory prefix."""
+    return ["tritonserver", f"--model-repository={model_repository}", "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            *(f"--{name}-port={port}" for name, port in PORTS.items())]
 
 
 def parameter_string(value) -> str:

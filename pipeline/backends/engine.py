@@ -20,7 +20,9 @@ from ..plan.memory import (
     ACTIVATION_FORMULA,
     RESERVE_FORMULA,
     activation_bytes,
+    decode_step_seconds,
     format_gib,
+    host_allreduce_seconds,
     kv_bytes_per_token,
     prefill_seconds,
     roofline,
@@ -29,6 +31,7 @@ from ..plan.memory import (
 )
 from ..plan.policy import QUEUE_BATCHES, PlanRequest, latency_batch_cap
 from ..plan.schema import BuildConfig, MemoryBudget, Overrides, Plan, PluginConfig, TritonParams, Workload
+from ..precisions import QUANT_ALGO
 from ..plan.trtllm import (
     MAX_BATCH_SIZE_CAP,
     MAX_NUM_TOKENS_WARN,
@@ -37,7 +40,7 @@ from ..plan.trtllm import (
     quantization,
 )
 from ..targets import FP8_MIN_SM, Target
-from .base import ENGINE, parameter_string
+from .base import ENGINE, MODEL_REPOSITORY, parameter_string, tritonserver_args
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
@@ -107,6 +110,9 @@ class EngineBackend:
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return engine_parameters(plan, engine)
+
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY) -> list[str]:
+        return engine_serve_command(plan.tp_size * plan.pp_size, model_repository)
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         """Nothing: the engine is referenced by gpt_model_path, not copied."""
@@ -227,10 +233,9 @@ def plan_engine(request: PlanRequest) -> Plan:
     seq_tokens = _blocks_tokens(workload.input_len + workload.output_len, tpb)
     memory = target.memory_bytes
     if weights_per_rank >= memory:
-        hint = (f"use a lower precision (fp8, int8-sq) or --tp {min(2 * tp, target.max_gpus)}"
-                if tp < target.max_gpus else f"{target.name} has at most {target.max_gpus} GPUs")
         raise UserError(f"{model.name} at {precision} needs {format_gib(weights_per_rank)} of weights per "
-                        f"GPU; {target.name} has {format_gib(memory)}: {hint}")
+                        f"GPU; {target.name} has {format_gib(memory)}: "
+                        f"{too_big_hint(target, precision, tp, pp, weights_per_rank)}")
 
     def kv_tokens_for(batch: int) -> tuple[int, int, int, int]:
         act = activation_bytes(arch, precision, dtype, tp, min(max_num_tokens, max_seq_len * batch), batch)
@@ -280,6 +285,9 @@ def plan_engine(request: PlanRequest) -> Plan:
         warnings.append(f"--concurrency {workload.concurrency} is more than the planned batch of {batch} "
                         f"({limit} at {workload.input_len}+{workload.output_len} tokens); the rest queue in Triton")
     concurrent = min(batch, fit)
+    if tp > 1 and not target.p2p:
+        warnings.append(no_p2p_warning(arch, target, dtype, tp, pp, concurrent, weights_per_rank, kv_per_token,
+                                       context))
 
     if max_num_tokens > max_seq_len * batch:
         if overrides.max_num_tokens is not None:
@@ -321,6 +329,51 @@ def plan_engine(request: PlanRequest) -> Plan:
         build_config=build, plugin_config=plugin, optimization_profiles=derive_profiles(build, plugin),
         triton=triton, roofline=roofline(target, workload, weights_per_rank, kv_per_token, concurrent, prefill_s),
         warnings=warnings)
+
+
+def engine_serve_command(world_size: int, model_repository: str) -> list[str]:
+    """Triton for an engine of `world_size` GPU ranks, as tensorrtllm_backend's launch_triton_server.py
+    starts it (leader mode): one GPU, one tritonserver; more, one tritonserver per rank under mpirun, the
+    ranks after the first loading only the tensorrt_llm model (rank r drives GPU r of the node)."""
+    if world_size == 1:
+        return tritonserver_args(model_repository)
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        args = tritonserver_args(model_repository, rank)
+        if rank:
+            args[2:2] = ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+        command += ["-n", "1", *args, ":"]
+    return command[:-1]
+
+
+def no_p2p_warning(arch, target: Target, dtype: str, tp: int, pp: int, batch: int, weights_per_rank: int,
+                   kv_per_token: int, context: float) -> str:
+    """What the missing peer-to-peer access costs a decode step, next to the step's memory-bound time."""
+    count, seconds = host_allreduce_seconds(arch, dtype, tp, pp, batch)
+    step = decode_step_seconds(weights_per_rank, batch, context, kv_per_token, target)
+    return (f"{target.name} has no GPU peer-to-peer access ({target.interconnect}): every tensor-parallel "
+            f"all-reduce is staged through host memory. A decode step makes {count} of them; at batch {batch} "
+            f"moving their data over PCIe 4.0 x16 takes at least {seconds * 1e3:.1f} ms, next to the step's "
+            f"{step * 1e3:.1f} ms memory-bound estimate (the roofline leaves it out), plus a per-call latency "
+            "not modelled here that dominates at small batch (NVIDIA/TensorRT-LLM#1625)")
+
+
+def too_big_hint(target: Target, precision: str, tp: int, pp: int, weights_per_rank: int) -> str:
+    """What could make the weights fit: an 8-bit precision the target runs, or the fewest GPUs (by doubling
+    tp, the weights split about evenly) that could hold them, or a bigger GPU."""
+    options = []
+    if precision not in QUANT_ALGO:
+        eight_bit = [p for p in QUANT_ALGO if p != "fp8" or target.supports_fp8]
+        options.append(f"an 8-bit precision ({', '.join(eight_bit)})")
+    more = tp * 2
+    while more * pp <= target.max_gpus and weights_per_rank * tp / more >= target.memory_bytes:
+        more *= 2
+    if more * pp <= target.max_gpus:
+        options.append(f"more GPUs (--tp {more})")
+    if not options:
+        return (f"{target.name} has at most {target.max_gpus} GPUs and {precision} is already 8-bit: "
+                "use a target with more memory per GPU")
+    return "use " + " or ".join(options)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -130,6 +130,21 @@ def runtime_reserve_bytes(arch: ModelArch, tp: int, max_batch_size: int, max_seq
 # Roofline timings
 
 
+#: PCIe 4.0 x16, one direction (the PCI-SIG rate, 16 GT/s x 16 lanes, 128b/130b): what a GPU without
+#: peer-to-peer access moves its all-reduce traffic over, twice (to host memory and back)
+PCIE4_X16_BYTES_PER_S = 31.5e9
+
+
+def host_allreduce_seconds(arch: ModelArch, dtype: str, tp: int, pp: int, batch: int) -> tuple[int, float]:
+    """Tensor-parallel all-reduces of one decode step on a GPU and their bandwidth-bound time when staged
+    through host memory: two per decoder layer (attention output, MLP output) of batch x hidden values;
+    a ring all-reduce moves 2 (tp - 1) / tp of them per GPU, and without peer-to-peer every byte crosses
+    PCIe twice. A lower bound: the per-call latency, which dominates at small batch, is not modelled."""
+    count = 2 * RankLayout(tp, pp, arch.num_hidden_layers).layers_per_stage
+    per_call = batch * arch.hidden_size * _element_bytes(dtype)
+    return count, count * 2 * (2 * (tp - 1) / tp) * per_call / PCIE4_X16_BYTES_PER_S
+
+
 def decode_step_seconds(weights_per_rank: int, batch: int, context_tokens: float, kv_per_token: int,
                         target: Target) -> float:
     return (weights_per_rank + batch * context_tokens * kv_per_token) / target.bandwidth_bytes_per_s

@@ -107,10 +107,6 @@ def check_target_supports(target: Target, precision: str, kv_cache_dtype: str, t
         raise UserError(f"tp {tp} x pp {pp} needs {tp * pp} GPUs; the {target.name} target has at most "
                         f"{target.max_gpus}")
     arch.check_parallelism(tp, pp)
-    if target.is_gpu and tp > 1 and not target.p2p:
-        warnings.append(f"{target.name} has no GPU peer-to-peer access ({target.interconnect}): tensor-"
-                        "parallel all-reduce goes through host memory and will be slow "
-                        "(NVIDIA/TensorRT-LLM#1625)")
     return warnings
 
 
