@@ -23,6 +23,11 @@ class Preset:
         return ModelArch.from_hf_config(self.hf_config, where=f"preset {self.name}")
 
 
+#: Llama 3.1's long-context rotary scaling (the same in every size's config.json)
+LLAMA31_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
+
+
 def _llama(**overrides) -> dict:
     cfg = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-5,
            "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
@@ -50,16 +55,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("llama-3.1-8b", "meta-llama/Llama-3.1-8B", _llama(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-        rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                           "high_freq_factor": 4.0,
-                                           "original_max_position_embeddings": 8192})),
+        rope_theta=500000.0, rope_scaling=LLAMA31_ROPE_SCALING)),
     # meta-llama/Llama-3.1-70B config.json
     Preset("llama-3.1-70b", "meta-llama/Llama-3.1-70B", _llama(
         vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
         num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072,
-        rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                           "high_freq_factor": 4.0,
-                                           "original_max_position_embeddings": 8192})),
+        rope_theta=500000.0, rope_scaling=LLAMA31_ROPE_SCALING)),
     # meta-llama/Llama-2-7b-hf config.json
     Preset("llama-2-7b", "meta-llama/Llama-2-7b-hf", _llama(
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
