@@ -104,10 +104,12 @@ class DeployResult:
             return f"model repository {self.path} is up to date (inputs unchanged); nothing to do"
         backend = f"engine {self.engine}" if self.engine else backend_for(self.deployment.backend).summary
         gpus = f" on {self.deployment.world_size} GPUs" if self.deployment.world_size > 1 else ""
+        here = (f"serve it here with `trtpipe serve {self.path}`, or in the trtpipe image with:\n  "
+                if backend_for(self.deployment.backend).serves_embedded
+                else f"serve it{gpus} in the trtpipe image with:\n  ")
         return (f"wrote Triton model repository {self.path} for target {self.target}: "
-                f"{', '.join(self.models)} ({backend})\ncheck it with `trtpipe check {self.path}`\n"
-                f"serve it{gpus} with: MODEL_REPOSITORY={shlex.quote(str(self.path))} "
-                f"{shell_command(self.deployment.serve_command)}")
+                f"{', '.join(self.models)} ({backend})\ncheck it with `trtpipe check {self.path}`\n{here}"
+                f"MODEL_REPOSITORY={shlex.quote(str(self.path))} {shell_command(self.deployment.serve_command)}")
 
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,

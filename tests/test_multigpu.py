@@ -72,7 +72,7 @@ def test_a_four_gpu_repository_records_the_leader_mode_launch(tmp_path, smollm2_
     assert all(f"shm-region-prefix-name=prefix{r}_" in rank for r, rank in enumerate(ranks))
     assert "--load-model=tensorrt_llm" not in ranks[0]
     assert all("--model-control-mode=explicit --load-model=tensorrt_llm" in rank for rank in ranks[1:])
-    assert "on 4 GPUs with: MODEL_REPOSITORY=" in result.summary()
+    assert "serve it on 4 GPUs in the trtpipe image with:\n  MODEL_REPOSITORY=" in result.summary()
     assert shell_command(command) in result.summary()
     recorded = json.loads((result.path / "manifest.json").read_text())["deployment"]["serve_command"]
     assert "--model-repository=$MODEL_REPOSITORY" in recorded and not any(str(tmp_path) in a for a in recorded)
@@ -84,4 +84,4 @@ def test_one_gpu_and_the_cpu_target_serve_with_one_process():
     one = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
     assert backend_for(one.backend).serve_command(one)[0] == "tritonserver"
     cpu = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
-    assert backend_for(cpu.backend).serve_command(cpu)[:3] == ["trtpipe", "serve", "$MODEL_REPOSITORY"]
+    assert backend_for(cpu.backend).serve_command(cpu)[:2] == ["tritonserver", "--model-repository=$MODEL_REPOSITORY"]

@@ -70,8 +70,10 @@ class Backend(Protocol):
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         """Files of the `tensorrt_llm` model's version directory (`REPO/tensorrt_llm/1`)."""
 
-    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY) -> list[str]:
-        """The command that serves the repository of `plan` (argv; `model_repository` where it lies)."""
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
+                      extra_args: tuple[str, ...] = ()) -> list[str]:
+        """The command that serves the repository of `plan` in the trtpipe image (NVIDIA's Triton container)
+        (argv; `model_repository` where it lies; `extra_args` for every tritonserver it starts)."""
 
 
 def shell_command(argv: list[str] | tuple[str, ...]) -> str:
@@ -82,12 +84,12 @@ def shell_command(argv: list[str] | tuple[str, ...]) -> str:
     return " ".join(word(a) for a in argv)
 
 
-def tritonserver_args(model_repository: str, rank: int = 0) -> list[str]:
+def tritonserver_args(model_repository: str, rank: int = 0, extra_args: tuple[str, ...] = ()) -> list[str]:
     """One tritonserver as NVIDIA's launch_triton_server.py starts it: NVIDIA's configs are complete (no
     auto-complete) and each MPI rank's Python models get their own shared-memory prefix."""
     return ["tritonserver", f"--model-repository={model_repository}", "--disable-auto-complete-config",
             f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
-            *(f"--{name}-port={port}" for name, port in PORTS.items())]
+            *(f"--{name}-port={port}" for name, port in PORTS.items()), *extra_args]
 
 
 def parameter_string(value) -> str:

@@ -111,8 +111,9 @@ class EngineBackend:
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return engine_parameters(plan, engine)
 
-    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY) -> list[str]:
-        return engine_serve_command(plan.tp_size * plan.pp_size, model_repository)
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
+                      extra_args: tuple[str, ...] = ()) -> list[str]:
+        return engine_serve_command(plan.tp_size * plan.pp_size, model_repository, extra_args)
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         """Nothing: the engine is referenced by gpt_model_path, not copied."""
@@ -331,15 +332,15 @@ def plan_engine(request: PlanRequest) -> Plan:
         warnings=warnings)
 
 
-def engine_serve_command(world_size: int, model_repository: str) -> list[str]:
+def engine_serve_command(world_size: int, model_repository: str, extra_args: tuple[str, ...] = ()) -> list[str]:
     """Triton for an engine of `world_size` GPU ranks, as tensorrtllm_backend's launch_triton_server.py
     starts it (leader mode): one GPU, one tritonserver; more, one tritonserver per rank under mpirun, the
     ranks after the first loading only the tensorrt_llm model (rank r drives GPU r of the node)."""
     if world_size == 1:
-        return tritonserver_args(model_repository)
+        return tritonserver_args(model_repository, 0, extra_args)
     command = ["mpirun", "--allow-run-as-root"]
     for rank in range(world_size):
-        args = tritonserver_args(model_repository, rank)
+        args = tritonserver_args(model_repository, rank, extra_args)
         if rank:
             args[2:2] = ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
         command += ["-n", "1", *args, ":"]

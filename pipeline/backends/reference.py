@@ -28,7 +28,7 @@ from ..plan.policy import QUEUE_BATCHES, PlanRequest, latency_batch_cap
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from .base import MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, PORTS, REFERENCE, parameter_string
+from .base import MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, parameter_string, tritonserver_args
 
 TRITON_BACKEND = "python"
 #: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
@@ -78,9 +78,11 @@ class ReferenceBackend:
         return {"checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
                 "exclude_input_in_output": parameter_string(plan.triton.exclude_input_in_output)}
 
-    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY) -> list[str]:
-        """trtpipe's embedded Triton (pytriton's tritonserver, the Python models' own NumPy), on all addresses."""
-        return ["trtpipe", "serve", model_repository, "--host", "0.0.0.0", "--port", str(PORTS["http"])]
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
+                      extra_args: tuple[str, ...] = ()) -> list[str]:
+        """One tritonserver whose Python backend has torch and trtpipe (the trtpipe image); on a machine
+        with trtpipe's venv, `trtpipe serve REPO` runs the embedded one instead."""
+        return tritonserver_args(model_repository, 0, ("--allow-gpu-metrics=false", *extra_args))
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")

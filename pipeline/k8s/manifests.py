@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..backends import backend_for
+from ..backends.base import PORTS
 from ..plan import Plan
 from ..tritonconfig import parse_pbtxt, to_pbtxt
 from .source import VOLUME_ROOT, DeploymentSource, Replicas, RepoSource
 
 GIB = 1 << 30
-HTTP, GRPC, METRICS = 8000, 8001, 8002
+HTTP, GRPC, METRICS = PORTS["http"], PORTS["grpc"], PORTS["metrics"]
 #: GPU-feature-discovery's `nvidia.com/gpu.product` label for each GPU target: NVML's product name with
 #: spaces as '-' (the tutorial's chart matches `Tesla-T4` the same way). Not checked on a cluster here.
 GPU_PRODUCTS = {
@@ -102,28 +104,10 @@ def metadata(name: str) -> dict:
 # The Triton container
 
 
-def server_args(plan: Plan, sizing: PodSizing, rank: int) -> list[str]:
-    """One tritonserver's flags; ranks above 0 load only tensorrt_llm (launch_triton_server.py's leader mode)."""
-    args = ["tritonserver", f"--model-repository={VOLUME_ROOT}/model_repo"]
-    if rank:
-        args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
-    args += [f"--http-port={HTTP}", f"--grpc-port={GRPC}", f"--metrics-port={METRICS}",
-             "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
-             f"--exit-timeout-secs={sizing.drain_s}"]
-    if not plan.target.is_gpu:
-        args.append("--allow-gpu-metrics=false")
-    return args
-
-
 def server_command(plan: Plan, sizing: PodSizing) -> list[str]:
-    """tritonserver for one rank; for tp x pp > 1 one per rank under mpirun, as launch_triton_server.py does."""
-    ranks = plan.tp_size * plan.pp_size
-    if ranks == 1:
-        return server_args(plan, sizing, 0)
-    command = ["mpirun", "--allow-run-as-root"]
-    for rank in range(ranks):
-        command += ["-n", "1", *server_args(plan, sizing, rank)] + ([":"] if rank < ranks - 1 else [])
-    return command
+    """The backend's own serve command (leader-mode mpirun for tp x pp > 1), draining for the pod's grace."""
+    return backend_for(plan.backend).serve_command(plan, f"{VOLUME_ROOT}/model_repo",
+                                                   (f"--exit-timeout-secs={sizing.drain_s}",))
 
 
 def probe(path: str, period: int, failures: int) -> dict:
