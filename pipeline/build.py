@@ -25,6 +25,8 @@ from pathlib import Path
 
 from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
+from .outputs import portable
+from .plan.schema import Workload
 
 QUANTIZED = ("fp8", "int8-sq")
 #: Held-out documents for the before/after perplexity in a build's calibration report: fewer than
@@ -46,6 +48,10 @@ class BuildOptions:
     calibration_samples: int | None = None
     device: str = "auto"          # where calibration and the golden reference run, a layer at a time
     progress: bool = True
+    tp: int = 1
+    pp: int = 1
+    workload: Workload | None = None          # None: the plan's default workload
+    calibration_dataset: str | None = None    # a calibration recipe name or dataset (None: the default recipe)
 
 
 @dataclass
@@ -83,7 +89,8 @@ class BuildSummary:
         return "\n".join(lines)
 
     def save(self, out: Path) -> None:
-        (out / "build.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """OUT/build.json, its paths relative to OUT (it names nothing of this machine: see outputs.portable)."""
+        (out / "build.json").write_text(json.dumps(portable(self.to_dict(), out), indent=2) + "\n")
 
 
 def directory_bytes(path: Path) -> int:
@@ -120,12 +127,14 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
             + (f" ({detail})" if detail else ""))
 
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
-    preview = make_plan(source.arch, target, options.precision, options.kv_cache)
+    preview = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
+                        workload=options.workload)
     backend = backend_for(preview.backend)
 
     started = time.monotonic()
     dtype = backend.checkpoint_dtype(preview)
-    converted = convert_model(source, out / "checkpoint", dtype=dtype, force=True, progress=options.progress)
+    converted = convert_model(source, out / "checkpoint", dtype=dtype, tp=options.tp, pp=options.pp, force=True,
+                              progress=options.progress)
     record("convert", converted.path, started, converted.skipped, f"{dtype}")
     checkpoint = converted.path
 
@@ -141,7 +150,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     started = time.monotonic()
     plan_path = out / "plan.json"
     plan = make_plan(resolve_model_info(str(checkpoint)), target, options.precision, options.kv_cache,
-                     backend=backend.name)
+                     tp=options.tp, workload=options.workload, backend=backend.name)
     unchanged = plan_path.is_file() and load_plan(plan_path).to_dict() == plan.to_dict()
     if not unchanged:
         save_plan(plan, plan_path)
@@ -191,7 +200,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 def run_calibration(checkpoint: Path, out: Path, options: BuildOptions):
     from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 
-    recipe = resolve_recipe(None, samples=options.calibration_samples)
+    recipe = resolve_recipe(options.calibration_dataset, samples=options.calibration_samples)
     kv = options.kv_cache if options.kv_cache in ("fp8", "int8") else None
     return calibrate_checkpoint(checkpoint, out, CalibrateOptions(precision=options.precision, recipe=recipe,
                                                                   kv_cache=kv, eval_samples=BUILD_EVAL_SAMPLES,

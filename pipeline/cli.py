@@ -106,7 +106,11 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 
 
 @main.command()
-@click.argument("model")
+@click.argument("model", required=False)
+@click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None,
+              help="Run the builds of this matrix (trtpipe.toml or pyproject.toml) instead of MODEL; -o is then "
+                   "the directory above them (default: the matrix's `output`).")
+@click.option("--only", multiple=True, metavar="NAME", help="With --matrix: only this build (repeatable).")
 @click.option("--target", default="cpu", show_default=True, help="Target from `trtpipe targets` (cpu, rtx4090, ...).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True)
 @click.option("--kv-cache", type=click.Choice(["auto", "fp16", "fp8", "int8"]), default="auto", show_default=True)
@@ -121,8 +125,8 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--k8s", "k8s_manifests", is_flag=True,
               help="Also write Kubernetes manifests, alerts and a dashboard to OUT/k8s (see `trtpipe k8s`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
-def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir, device, k8s_manifests,
-          as_json):
+def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
+          device, k8s_manifests, as_json):
     """Run every stage: convert, calibrate, plan, compile, deploy, validate.
 
     \b
@@ -131,9 +135,19 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
     Examples:
       trtpipe build smollm2-135m --target cpu --precision fp8 -o out/smollm2
       trtpipe build llama-3-8b --target rtx4090 --precision fp8 --dry-run
+      trtpipe build --matrix trtpipe.toml --only smollm2-cpu-fp8
     """
     from .build import BuildOptions, build as run_build
 
+    if matrix_path is not None:
+        if k8s_manifests:
+            raise UserError("--k8s writes one build's manifests: run `trtpipe k8s BUILD` for each matrix build")
+        return build_matrix(model, matrix_path, only, out, as_json, dry_run=dry_run, url=url, load_test=load_test,
+                            model_dir=model_dir, device=device, progress=not as_json)
+    if model is None:
+        raise UserError("give MODEL (a preset, Hugging Face directory, GGUF file or hub id) or --matrix FILE")
+    if only:
+        raise UserError("--only selects builds of a matrix: give --matrix FILE with it")
     safe_name = Path(model).name.replace(".gguf", "")
     out = out or Path("out") / f"{safe_name}-{target}-{precision}"
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
@@ -148,6 +162,23 @@ def build(model, target, precision, kv_cache, out, dry_run, url, load_test, samp
 
         written = write_k8s(out, out / "k8s", K8sOptions(image=DEFAULT_IMAGE, force=True))
         click.echo(written.summary(), err=as_json)
+
+
+def build_matrix(model, matrix_path, only, out, as_json, **options):
+    """`trtpipe build --matrix`: each selected build in turn; exit 1 when one failed validation."""
+    from .matrix import load_matrix, run_matrix
+
+    if model is not None:
+        raise UserError(f"give MODEL or --matrix, not both (got {model!r} and --matrix {matrix_path})")
+    say = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+    summaries = run_matrix(load_matrix(matrix_path), tuple(only), out, say, **options)
+    if as_json:
+        click.echo(json.dumps({name: s.to_dict() for name, s in summaries.items()}, indent=2))
+    else:
+        for name, summary in summaries.items():
+            click.echo(f"== {name}\n{summary.render()}")
+    if any(s.passed is False for s in summaries.values()):
+        sys.exit(1)
 
 
 @main.command()
@@ -549,6 +580,120 @@ def doctor(target, as_json):
     report = run_doctor(target)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
     sys.exit(0 if report.ok else 1)
+
+
+@main.command(name="matrix")
+@click.argument("matrix_file", type=click.Path(path_type=Path), default="trtpipe.toml")
+@click.option("--json", "as_json", is_flag=True, help='Print {"include": [build...]}, the shape of a CI matrix.')
+def matrix_(matrix_file, as_json):
+    """The builds of MATRIX_FILE (trtpipe.toml, or pyproject.toml's [tool.trtpipe]).
+
+    \b
+    Examples:
+      trtpipe matrix
+      trtpipe matrix pyproject.toml --json
+    """
+    from .matrix import entry_for_ci, load_matrix
+
+    matrix = load_matrix(matrix_file)
+    if as_json:
+        click.echo(json.dumps(matrix.to_dict(), indent=2))
+        return
+    for row in map(entry_for_ci, matrix.entries):
+        click.echo(f"{row['name']:<24} {row['model']} -> {row['target']} (sm {row['sm']}) {row['precision']}, "
+                   f"kv {row['kv_cache']}, tp {row['tp']} pp {row['pp']}, "
+                   f"calibration {row['calibration'] or 'default'}")
+
+
+@main.group()
+def ci():
+    """CI workflows that build, validate, package and upload the build matrix."""
+
+
+@ci.command()
+@click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None,
+              help="Build matrix (default: trtpipe.toml when it exists; without one, only the SmolLM2 job).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path),
+              default=Path(".github/workflows/trtpipe.yml"), show_default=True)
+def github(matrix_path, out):
+    """Write the GitHub Actions workflow: SmolLM2 end to end on a hosted runner, the matrix's builds.
+
+    \b
+    GPU builds run on self-hosted runners labelled [self-hosted, linux, x64, gpu, TARGET] inside NVIDIA's
+    TensorRT-LLM Triton container; see docs/ci.md. Run it from the repository root.
+    Examples:
+      trtpipe ci github
+      trtpipe ci github --matrix trtpipe.toml -o .github/workflows/trtpipe.yml
+    """
+    from .ci import github_workflow, workflow_matrix_path, write_workflow
+    from .matrix import load_matrix
+
+    if matrix_path is None and Path("trtpipe.toml").is_file():
+        matrix_path = Path("trtpipe.toml")
+    matrix = load_matrix(matrix_path) if matrix_path else None
+    write_workflow(github_workflow(matrix, workflow_matrix_path(matrix_path) if matrix else None), out)
+    jobs = 1 + (len(matrix.entries) if matrix else 0)
+    click.echo(f"wrote {out}: {jobs} build(s) (SmolLM2 on the cpu target{' and the matrix' if matrix else ''})")
+
+
+@main.command()
+@click.argument("build_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="The .tar to write.")
+def package(build_dir, out):
+    """Pack BUILD_DIR (engine or checkpoint, model repository, build.json, validation report) into one
+    archive with artifact.json: every file's sha256, the model's fingerprint, versions, target and SM.
+
+    \b
+    Examples:
+      trtpipe package out/smollm2-cpu-fp8 -o smollm2-cpu-fp8.tar
+    """
+    from .artifact import package_build
+
+    click.echo(package_build(build_dir, out).summary())
+
+
+def report_verification(result, as_json: bool) -> None:
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
+    if not result.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.option("--target", default=None, help="Refuse an artifact built for another SM or TensorRT-LLM version "
+              "than this target's.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
+def verify(archive, target, as_json):
+    """Check every file of ARCHIVE against its artifact.json (exit 1 when anything does not match).
+
+    \b
+    Examples:
+      trtpipe verify smollm2-cpu-fp8.tar
+      trtpipe verify llama-3-8b-rtx4090-fp8.tar --target rtx4090
+    """
+    from .artifact import verify_archive
+
+    report_verification(verify_archive(archive, target), as_json)
+
+
+@main.command()
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="New directory to extract into.")
+@click.option("--target", default=None, help="As for verify: refuse an artifact for another SM or version.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
+def unpack(archive, out, target, as_json):
+    """Verify ARCHIVE, then extract it into OUT (nothing is extracted from an archive that fails).
+
+    \b
+    Examples:
+      trtpipe unpack smollm2-cpu-fp8.tar -o deploy/smollm2
+    """
+    from .artifact import unpack_archive
+
+    result = unpack_archive(archive, out, target)
+    report_verification(result, as_json)
+    click.echo(f"extracted into {out}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 Every stage writes into a temporary sibling of its output directory and renames it into place only
 when everything succeeded, so an interrupted run never leaves an output that looks complete. The
 manifest records the stage's inputs (paths with sizes and modification times), its parameters and the
-tool version; a later run with the same fingerprint is skipped. `stage_output` is that whole routine
-(up to date? -> refuse an occupied output -> temporary directory -> manifest -> rename); the pieces
-below it are what it is made of.
+tool version; a later run with the same fingerprint is skipped. A manifest names no absolute path of the
+machine that wrote it (`portable`): paths inside the output's parent (the build directory, in a build) are
+recorded relative to it, other inputs by a hash of their location, and the home directory as `~`.
+`stage_output` is that whole routine (up to date? -> refuse an occupied output -> temporary directory ->
+manifest -> rename); the pieces below it are what it is made of.
 """
 
 from __future__ import annotations
@@ -40,6 +42,37 @@ def fingerprint_inputs(paths: list[Path]) -> dict[str, dict]:
     return found
 
 
+def portable(value, base: Path):
+    """`value` (JSON data) with every absolute path in its strings made machine-neutral: under `base` relative
+    to it (`base` itself is "."), under the home directory as `~/...`. Applied alike when a manifest is
+    written and when it is compared, so the up-to-date check still holds; moving `base` keeps it."""
+    if isinstance(value, dict):
+        return {portable(k, base): portable(v, base) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, base) for v in value]
+    if not isinstance(value, str):
+        return value
+    for root, name in ((str(Path(base).absolute()), "."), (os.path.expanduser("~"), "~")):
+        if root not in ("/", "", "~"):
+            value = value.replace(root + os.sep, "" if name == "." else name + os.sep)
+            value = name if value == root else value
+    return value
+
+
+def portable_inputs(inputs: dict[str, dict], base: Path) -> dict[str, dict]:
+    """`fingerprint_inputs`' record keyed without the machine's paths: a file under `base` by its path relative
+    to it, any other by a hash of its directory and its name (the same file gives the same key)."""
+    return {input_key(Path(name), Path(base).absolute()): stat for name, stat in inputs.items()}
+
+
+def input_key(path: Path, base: Path) -> str:
+    """How a manifest names the input file PATH (absolute): relative to BASE when under it, else
+    `external-<sha256 of its directory, 16 hex digits>/<its name>`."""
+    if path.is_relative_to(base):
+        return str(path.relative_to(base))
+    return f"external-{hashlib.sha256(str(path.parent).encode()).hexdigest()[:16]}/{path.name}"
+
+
 def describe_outputs(directory: Path) -> dict[str, dict]:
     """Size of every output file, and its sha256 when it is small enough to hash cheaply."""
     described = {}
@@ -61,24 +94,28 @@ def read_manifest(directory: Path) -> dict | None:
 def is_up_to_date(out: Path, stage: str, inputs: dict, params: dict) -> bool:
     """True when `out` is a complete output of `stage` made from the same inputs and parameters."""
     manifest = read_manifest(out)
+    base = Path(out).absolute().parent
     return bool(
         manifest
         and manifest.get("stage") == stage
-        and manifest.get("inputs") == inputs
-        and manifest.get("params") == params
+        and manifest.get("inputs") == portable_inputs(inputs, base)
+        and manifest.get("params") == portable(params, base)
         and manifest.get("tool_version") == __version__
     )
 
 
 def write_manifest(directory: Path, stage: str, inputs: dict, params: dict, extra: dict | None = None) -> None:
+    """DIRECTORY/manifest.json, its paths made `portable` relative to DIRECTORY's parent (the temporary
+    directory is a sibling of the output, so this is the output's parent too)."""
+    base = Path(directory).absolute().parent
     manifest = {
         "stage": stage,
         "tool_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": inputs,
-        "params": params,
+        "inputs": portable_inputs(inputs, base),
+        "params": portable(params, base),
         "outputs": describe_outputs(directory),
-        **(extra or {}),
+        **portable(extra or {}, base),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 

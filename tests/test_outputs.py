@@ -32,7 +32,8 @@ def test_writes_once_then_is_up_to_date_and_touches_nothing(tmp_path, inputs):
     out = tmp_path / "out"
     assert write(out, inputs, {"n": 1}) is True
     manifest = read_manifest(out)
-    assert manifest["stage"] == "demo" and manifest["inputs"] == inputs and manifest["params"] == {"n": 1}
+    assert manifest["stage"] == "demo" and manifest["params"] == {"n": 1}
+    assert manifest["inputs"] == {"input.txt": inputs[str(tmp_path / "input.txt")]}  # relative to out's parent
     assert manifest["source"] == "input.txt" and manifest["seconds"] == 1.5
     assert set(manifest["outputs"]) == {"result.txt"}
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
@@ -51,3 +52,42 @@ def test_other_params_need_force_and_a_failure_leaves_the_old_output(tmp_path, i
     assert sorted(p.name for p in tmp_path.iterdir()) == ["input.txt", "out"]   # no temporary left behind
     assert write(out, inputs, {"n": 2}, force=True) is True
     assert read_manifest(out)["params"] == {"n": 2}
+
+
+def test_manifests_name_no_absolute_path_and_a_moved_build_is_still_up_to_date(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    build = tmp_path / "machine-specific" / "build"
+    (build / "ckpt").mkdir(parents=True)
+    (build / "ckpt" / "w.bin").write_text("weights")
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "config.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "data.txt").write_text("corpus")
+
+    def run(root, force=False):
+        inputs = fingerprint_inputs([root / "ckpt", home / "models", elsewhere / "data.txt"])
+        params = {"engine": str(root / "engine"), "model": str(home / "models"), "out": str(root)}
+        with stage_output(root / "repo", "demo", inputs, params,
+                          extra={"note": f"see {root / 'ckpt' / 'w.bin'}"}, force=force) as output:
+            if output.up_to_date:
+                return False
+            (output.dir / "x").write_text("x")
+        return True
+
+    assert run(build) is True
+    text = (build / "repo" / "manifest.json").read_text()
+    assert str(tmp_path) not in text and str(home) not in text
+    manifest = json.loads(text)
+    assert manifest["params"] == {"engine": "engine", "model": "~/models", "out": "."}
+    assert manifest["note"] == "see ckpt/w.bin"
+    assert "ckpt/w.bin" in manifest["inputs"]
+    external = [k for k in manifest["inputs"] if k.startswith("external-")]
+    assert sorted(k.rsplit("/", 1)[1] for k in external) == ["config.json", "data.txt"]
+    assert run(build) is False                      # same inputs: up to date
+    moved = tmp_path / "moved"
+    build.rename(moved)
+    assert run(moved) is False                      # the whole build moved: still up to date
+    (moved / "ckpt" / "w.bin").write_text("changed weights")
+    assert run(moved, force=True) is True           # an input changed: rebuilt

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.outputs import input_key
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 PACKAGE_DATA = ["pipeline/data/targets.json", "pipeline/data/calibration/news.json",
@@ -68,5 +70,7 @@ def test_installed_wheel_builds_smollm2_without_the_source_tree(tmp_path):
                   "-o", out, "--json"], cwd=work, env=env, timeout=1200)
     assert json.loads(result.stdout[result.stdout.index("{"):])["passed"] is True
     deployed = json.loads((out / "model_repo" / "manifest.json").read_text())["inputs"]
-    assert any(Path(f).is_relative_to(site) for f in deployed)
-    assert not any(Path(f).is_relative_to(REPO) for f in deployed), "deploy read the source tree"
+    installed = {input_key(Path(f), out) for f in model_sources}      # manifests name inputs by input_key
+    source_tree = {input_key(REPO / Path(f).relative_to(site), out) for f in model_sources}
+    assert installed <= set(deployed)
+    assert not source_tree & set(deployed), "deploy read the source tree"

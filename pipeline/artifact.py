@@ -1,0 +1,370 @@
+"""`trtpipe package | verify | unpack`: a build as one archive that proves what it is.
+
+    NAME.tar
+      artifact.json          what it is: target, SM, TensorRT-LLM and Triton versions, the model source's
+                             fingerprint, the calibration recipe, the validation verdict, and the size and
+                             sha256 of every other member
+      build.json             the build summary
+      model_repo/...         the Triton model repository (for the cpu target it holds the served checkpoint)
+      engine/...             GPU targets: the TensorRT-LLM engine
+      validation/report.json (and its plots)
+
+Nothing in the archive names the build machine: manifests and build.json record paths relative to the
+build directory (pipeline.outputs.portable); the validation report is made portable the same way when
+packaged; a file that must hold an absolute path (the engine's `gpt_model_path` in the GPU repository,
+the engine's build command) gets `@ARTIFACT_ROOT@` in its place, which `unpack` replaces with the directory
+it extracts to (those files are listed under `relocate`). `package` refuses to write an archive in which
+the build directory or the home directory still appears.
+
+`verify` reads every member, checks its size and hash, refuses members that could escape the directory
+they are extracted to (absolute paths, `..`, links, devices) and, with --target, an artifact built for
+another SM or TensorRT-LLM version. `unpack` verifies first and extracts only a verified archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+
+from .compile import CONTAINER, TENSORRT_LLM_VERSION
+from .errors import UserError
+from .outputs import portable
+from .targets import get_target
+
+MANIFEST = "artifact.json"
+FORMAT = 1
+ROOT_PLACEHOLDER = "@ARTIFACT_ROOT@"
+#: Text files that may have to name where the build lives (Triton needs an absolute gpt_model_path).
+RELOCATABLE_SUFFIXES = (".pbtxt", ".sh")
+SKIPPED_DIRS = {"__pycache__"}      # written by the Python backend when it serves; not build outputs
+VALIDATION_FILES = ("report.json", "*.png")
+CHUNK = 1 << 20
+
+
+class VerificationFailed(Exception):
+    """The archive is not what it says (exit status 1): altered, truncated, unsafe or for another target."""
+
+    exit_code = 1
+
+
+# ------------------------------------------------------------------------------------------------ package
+
+@dataclass(frozen=True)
+class Packaged:
+    path: Path
+    files: int
+    bytes: int
+    artifact: dict
+
+    def summary(self) -> str:
+        a = self.artifact
+        return (f"wrote {self.path}: {self.files} files, {self.bytes / 1e6:.1f} MB; target {a['target']} "
+                f"(sm {a['sm']}), TensorRT-LLM {a['tensorrt_llm_version']}, validation "
+                f"{'passed' if a['validation']['passed'] else 'FAILED'}")
+
+
+def package_build(build_dir: Path, out: Path) -> Packaged:
+    """Write BUILD_DIR's deliverables and their artifact.json into the tar OUT (atomically)."""
+    build_dir = Path(build_dir).absolute()
+    summary = read_json(build_dir / "build.json", f"{build_dir} is not a trtpipe build directory (no build.json)")
+    report_path = build_dir / "validation" / "report.json"
+    report = read_json(report_path, f"{build_dir} has no validation report (validation/report.json); validate "
+                                    "the build first (`trtpipe validate REPO`, with --url for a GPU target)")
+    if not (build_dir / "model_repo").is_dir():
+        raise UserError(f"{build_dir} has no model_repo/ (the build stopped before deploy)")
+    target = get_target(summary["options"]["target"])
+    if target.is_gpu and not (build_dir / "engine" / "config.json").is_file():
+        raise UserError(f"{build_dir}/engine holds no built engine (engine/config.json); build it on the GPU first")
+    contents = {rel: data for rel, data in collect(build_dir, target.is_gpu)}
+    artifact = describe(build_dir, summary, report, target, contents)
+    members = {MANIFEST: (json.dumps(artifact, indent=2) + "\n").encode(), **contents}
+    write_tar(members, Path(out))
+    return Packaged(Path(out), len(contents), sum(len(d) if isinstance(d, bytes) else d.stat().st_size
+                                                 for d in contents.values()), artifact)
+
+
+def collect(build_dir: Path, gpu: bool):
+    """(member name, bytes or the Path to copy) of everything the archive ships, paths made portable."""
+    roots = ["model_repo"] + (["engine"] if gpu else [])
+    for root in roots:
+        for path in sorted((build_dir / root).rglob("*")):
+            if path.is_file() and not SKIPPED_DIRS & set(path.relative_to(build_dir).parts):
+                yield path.relative_to(build_dir).as_posix(), portable_file(path, build_dir)
+    yield "build.json", portable_json(build_dir / "build.json", build_dir)
+    for pattern in VALIDATION_FILES:
+        for path in sorted((build_dir / "validation").glob(pattern)):
+            yield path.relative_to(build_dir).as_posix(), portable_file(path, build_dir)
+
+
+def portable_json(path: Path, build_dir: Path) -> bytes:
+    return (json.dumps(portable(json.loads(path.read_text()), build_dir), indent=2) + "\n").encode()
+
+
+def portable_file(path: Path, build_dir: Path) -> bytes | Path:
+    """The file as shipped: unchanged unless it names the build or home directory; then a JSON file gets
+    portable paths and a relocatable text file the placeholder (anything else is caught by `describe`)."""
+    if not names_the_machine(path, build_dir):
+        return path
+    if path.suffix == ".json":
+        return portable_json(path, build_dir)
+    if path.suffix in RELOCATABLE_SUFFIXES:
+        return path.read_bytes().replace(str(build_dir).encode(), ROOT_PLACEHOLDER.encode())
+    return path
+
+
+def describe(build_dir: Path, summary: dict, report: dict, target, contents: dict) -> dict:
+    files = {name: file_digest(data) for name, data in contents.items()}
+    leaks = [name for name, data in contents.items() if names_the_machine(data, build_dir)]
+    if leaks:
+        raise RuntimeError(f"refusing to package: {', '.join(leaks)} name(s) the build directory {build_dir} or "
+                           "the home directory")
+    options = summary["options"]
+    return {
+        "format": FORMAT,
+        "name": build_dir.name,
+        "target": target.name,
+        "sm": target.sm,
+        "tensorrt_llm_version": TENSORRT_LLM_VERSION,
+        "triton_container": CONTAINER,
+        "model": {"spec": portable(options["model"], build_dir), "checkpoint_sha256": checkpoint_digest(build_dir)},
+        "precision": options["precision"],
+        "kv_cache": options["kv_cache"],
+        "calibration": calibration_recipe(build_dir, options["precision"]),
+        "validation": {"passed": bool(report.get("passed")), "checks": len(report.get("checks", []))},
+        "relocate": sorted(n for n, d in contents.items() if isinstance(d, bytes) and ROOT_PLACEHOLDER.encode() in d),
+        "files": files,
+    }
+
+
+def names_the_machine(data: bytes | Path, build_dir: Path) -> bool:
+    if isinstance(data, Path):
+        if data.stat().st_size > 64 << 20:   # weights and engines: binary tensors, not paths
+            return False
+        data = data.read_bytes()
+    needles = [str(build_dir)] + ([os.path.expanduser("~")] if os.path.expanduser("~") not in ("/", "~") else [])
+    return any(n.encode() in data for n in needles)
+
+
+def checkpoint_digest(build_dir: Path) -> str | None:
+    """The model source's fingerprint: sha256 over the float checkpoint convert made of it (config.json and
+    the rank files, by name), which is a function of the source weights alone."""
+    ckpt = build_dir / "checkpoint"
+    files = sorted(p for p in ckpt.glob("*") if p.name == "config.json" or p.suffix == ".safetensors")
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + file_digest(path)["sha256"].encode())
+    return digest.hexdigest()
+
+
+def calibration_recipe(build_dir: Path, precision: str) -> dict | None:
+    manifest = build_dir / f"checkpoint-{precision}" / "manifest.json"
+    if not manifest.is_file():
+        return None
+    return portable(json.loads(manifest.read_text()).get("params"), build_dir)
+
+
+def file_digest(data: bytes | Path) -> dict:
+    if isinstance(data, bytes):
+        return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    digest = hashlib.sha256()
+    with open(data, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return {"size": data.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def write_tar(members: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.mode = 0o644
+                if isinstance(data, bytes):
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                else:
+                    info.size = data.stat().st_size
+                    with open(data, "rb") as f:
+                        tar.addfile(info, f)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path, missing: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(missing) from None
+    except ValueError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------------ verify
+
+@dataclass
+class Verification:
+    archive: str
+    artifact: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+    def summary(self) -> str:
+        a = self.artifact
+        lines = [f"{self.archive}: {a.get('name', '?')}, target {a.get('target', '?')} (sm {a.get('sm')}), "
+                 f"TensorRT-LLM {a.get('tensorrt_llm_version', '?')}, {len(a.get('files', {}))} files, "
+                 f"validation {'passed' if a.get('validation', {}).get('passed') else 'FAILED'}"] if a else []
+        lines += [f"  FAIL  {p}" for p in self.problems]
+        lines.append("verified: every file matches its sha256" if self.ok else
+                     f"NOT verified: {len(self.problems)} problem(s)")
+        return "\n".join(lines)
+
+
+def verify_archive(archive: Path, target: str | None = None) -> Verification:
+    """Read every member of ARCHIVE against its artifact.json; problems are collected, not raised."""
+    archive = Path(archive)
+    wanted = get_target(target) if target else None     # an unknown --target is the user's mistake
+    if not archive.is_file():
+        raise UserError(f"{archive} does not exist (or is not a file)")
+    result = Verification(str(archive))
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            seen = check_members(tar, result)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        result.problems.append(f"{archive}: unreadable or truncated archive ({exc})")
+        return result
+    expected = result.artifact.get("files", {})
+    result.problems += [f"{name}: listed in {MANIFEST} but missing from the archive"
+                        for name in expected if name not in seen]
+    if wanted is not None and result.artifact:
+        result.problems += target_mismatches(result.artifact, wanted)
+    return result
+
+
+def check_members(tar: tarfile.TarFile, result: Verification) -> set[str]:
+    """Hash every regular member; artifact.json must come first (package writes it first)."""
+    seen: set[str] = set()
+    for info in tar:
+        unsafe = unsafe_reason(info)
+        if unsafe:
+            result.problems.append(f"{info.name}: refused, {unsafe}")
+            continue
+        if not result.artifact:
+            if info.name != MANIFEST:
+                result.problems.append(f"{info.name}: the archive does not start with {MANIFEST}")
+                return seen
+            try:
+                result.artifact = json.loads(tar.extractfile(info).read())
+            except ValueError as exc:
+                result.problems.append(f"{MANIFEST}: not valid JSON ({exc})")
+                return seen
+            continue
+        listed = result.artifact.get("files", {}).get(info.name)
+        seen.add(info.name)
+        if listed is None:
+            result.problems.append(f"{info.name}: not listed in {MANIFEST}")
+            continue
+        try:
+            got = stream_digest(tar.extractfile(info))
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            result.problems.append(f"{info.name}: truncated ({exc})")
+            continue
+        if got != listed:
+            result.problems.append(f"{info.name}: sha256/size {got['sha256'][:12]}…/{got['size']} do not match "
+                                   f"{MANIFEST}'s {listed['sha256'][:12]}…/{listed['size']} (altered)")
+    if not result.artifact:
+        result.problems.append(f"the archive holds no {MANIFEST}")
+    return seen
+
+
+def unsafe_reason(info: tarfile.TarInfo) -> str | None:
+    """Why extracting this member could write outside the directory, or something other than a file."""
+    path = PurePosixPath(info.name)
+    if path.is_absolute() or info.name.startswith(("/", "\\")):
+        return "absolute path"
+    if ".." in path.parts:
+        return "path with '..'"
+    if info.issym() or info.islnk():
+        base = path.parent if info.issym() else PurePosixPath()   # a hard link names a member of the archive
+        outside = escapes(base / info.linkname)
+        return f"link to {info.linkname}{' outside the archive' if outside else ''} (an artifact holds only files)"
+    if info.isdev() or info.isfifo():
+        return "device or fifo"
+    if not info.isfile():
+        return f"not a regular file (type {info.type!r})"
+    return None
+
+
+def escapes(path: PurePosixPath) -> bool:
+    """True when PATH, taken relative to the extraction directory, leads out of it."""
+    if path.is_absolute():
+        return True
+    depth = 0
+    for part in path.parts:
+        depth += -1 if part == ".." else 0 if part == "." else 1
+        if depth < 0:
+            return True
+    return False
+
+
+def stream_digest(f) -> dict:
+    digest, size = hashlib.sha256(), 0
+    while chunk := f.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def target_mismatches(artifact: dict, target) -> list[str]:
+    problems = []
+    if artifact.get("sm") != target.sm:
+        problems.append(f"built for sm {artifact.get('sm')} ({artifact.get('target')}), but {target.name} is "
+                        f"sm {target.sm}: an engine runs only on the SM it was built for")
+    if artifact.get("tensorrt_llm_version") != TENSORRT_LLM_VERSION:
+        problems.append(f"built with TensorRT-LLM {artifact.get('tensorrt_llm_version')}, but {target.name} "
+                        f"deployments run {TENSORRT_LLM_VERSION}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ unpack
+
+def unpack_archive(archive: Path, out: Path, target: str | None = None) -> Verification:
+    """Verify ARCHIVE, then extract its files into OUT (a new directory) and point relocatable files at OUT."""
+    out = Path(out).absolute()
+    if out.exists():
+        raise UserError(f"{out} already exists; unpack into a new directory")
+    result = verify_archive(archive, target)
+    if not result.ok:
+        return result
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            for info in tar:
+                dest = tmp / info.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(info) as src, open(dest, "wb") as dst:
+                    shutil.copyfileobj(src, dst, CHUNK)
+        for name in set(result.artifact.get("relocate", [])) & set(result.artifact["files"]):  # verified members
+            path = tmp / name
+            path.write_bytes(path.read_bytes().replace(ROOT_PLACEHOLDER.encode(), str(out).encode()))
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
