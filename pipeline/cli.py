@@ -322,9 +322,11 @@ def targets(as_json):
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None, help="Also write plan.json here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the form other stages read).")
+@click.option("--server", type=click.Choice(["vllm", "tgi"]), default=None,
+              help="Print the launch line of that server with the plan's batch, context and KV-cache budget.")
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
-         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json):
+         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json, server):
     """Memory budget, build configuration and Triton parameters for MODEL on a target.
 
     \b
@@ -335,10 +337,12 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
       trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --input-len 2048 --output-len 512 --concurrency 16
       trtpipe plan out/ckpt-fp8 --target rtx4090 --precision fp8 --p99-latency 5 --json > plan.json
       trtpipe plan smollm2-135m --target cpu --precision fp16 -o out/plan.json
+      trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --server vllm
     """
     from rich.console import Console
 
     from .plan import Overrides, Workload, make_plan, render_plan, resolve_model_info, save_plan
+    from .plan.servers import server_settings
     from .targets import get_target
 
     result = make_plan(
@@ -349,10 +353,18 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
                   multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
                   enable_kv_cache_reuse=kv_cache_reuse,
                   kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction))
+    equivalent = server_settings(result, server) if server else None
     if out is not None:
         save_plan(result, out)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    if equivalent is not None:
+        click.echo(equivalent.launch_line(served_model_id(result.model)))
+        for setting in equivalent.settings:
+            click.echo(f"  {setting.flag} {setting.value}: {setting.arithmetic}")
+        for note in equivalent.notes:
+            click.echo(f"  note: {note}")
         return
     console = Console()
     for renderable in render_plan(result):
@@ -360,6 +372,14 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
         console.print()
     if out is not None:
         console.print(f"plan written to {out}")
+
+
+def served_model_id(model) -> str:
+    """What another server loads for a plan's model: its directory, a preset's hub id, or the name given."""
+    from .presets import PRESETS
+
+    preset = PRESETS.get(model.name)
+    return model.path or (preset.hub_id if preset and preset.hub_id else model.name)
 
 
 @main.command(name="compile")

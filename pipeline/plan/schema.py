@@ -160,6 +160,7 @@ class TritonParams:
     max_queue_delay_microseconds: int
     max_queue_size: int
     preferred_batch_size: list[int]
+    max_queue_size_reason: str = ""           # why this bound (plans written before it was recorded have none)
     max_beam_width: int = 1
     batching_strategy: str | None = None      # "inflight_fused_batching" for engines
     batch_scheduler_policy: str | None = None
@@ -258,6 +259,8 @@ class Plan:
             "triton": asdict(self.triton),
             "roofline": asdict(self.roofline),
             "warnings": list(self.warnings),
+            # what vLLM and TGI would be launched with for the same budget (written, never read back)
+            "equivalents": server_equivalents(self),
         }
 
     @classmethod
@@ -325,6 +328,12 @@ def load_plan(path: Path) -> Plan:
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
     return plan
+
+
+def server_equivalents(plan: Plan) -> dict:
+    from .servers import equivalents   # servers builds on this module's types
+
+    return equivalents(plan)
 
 
 # ----------------------------------------------------------------------------------------------

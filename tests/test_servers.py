@@ -1,0 +1,68 @@
+"""The same plan for vLLM and TGI (pipeline/plan/servers.py): each figure recomputed here from the plan's
+own fields for Llama-3-8B on the RTX 4090, the conversions that must not be copies, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.errors import UserError
+from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan.servers import server_settings
+from pipeline.targets import get_target
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
+
+
+def flags(settings) -> dict[str, str]:
+    return {s.flag: s.value for s in settings.settings}
+
+
+def test_vllm_gets_the_plans_batch_context_and_kv_bytes_as_a_share_of_total_memory(plan):
+    vllm = flags(server_settings(plan, "vllm"))
+    m = plan.memory
+    assert vllm["--max-num-seqs"] == str(plan.build_config.max_batch_size)
+    assert vllm["--max-model-len"] == str(plan.max_seq_len) == "8192"
+    assert vllm["--max-num-batched-tokens"] == str(plan.build_config.max_num_tokens)
+    # not TensorRT-LLM's 0.9 of the free memory: weights + activations + the KV bytes, of 24 GiB
+    share = (m.weights_bytes_per_rank + m.activation_bytes + m.kv_cache_bytes) / (24 << 30)
+    assert vllm["--gpu-memory-utilization"] == f"{share:.3f}"
+    assert float(vllm["--gpu-memory-utilization"]) != m.kv_cache_free_gpu_mem_fraction
+    assert vllm["--kv-cache-dtype"] == "fp8_e4m3" and vllm["--dtype"] == "bfloat16"
+
+
+def test_tgi_budgets_the_kv_cache_in_tokens_and_admits_batch_plus_queue(plan):
+    tgi = flags(server_settings(plan, "tgi"))
+    assert tgi["--max-batch-total-tokens"] == str(plan.memory.kv_cache_tokens)
+    assert tgi["--max-concurrent-requests"] == str(plan.build_config.max_batch_size + plan.triton.max_queue_size)
+    assert tgi["--max-total-tokens"] == "8192" and tgi["--max-input-tokens"] == str(plan.build_config.max_input_len)
+    assert tgi["--kv-cache-dtype"] == "fp8_e4m3fn"
+    notes = " ".join(server_settings(plan, "tgi").notes)
+    assert "calibrated" in notes and "--quantize fp8" in notes
+
+
+def test_plan_json_carries_both_and_the_cli_prints_a_launch_line():
+    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp16", "--json"])
+    data = json.loads(result.output)
+    assert set(data["equivalents"]) == {"vllm", "tgi"}
+    assert all(s["arithmetic"] for s in data["equivalents"]["vllm"]["settings"])
+    line = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp16",
+                                     "--server", "vllm"])
+    assert line.exit_code == 0 and line.output.startswith("vllm serve meta-llama/Meta-Llama-3-8B ")
+
+
+def test_plans_the_servers_cannot_express_are_refused():
+    cpu = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
+    assert cpu.to_dict()["equivalents"] == {}
+    with pytest.raises(UserError, match="from a GPU engine plan"):
+        server_settings(cpu, "vllm")
+    pp = make_plan(resolve_model_info("llama-3-8b"), get_target("h100"), "fp16", pp=2)
+    with pytest.raises(UserError, match="tensor parallelism only"):
+        server_settings(pp, "tgi")
+    assert "--pipeline-parallel-size" in flags(server_settings(pp, "vllm"))
