@@ -96,7 +96,7 @@ def collect(build_dir: Path, gpu: bool):
         for path in sorted((build_dir / root).rglob("*")):
             if path.is_file() and not SKIPPED_DIRS & set(path.relative_to(build_dir).parts):
                 yield path.relative_to(build_dir).as_posix(), portable_file(path, build_dir)
-    yield "build.json", portable_json(build_dir / "build.json", build_dir)
+    yield "build.json", shipped_summary(build_dir)
     for pattern in VALIDATION_FILES:
         for path in sorted((build_dir / "validation").glob(pattern)):
             yield path.relative_to(build_dir).as_posix(), portable_file(path, build_dir)
@@ -104,6 +104,19 @@ def collect(build_dir: Path, gpu: bool):
 
 def portable_json(path: Path, build_dir: Path) -> bytes:
     return (json.dumps(portable(json.loads(path.read_text()), build_dir), indent=2) + "\n").encode()
+
+
+def shipped_model(spec: str, build_dir: Path) -> str:
+    """The model as the archive names it: a preset or hub id as given; a local path (outside the build: it
+    names the build machine) by its last component only; the checkpoint fingerprint identifies the weights."""
+    spec = portable(spec, build_dir)
+    return Path(spec).name if Path(spec).is_absolute() else spec
+
+
+def shipped_summary(build_dir: Path) -> bytes:
+    summary = json.loads(portable_json(build_dir / "build.json", build_dir))
+    summary["options"]["model"] = shipped_model(summary["options"]["model"], build_dir)
+    return (json.dumps(summary, indent=2) + "\n").encode()
 
 
 def portable_file(path: Path, build_dir: Path) -> bytes | Path:
@@ -132,7 +145,8 @@ def describe(build_dir: Path, summary: dict, report: dict, target, contents: dic
         "sm": target.sm,
         "tensorrt_llm_version": TENSORRT_LLM_VERSION,
         "triton_container": CONTAINER,
-        "model": {"spec": portable(options["model"], build_dir), "checkpoint_sha256": checkpoint_digest(build_dir)},
+        "model": {"spec": shipped_model(options["model"], build_dir),
+                  "checkpoint_sha256": checkpoint_digest(build_dir)},
         "precision": options["precision"],
         "kv_cache": options["kv_cache"],
         "calibration": calibration_recipe(build_dir, options["precision"]),

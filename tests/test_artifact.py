@@ -1,0 +1,219 @@
+"""`trtpipe package | verify | unpack`: round trip, what artifact.json proves, every tampering case, and that
+nothing packaged names the build machine."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from ci_fixtures import tiny_model_with_tokenizer
+from click.testing import CliRunner
+from test_compile import pretend_gpu_box
+
+from pipeline.artifact import MANIFEST, ROOT_PLACEHOLDER
+from pipeline.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def cpu_build(tiny_llama, tmp_path_factory) -> Path:
+    """A tiny fp8 build on the cpu target, validated by the embedded Triton (about 30 s)."""
+    root = tmp_path_factory.mktemp("artifact")
+    model = tiny_model_with_tokenizer(tiny_llama("gqa"), root / "tiny")
+    out = root / "builds" / "tiny-cpu-fp8"
+    result = invoke("build", model, "--target", "cpu", "--precision", "fp8", "--samples", "8", "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def archive(cpu_build, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("archives") / "tiny.tar"
+    result = invoke("package", cpu_build, "-o", path)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_round_trip_package_verify_unpack(cpu_build, archive, tmp_path):
+    content = members(archive)
+    artifact = json.loads(content[MANIFEST])
+    assert list(content)[0] == MANIFEST
+    assert set(artifact["files"]) == set(content) - {MANIFEST}
+    assert all(artifact["files"][n] == {"size": len(d), "sha256": sha256(d)} for n, d in content.items()
+               if n != MANIFEST)
+    assert {"build.json", "validation/report.json", "model_repo/manifest.json",
+            "model_repo/tensorrt_llm/1/checkpoint/rank0.safetensors"} <= set(content)
+    assert not any("__pycache__" in n or n.endswith("server.log") for n in content)
+    served = cpu_build / "model_repo" / "tensorrt_llm" / "1" / "checkpoint" / "rank0.safetensors"
+    assert content["model_repo/tensorrt_llm/1/checkpoint/rank0.safetensors"] == served.read_bytes()
+    assert (artifact["target"], artifact["sm"], artifact["tensorrt_llm_version"]) == ("cpu", None, "1.2.1")
+    assert artifact["validation"] == {"passed": True, "checks": 6}
+    assert artifact["calibration"]["precision"] == "fp8" and artifact["calibration"]["recipe"]["samples"] == 8
+    ckpt = cpu_build / "checkpoint"
+    expected = hashlib.sha256()
+    for name in ("config.json", "rank0.safetensors"):
+        expected.update(name.encode() + b"\0" + sha256((ckpt / name).read_bytes()).encode())
+    assert artifact["model"]["checkpoint_sha256"] == expected.hexdigest()
+
+    verified = invoke("verify", archive, "--target", "cpu")
+    assert verified.exit_code == 0 and "verified: every file matches" in verified.output, verified.output
+    out = tmp_path / "deploy"
+    unpacked = invoke("unpack", archive, "-o", out)
+    assert unpacked.exit_code == 0, unpacked.output
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(content)
+    assert all((out / n).read_bytes() == d for n, d in content.items())
+    check = invoke("check", out / "model_repo")
+    assert check.exit_code == 0, check.output
+
+
+def test_nothing_packaged_names_the_build_directory_or_home(cpu_build, archive):
+    needles = [str(cpu_build).encode(), str(cpu_build.parent).encode(), os.path.expanduser("~").encode()]
+    found = {n: [x.decode() for x in needles if x in d] for n, d in members(archive).items()}
+    assert not {n: f for n, f in found.items() if f}
+    # ... while the build directory's own files did name it before these fixes; the manifest still names
+    # its inputs (relative to the build directory)
+    manifest = json.loads(members(archive)["model_repo/manifest.json"])
+    assert "checkpoint-fp8/rank0.safetensors" in manifest["inputs"]
+
+
+def rewrite(archive: Path, out: Path, change) -> Path:
+    """Copy ARCHIVE member by member to OUT, `change(info, data)` returning (info, data) or None to drop."""
+    with tarfile.open(archive) as src, tarfile.open(out, "w") as dst:
+        for info in src:
+            changed = change(info, src.extractfile(info).read())
+            if changed:
+                info, data = changed
+                info.size = len(data)
+                dst.addfile(info, io.BytesIO(data))
+    return out
+
+
+def add_member(archive: Path, out: Path, info: tarfile.TarInfo, data: bytes = b"") -> Path:
+    out.write_bytes(archive.read_bytes())
+    with tarfile.open(out, "a") as tar:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data) if data else None)
+    return out
+
+
+def link(name: str, target: str, kind=tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+def device(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+    return info
+
+
+@pytest.mark.parametrize("case,make,named", [
+    ("altered", lambda a, o: rewrite(a, o, lambda i, d: (i, d.replace(b"tensorrt_llm", b"tensorrt_LLM"))
+                                     if i.name == "model_repo/tensorrt_llm/config.pbtxt" else (i, d)),
+     "model_repo/tensorrt_llm/config.pbtxt: sha256/size"),
+    ("dropped", lambda a, o: rewrite(a, o, lambda i, d: None if i.name == "build.json" else (i, d)),
+     "build.json: listed in artifact.json but missing"),
+    ("extra", lambda a, o: add_member(a, o, tarfile.TarInfo("model_repo/extra.py"), b"print('hi')"),
+     "model_repo/extra.py: not listed"),
+    ("absolute", lambda a, o: add_member(a, o, tarfile.TarInfo("/etc/cron.d/x"), b"x"), "absolute path"),
+    ("dotdot", lambda a, o: add_member(a, o, tarfile.TarInfo("model_repo/../../x"), b"x"), "path with '..'"),
+    ("symlink-out", lambda a, o: add_member(a, o, link("model_repo/evil", "../../etc/passwd")),
+     "model_repo/evil: refused, link to ../../etc/passwd outside the archive"),
+    ("hardlink-out", lambda a, o: add_member(a, o, link("model_repo/evil", "/etc/passwd", tarfile.LNKTYPE)),
+     "link to /etc/passwd outside the archive"),
+    ("device", lambda a, o: add_member(a, o, device("model_repo/null")), "model_repo/null: refused, device"),
+])
+def test_each_tampering_is_caught_and_unpack_extracts_nothing(archive, tmp_path, case, make, named):
+    bad = make(archive, tmp_path / f"{case}.tar")
+    result = invoke("verify", bad)
+    assert result.exit_code == 1, result.output
+    assert named in result.output and "NOT verified" in result.output, result.output
+    out = tmp_path / "out"
+    assert invoke("unpack", bad, "-o", out).exit_code == 1
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_truncated_archive_names_the_file_cut(archive, tmp_path):
+    data = archive.read_bytes()
+    offsets = {}
+    with tarfile.open(archive) as tar:
+        offsets = {m.name: m.offset_data for m in tar}
+    cut = offsets["model_repo/tensorrt_llm/1/checkpoint/rank0.safetensors"] + 100
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(data[:cut])
+    result = invoke("verify", bad)
+    assert result.exit_code == 1 and "rank0.safetensors" in result.output, result.output
+
+
+def test_artifact_for_another_sm_is_refused(archive):
+    result = invoke("verify", archive, "--target", "rtx4090")
+    assert result.exit_code == 1 and "built for sm None (cpu), but rtx4090 is sm 89" in result.output
+
+
+def test_trtllm_version_mismatch_is_refused(archive, tmp_path):
+    def bump(info, data):
+        if info.name == MANIFEST:
+            data = data.replace(b'"tensorrt_llm_version": "1.2.1"', b'"tensorrt_llm_version": "1.3.0"')
+        return info, data
+
+    result = invoke("verify", rewrite(archive, tmp_path / "v.tar", bump), "--target", "cpu")
+    assert result.exit_code == 1 and "built with TensorRT-LLM 1.3.0" in result.output, result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["verify", "{tmp}/missing.tar"], "does not exist"),
+    (["verify", "{archive}", "--target", "h900"], "unknown target 'h900'"),
+    (["package", "{tmp}", "-o", "{tmp}/x.tar"], "not a trtpipe build directory"),
+    (["unpack", "{archive}", "-o", "{tmp}"], "already exists"),
+])
+def test_user_mistakes_exit_2(archive, tmp_path, args, message):
+    result = invoke(*[a.format(tmp=tmp_path, archive=archive) for a in args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "x.tar").exists()
+
+
+def test_gpu_build_packages_its_engine_and_unpack_points_triton_at_it(tmp_path, tiny_llama, monkeypatch):
+    """A GPU build with the fake trtllm-build (test_compile): the repository names the engine by absolute path;
+    the archive holds the placeholder instead, and unpack writes the directory it extracted to."""
+    pretend_gpu_box(monkeypatch, tmp_path / "bin")
+    model = tiny_model_with_tokenizer(tiny_llama("gqa"), tmp_path / "tiny")
+    build = tmp_path / "gpu-build"
+    assert invoke("build", model, "--target", "rtx4090", "--precision", "fp16", "-o", build).exit_code == 0
+    assert str(build / "engine") in (build / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert invoke("package", build, "-o", tmp_path / "x.tar").exit_code == 2     # not validated yet
+    (build / "validation").mkdir()
+    (build / "validation" / "report.json").write_text(json.dumps(
+        {"repo": str(build / "model_repo"), "passed": True, "checks": [{"name": "models_ready", "passed": True}]}))
+    packaged = invoke("package", build, "-o", tmp_path / "gpu.tar")
+    assert packaged.exit_code == 0, packaged.output
+    content = members(tmp_path / "gpu.tar")
+    artifact = json.loads(content[MANIFEST])
+    assert artifact["sm"] == 89 and "engine/rank0.engine" in content
+    assert "model_repo/tensorrt_llm/config.pbtxt" in artifact["relocate"]
+    assert not any(str(tmp_path).encode() in d for d in content.values())   # nor the model's directory
+    assert artifact["model"]["spec"] == json.loads(content["build.json"])["options"]["model"] == "tiny"
+    assert json.loads(content["validation/report.json"])["repo"] == "model_repo"
+    assert invoke("verify", tmp_path / "gpu.tar", "--target", "l40s").exit_code == 0     # also sm 89
+    assert invoke("verify", tmp_path / "gpu.tar", "--target", "h100").exit_code == 1     # sm 90
+    out = tmp_path / "unpacked"
+    assert invoke("unpack", tmp_path / "gpu.tar", "-o", out, "--target", "rtx4090").exit_code == 0
+    config = (out / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert str(out / "engine") in config and ROOT_PLACEHOLDER not in config
