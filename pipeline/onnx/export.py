@@ -1,0 +1,128 @@
+"""`trtpipe export-onnx`: a TensorRT-LLM checkpoint (any tp/pp layout, merged) -> model.onnx + genai_config.json.
+
+The output directory holds `model.onnx` (weights inline, or in `model.onnx.data` beside it when they
+exceed protobuf's 2 GB limit), `genai_config.json` (the inputs and outputs in onnxruntime-genai's
+vocabulary, the dynamic axes, the precision) and the stage manifest. Every export passes
+`onnx.checker.check_model(full_check=True)` (which includes strict shape inference) before it is
+renamed into place; a failed check leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from ..checkpoint import CheckpointConfig
+from ..errors import UserError
+from ..outputs import fingerprint_inputs, stage_output
+from ..runtime.checkpoint import CheckpointReader
+from .graph import BATCH, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph
+from .quantize import quantized_weights
+
+MODEL_FILE, DATA_FILE, CONFIG_FILE = "model.onnx", "model.onnx.data", "genai_config.json"
+PRECISIONS = ("auto", "fp32", "fp16", "int8-sq", "fp8")
+#: the checkpoint quantization each precision exports
+QUANT_OF = {"fp32": None, "fp16": None, "int8-sq": "W8A8_SQ_PER_CHANNEL", "fp8": "FP8"}
+DEFAULT_OPSET, MIN_OPSET = 21, 19     # float8e4m3fn Q/DQ (and the opset-18 ReduceMean axes input) need 19
+PROTOBUF_LIMIT = 2 << 30
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    precision: str = "auto"
+    opset: int = DEFAULT_OPSET
+    force: bool = False
+    external_data_over: int = PROTOBUF_LIMIT     # weights above this many bytes go to model.onnx.data
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    precision: str
+    opset: int
+    external_data: bool
+    skipped: bool = False
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "precision": self.precision, "opset": self.opset,
+                "external_data": self.external_data, "skipped": self.skipped}
+
+
+def resolve_precision(cfg: CheckpointConfig, precision: str, where: Path) -> str:
+    """The export precision: `auto` follows the checkpoint; a quantized one must be what the checkpoint holds."""
+    found = {None: "fp32", "FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8-sq"}[cfg.quant_algo]
+    if precision == "auto":
+        return found
+    if QUANT_OF[precision] != cfg.quant_algo:
+        held = f"is quantized as {cfg.quant_algo}" if cfg.quant_algo else "is not quantized"
+        fix = (f"run `trtpipe calibrate {where} -o OUT --precision {precision}` first and export OUT"
+               if QUANT_OF[precision] else "export it with --precision auto")
+        raise UserError(f"--precision {precision}: checkpoint {where} {held}; {fix}")
+    return precision
+
+
+def check_opset(opset: int) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise UserError(f"--opset {opset} is not supported: use {MIN_OPSET}..{newest} (default {DEFAULT_OPSET})")
+
+
+def build_model(reader: CheckpointReader, precision: str, opset: int) -> onnx.ModelProto:
+    cfg = reader.cfg
+    g = GraphBuilder(weight_dtype=TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT)
+    h, shared = start_graph(g, cfg, reader.embedding())
+    for i in range(reader.num_layers):
+        layer = reader.layer(i)
+        quantized = quantized_weights(reader, i, layer.linears) if cfg.quant_algo else {}
+        h = decoder_layer(g, cfg, i, layer, quantized, h, shared)
+    graph = finish_graph(g, cfg, h, reader.final_norm(), None if reader.tied_lm_head else reader.lm_head())
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="trtpipe",
+                             ir_version=min(onnx.IR_VERSION, 10))
+
+
+def save_model(model: onnx.ModelProto, directory: Path, external_data_over: int) -> bool:
+    """Write model.onnx (weights beside it in model.onnx.data when over the limit), check it; True if external."""
+    external = model.ByteSize() > external_data_over
+    path = directory / MODEL_FILE
+    onnx.save_model(model, path, save_as_external_data=external, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)
+    onnx.checker.check_model(str(path), full_check=True)
+    return external
+
+
+def genai_config(cfg: CheckpointConfig, precision: str, opset: int) -> dict:
+    """The decoder's description in onnxruntime-genai's genai_config.json vocabulary."""
+    arch = cfg.arch
+    return {"model": {
+        "type": cfg.family.name, "vocab_size": arch.vocab_size, "context_length": arch.max_position_embeddings,
+        "decoder": {
+            "filename": MODEL_FILE, "head_size": arch.head_size, "hidden_size": arch.hidden_size,
+            "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_key_value_heads,
+            "num_hidden_layers": arch.num_hidden_layers,
+            "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+                       "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+            "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                        "present_value_names": "present.%d.value"},
+            "dynamic_axes": {"batch": BATCH, "sequence": SEQ, "past": PAST, "total": TOTAL},
+        }},
+        "trtpipe": {"precision": precision, "opset": opset, "kv_cache_quant": cfg.kv_cache_quant_algo,
+                    "cache_dtype": "float32", "kv_layout": "[batch, kv_heads, sequence, head_size]"}}
+
+
+def export_onnx(checkpoint: Path, out: Path, options: ExportOptions = ExportOptions()) -> ExportResult:
+    checkpoint = Path(checkpoint)
+    check_opset(options.opset)
+    reader = CheckpointReader(checkpoint)
+    precision = resolve_precision(reader.cfg, options.precision, checkpoint)
+    params = {"precision": precision, "opset": options.opset}
+    with stage_output(out, "export-onnx", fingerprint_inputs([checkpoint]), params, force=options.force) as output:
+        if output.up_to_date:
+            return ExportResult(Path(out), precision, options.opset, (Path(out) / DATA_FILE).exists(), skipped=True)
+        external = save_model(build_model(reader, precision, options.opset), output.dir, options.external_data_over)
+        (output.dir / CONFIG_FILE).write_text(json.dumps(genai_config(reader.cfg, precision, options.opset), indent=2))
+        output.extra["external_data"] = external
+    return ExportResult(Path(out), precision, options.opset, external)

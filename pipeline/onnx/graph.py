@@ -1,0 +1,261 @@
+"""The decoder as an ONNX graph, written node by node with the `onnx` helper API from the merged float32 weights.
+
+It computes the reference runtime's forward pass (pipeline/runtime/model.py) for one step over a KV cache:
+embedding -> per layer [RMSNorm -> fused qkv (+bias) -> per-head q/k RMSNorm (Qwen3) -> rope_gpt_neox with
+cos/sin gathered at `position_ids` -> K/V appended to `past_key_values.N.*` (the result is `present.N.*`)
+-> GQA attention, key j visible to the query at position P + t iff j <= P + t and attention_mask[b, j]
+(and within the sliding window, if any) -> attention.dense -> residual -> RMSNorm -> proj(silu(fc) * gate)
+-> residual] -> ln_f -> lm_head -> `logits`. Names follow optimum / onnxruntime-genai
+(docs/onnx.md): inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.N.key/value`
+[batch, kv_heads, past, head_size]; outputs `logits`, `present.N.key/value`.
+
+The tensor each linear reads (after SmoothQuant's smoothing, where the checkpoint has it) is named
+exactly like the activation calibrate measures, `transformer.layers.N.attention.qkv` ... `mlp.proj`,
+and K/V after rope `transformer.layers.N.attention.k` / `.v`: the TensorRT calibration cache names
+tensors of this graph (pipeline/calibrate/trtcache.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from onnx import GraphProto, TensorProto, helper, numpy_helper
+
+from ..checkpoint import CheckpointConfig
+from ..runtime.checkpoint import Layer, Linear
+from ..runtime.quant import TensorQuant
+from ..runtime.rope import RotaryTable
+from .quantize import QuantizedWeight, activation_scale, weight_tensor, zero_point
+
+BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+LOWEST = np.float32(np.finfo(np.float32).min)
+
+
+def past_names(i: int) -> tuple[str, str]:
+    return f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+
+
+def present_names(i: int) -> tuple[str, str]:
+    return f"present.{i}.key", f"present.{i}.value"
+
+
+@dataclass
+class GraphBuilder:
+    """Nodes and initializers of one graph, with unique generated names."""
+
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    weight_dtype: int = TensorProto.FLOAT       # FLOAT16: float weights stored in half, cast up when used
+    _count: int = 0
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"/{hint}_{self._count}"
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        out = out or self.fresh(op_type)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "/" + op_type, **attrs))
+        return out
+
+    def ops(self, op_type: str, inputs: list[str], count: int, **attrs) -> list[str]:
+        outs = [self.fresh(op_type) for _ in range(count)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=outs[0] + "/" + op_type, **attrs))
+        return outs
+
+    def const(self, name: str, value) -> str:
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def tensor(self, proto: TensorProto) -> str:
+        self.initializers.append(proto)
+        return proto.name
+
+    def float_weight(self, name: str, value: torch.Tensor) -> str:
+        """A float32 initializer (a weight kept in half precision when weight_dtype says so, cast back)."""
+        if self.weight_dtype == TensorProto.FLOAT16:
+            self.const(name, value.half().numpy())
+            return self.op("Cast", [name], to=TensorProto.FLOAT)
+        return self.const(name, value.float().numpy())
+
+
+@dataclass
+class Shared:
+    """What every layer of the step reads: rope tables at the positions and the visibility mask."""
+
+    cos: str        # [B, T, 1, d]
+    sin: str
+    visible: str    # bool [B, 1, 1, T, S]
+
+
+def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
+    rotary = RotaryTable(cfg.arch)
+    table = {n: g.const(f"rope.{n}", t[:cfg.arch.max_position_embeddings].numpy())
+             for n, t in (("cos", rotary.cos), ("sin", rotary.sin))}
+    cos, sin = (g.op("Unsqueeze", [g.op("Gather", [table[n], "position_ids"]), "axes.2"]) for n in ("cos", "sin"))
+    zero, one = g.const("int.0", np.array(0, np.int64)), g.const("int.1", np.array(1, np.int64))
+    total = g.op("Gather", [g.op("Shape", ["attention_mask"]), one])
+    new = g.op("Gather", [g.op("Shape", ["input_ids"]), one])
+    keys = g.op("Range", [zero, total, one])                                         # [S]
+    queries = g.op("Unsqueeze", [g.op("Range", [g.op("Sub", [total, new]), total, one]),
+                                 g.const("axes.1", np.array([1], np.int64))])      # [T, 1] absolute positions
+    visible = g.op("LessOrEqual", [keys, queries])                                  # [T, S]
+    if cfg.arch.sliding_window:
+        window = g.const("sliding_window", np.array(int(cfg.arch.sliding_window), np.int64))
+        visible = g.op("And", [visible, g.op("Greater", [keys, g.op("Sub", [queries, window])])])
+    mask = g.op("Unsqueeze", [g.op("Cast", ["attention_mask"], to=TensorProto.BOOL),
+                              g.const("axes.1.2.3", np.array([1, 2, 3], np.int64))])  # [B, 1, 1, 1, S]
+    return Shared(cos, sin, g.op("And", [mask, visible]))
+
+
+def rms_norm(g: GraphBuilder, x: str, weight: str, eps: float, axes: str) -> str:
+    mean_sq = g.op("ReduceMean", [g.op("Mul", [x, x]), axes], keepdims=1)
+    rms = g.op("Sqrt", [g.op("Add", [mean_sq, g.const(g.fresh("eps")[1:], np.array(eps, np.float32))])])
+    return g.op("Mul", [g.op("Div", [x, rms]), weight])
+
+
+def rotate(g: GraphBuilder, x: str, shared: Shared, half: int) -> str:
+    """x * cos + cat(-x2, x1) * sin on [B, T, heads, d]."""
+    x1, x2 = g.ops("Split", [x, g.const(g.fresh("halves")[1:], np.array([half, half], np.int64))], 2, axis=-1)
+    turned = g.op("Concat", [g.op("Neg", [x2]), x1], axis=-1)
+    return g.op("Add", [g.op("Mul", [x, shared.cos]), g.op("Mul", [turned, shared.sin])])
+
+
+def qdq(g: GraphBuilder, x: str, quant: TensorQuant, name: str) -> str:
+    scale = g.tensor(activation_scale(name + ".scale", quant))
+    zp = g.tensor(zero_point(name + ".zero_point", quant.kind))
+    return g.op("DequantizeLinear", [g.op("QuantizeLinear", [x, scale, zp]), scale, zp])
+
+
+def linear_input(g: GraphBuilder, x: str, lin: Linear, name: str) -> str:
+    """quant(x * prequant), the smoothed input (before Q/DQ) named `name`."""
+    if lin.prequant is not None:
+        x = g.op("Mul", [x, g.const(name + ".prequant_scaling_factor", lin.prequant.numpy())])
+    x = g.op("Identity", [x], out=name)
+    return x if lin.act_quant is None else qdq(g, x, lin.act_quant, name + ".activation")
+
+
+def matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
+    """x @ W^T + b, W dequantized from its stored values when quantized."""
+    if qw is None:
+        weight = g.float_weight(name + ".weight", lin.weight.t().contiguous())
+    else:
+        data, scale = weight_tensor(name + ".weight", qw)
+        weight = g.op("DequantizeLinear", [g.tensor(data), g.tensor(scale)], axis=1)
+    y = g.op("MatMul", [x, weight])
+    if lin.bias is not None:
+        y = g.op("Add", [y, g.float_weight(name + ".bias", lin.bias)])
+    return y
+
+
+def linear(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
+    return matmul(g, linear_input(g, x, lin, name), lin, qw, name)
+
+
+def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quantized: dict, x: str,
+              shared: Shared) -> str:
+    arch, p = cfg.arch, f"transformer.layers.{i}."
+    hd, nq, nkv = arch.head_size, arch.num_attention_heads, arch.num_key_value_heads
+    qkv = linear(g, x, layer.linears["attention.qkv"], quantized.get("attention.qkv"), p + "attention.qkv")
+    split = g.const(p + "attention.split", np.array([nq * hd, nkv * hd, nkv * hd], np.int64))
+    q, k, v = g.ops("Split", [qkv, split], 3, axis=-1)
+    heads = {n: g.const(f"{p}attention.heads.{n}", np.array([0, 0, n, hd], np.int64)) for n in {nq, nkv}}
+    q, k, v = (g.op("Reshape", [t, heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
+    if "attention.q_layernorm" in layer.norms:
+        last = "axes.-1"
+        q = rms_norm(g, q, g.float_weight(p + "attention.q_layernorm.weight", layer.norms["attention.q_layernorm"]),
+                     arch.norm_epsilon, last)
+        k = rms_norm(g, k, g.float_weight(p + "attention.k_layernorm.weight", layer.norms["attention.k_layernorm"]),
+                     arch.norm_epsilon, last)
+    q, k = rotate(g, q, shared, hd // 2), rotate(g, k, shared, hd // 2)
+    k, v = g.op("Identity", [k], out=p + "attention.k"), g.op("Identity", [v], out=p + "attention.v")
+    if layer.kv_quant is not None:
+        k, v = qdq(g, k, layer.kv_quant, p + "attention.k.cache"), qdq(g, v, layer.kv_quant, p + "attention.v.cache")
+    past_k, past_v = past_names(i)
+    to_heads_first = dict(perm=[0, 2, 1, 3])
+    keys = g.op("Concat", [past_k, g.op("Transpose", [k], **to_heads_first)], present_names(i)[0], axis=2)
+    values = g.op("Concat", [past_v, g.op("Transpose", [v], **to_heads_first)], present_names(i)[1], axis=2)
+    rep = nq // nkv
+    groups = g.const(p + "attention.groups", np.array([0, nkv, rep, -1, hd], np.int64))
+    q5 = g.op("Reshape", [g.op("Transpose", [q], **to_heads_first), groups])             # [B, kv, rep, T, d]
+    axis2 = "axes.2"
+    k5 = g.op("Transpose", [g.op("Unsqueeze", [keys, axis2])], perm=[0, 1, 2, 4, 3])      # [B, kv, 1, d, S]
+    scores = g.op("Mul", [g.op("MatMul", [q5, k5]),
+                          g.const(p + "attention.scale", np.array(1.0 / math.sqrt(hd), np.float32))])
+    scores = g.op("Where", [shared.visible, scores, g.const(p + "attention.masked", LOWEST)])
+    probs = g.op("Softmax", [scores], axis=-1)
+    out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, axis2])])                    # [B, kv, rep, T, d]
+    out = g.op("Reshape", [out, g.const(p + "attention.merge", np.array([0, nq, -1, hd], np.int64))])
+    out = g.op("Reshape", [g.op("Transpose", [out], **to_heads_first),
+                           g.const(p + "attention.flat", np.array([0, 0, nq * hd], np.int64))])
+    return linear(g, out, layer.linears["attention.dense"], quantized.get("attention.dense"), p + "attention.dense")
+
+
+def mlp(g: GraphBuilder, i: int, layer: Layer, quantized: dict, x: str) -> str:
+    """proj(silu(fc(x)) * gate(x)); gate reads fc's quantized input when it smooths and quantizes it alike (as
+    calibrate measures it once)."""
+    p = f"transformer.layers.{i}.mlp."
+    fc_lin, gate_lin = layer.linears["mlp.fc"], layer.linears["mlp.gate"]
+    fc_in = linear_input(g, x, fc_lin, p + "fc")
+    gate_in = fc_in if same_input_quant(fc_lin, gate_lin) else linear_input(g, x, gate_lin, p + "gate")
+    fc = matmul(g, fc_in, fc_lin, quantized.get("mlp.fc"), p + "fc")
+    gate = matmul(g, gate_in, gate_lin, quantized.get("mlp.gate"), p + "gate")
+    act = g.op("Mul", [g.op("Mul", [fc, g.op("Sigmoid", [fc])]), gate])
+    return linear(g, act, layer.linears["mlp.proj"], quantized.get("mlp.proj"), p + "proj")
+
+
+def same_input_quant(a: Linear, b: Linear) -> bool:
+    if a.act_quant != b.act_quant or (a.prequant is None) != (b.prequant is None):
+        return False
+    return a.prequant is None or torch.equal(a.prequant, b.prequant)
+
+
+def decoder_layer(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quantized: dict, h: str,
+                  shared: Shared) -> str:
+    eps, last = cfg.arch.norm_epsilon, "axes.-1"
+    x = rms_norm(g, h, g.float_weight(f"transformer.layers.{i}.input_layernorm.weight",
+                                      layer.norms["input_layernorm"]), eps, last)
+    h = g.op("Add", [h, attention(g, cfg, i, layer, quantized, x, shared)])
+    x = rms_norm(g, h, g.float_weight(f"transformer.layers.{i}.post_layernorm.weight",
+                                      layer.norms["post_layernorm"]), eps, last)
+    return g.op("Add", [h, mlp(g, i, layer, quantized, x)])
+
+
+def graph_io(cfg: CheckpointConfig) -> tuple[list, list]:
+    arch = cfg.arch
+    kv = lambda name, past: helper.make_tensor_value_info(  # noqa: E731
+        name, TensorProto.FLOAT, [BATCH, arch.num_key_value_heads, PAST if past else TOTAL, arch.head_size])
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [BATCH, SEQ]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [BATCH, TOTAL]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, [BATCH, SEQ])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, SEQ, arch.vocab_size])]
+    for i in range(arch.num_hidden_layers):
+        inputs += [kv(n, True) for n in past_names(i)]
+        outputs += [kv(n, False) for n in present_names(i)]
+    return inputs, outputs
+
+
+def start_graph(g: GraphBuilder, cfg: CheckpointConfig, embedding: torch.Tensor) -> tuple[str, Shared]:
+    """The embedded input_ids and what the layers share."""
+    g.const("axes.-1", np.array([-1], np.int64))
+    g.const("axes.2", np.array([2], np.int64))
+    table = g.float_weight("transformer.vocab_embedding.weight", embedding)
+    return g.op("Gather", [table, "input_ids"]), build_shared(g, cfg)
+
+
+def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: torch.Tensor,
+                 lm_head: torch.Tensor | None) -> GraphProto:
+    """ln_f and lm_head (None: tied to the embedding, whose initializer is reused transposed)."""
+    x = rms_norm(g, h, g.float_weight("transformer.ln_f.weight", final_norm), cfg.arch.norm_epsilon, "axes.-1")
+    if lm_head is None:
+        table = "transformer.vocab_embedding.weight"
+        if g.weight_dtype == TensorProto.FLOAT16:
+            table = g.op("Cast", [table], to=TensorProto.FLOAT)
+        head = g.op("Transpose", [table], perm=[1, 0])
+    else:
+        head = g.float_weight("lm_head.weight", lm_head.t().contiguous())
+    g.op("MatMul", [x, head], out="logits")
+    inputs, outputs = graph_io(cfg)
+    return helper.make_graph(g.nodes, "trtpipe_decoder", inputs, outputs, g.initializers)

@@ -1,0 +1,113 @@
+"""Explicit quantization of the ONNX decoder: QuantizeLinear/DequantizeLinear pairs from the checkpoint's scales.
+
+The graph computes what the reference runtime computes for a quantized checkpoint (pipeline/runtime):
+- weights are stored quantized (INT8 with the per-output-channel `weights_scaling_factor` of
+  W8A8_SQ_PER_CHANNEL, FP8 E4M3 with the per-tensor factor of FP8) and dequantized by a DequantizeLinear,
+  so `q * scale` is exactly the merged float32 weight the runtime multiplies by (checked, tensor by tensor);
+- a linear's input is multiplied by the SmoothQuant `prequant_scaling_factor` first (as the checkpoint
+  has it: the weights already carry 1 / prequant), then quantized and dequantized per tensor with the
+  `activation_scaling_factor` (QuantizeLinear: x / scale, round half to even, saturate; for FP8 the
+  saturating E4M3 conversion), which is the runtime's `TensorQuant`;
+- K and V entering the cache get the same per-tensor Q/DQ with `kv_cache_scaling_factor`.
+The FP8 fc/gate pair is requantized with the larger of the two weight scales, as the engine fuses it
+(`runtime.checkpoint.fuse_fp8_pair`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from onnx import TensorProto
+
+from ..checkpoint import CheckpointConfig, RankFile
+from ..errors import UserError
+from ..model.spec import QKV, ROW
+from ..runtime.checkpoint import CheckpointReader, Linear, merge_qkv
+from ..runtime.quant import TensorQuant
+
+#: ONNX element type of each quantized format and the torch dtype that holds its values
+FORMATS = {"int8": (TensorProto.INT8, torch.int8), "fp8": (TensorProto.FLOAT8E4M3FN, torch.float8_e4m3fn)}
+
+
+@dataclass
+class QuantizedWeight:
+    """A weight as the graph stores it: quantized values [out, in] and the scale(s) that restore it."""
+
+    values: torch.Tensor        # int8 or float8_e4m3fn [out, in]
+    scale: torch.Tensor         # float32 [] (per tensor) or [out] (per output channel)
+    kind: str                   # "int8" | "fp8"
+
+
+def quantized_weights(reader: CheckpointReader, index: int, linears: dict[str, Linear]) -> dict[str, QuantizedWeight]:
+    """The quantized linears of merged layer `index`, each checked to dequantize to exactly its float32 weight."""
+    cfg = reader.cfg
+    stage = [rf for rf in reader.ranks if rf.pp_rank == index // cfg.layout.layers_per_stage]
+    local = f"transformer.layers.{index - stage[0].layer_offset}."
+    kind = "fp8" if cfg.quant_algo == "FP8" else "int8"
+    out = {}
+    for spec in cfg.family.linears:
+        module = f"transformer.layers.{index}.{spec.name}"
+        if not cfg.quantizes(module):
+            continue
+        per_rank = [rank_weight_scale(cfg, rf, local, spec.name) for rf in stage]
+        if kind == "int8" and spec.parallel == QKV:
+            scale = merge_qkv(cfg, [s[:, None] for s in per_rank], module)[:, 0]
+        elif kind == "int8" and spec.parallel != ROW:
+            scale = torch.cat(per_rank)
+        else:
+            scale = one_scale(per_rank, module)
+        out[spec.name] = quantize_exactly(linears[spec.name].weight, scale, kind, module)
+    return out
+
+
+def rank_weight_scale(cfg: CheckpointConfig, rf: RankFile, local: str, name: str) -> torch.Tensor:
+    """The weight scale one rank applies to linear `name`; for the FP8 fused pair the larger of the two."""
+    names = [name]
+    partner = cfg.family.partner(name)
+    if cfg.quant_algo == "FP8" and partner and cfg.quantizes(rf.global_name(local + partner)):
+        names.append(partner)
+    scales = [rf.read(local + n + ".weights_scaling_factor").float().reshape(-1) for n in names]
+    return torch.stack(scales).amax(dim=0) if len(scales) > 1 else scales[0]
+
+
+def one_scale(per_rank: list[torch.Tensor], module: str) -> torch.Tensor:
+    for s in per_rank[1:]:
+        if not torch.equal(s, per_rank[0]):
+            raise UserError(f"{module}: the tp ranks quantize this weight with different scales, which one ONNX "
+                            "DequantizeLinear cannot express; export a checkpoint calibrated with tp=1")
+    return per_rank[0].reshape(-1) if per_rank[0].numel() > 1 else per_rank[0].reshape(())
+
+
+def quantize_exactly(weight: torch.Tensor, scale: torch.Tensor, kind: str, module: str) -> QuantizedWeight:
+    s = scale if scale.dim() == 0 else scale[:, None]
+    if kind == "int8":
+        values = torch.round(weight / s).clamp(-128, 127).to(torch.int8)
+    else:
+        values = (weight / s).to(torch.float8_e4m3fn)
+    if not torch.equal(values.float() * s, weight):
+        raise UserError(f"{module}: the merged weight is not its quantized values times one scale per "
+                        f"{'tensor' if scale.dim() == 0 else 'output channel'}; the checkpoint's shards disagree")
+    return QuantizedWeight(values, scale.float(), kind)
+
+
+def weight_tensor(name: str, qw: QuantizedWeight) -> tuple[TensorProto, TensorProto]:
+    """The transposed [in, out] quantized values and the scale, as initializers for a DequantizeLinear."""
+    elem, _ = FORMATS[qw.kind]
+    values = qw.values.t().contiguous()
+    raw = values.view(torch.uint8).numpy().tobytes() if qw.kind == "fp8" else values.numpy().tobytes()
+    data = TensorProto(name=name, data_type=elem, dims=list(values.shape), raw_data=raw)
+    scale = TensorProto(name=name + "_scale", data_type=TensorProto.FLOAT, dims=list(qw.scale.shape),
+                        raw_data=qw.scale.contiguous().numpy().tobytes())
+    return data, scale
+
+
+def zero_point(name: str, kind: str) -> TensorProto:
+    elem, dtype = FORMATS[kind]
+    raw = torch.zeros((), dtype=dtype).view(torch.uint8).numpy().tobytes() if kind == "fp8" else b"\x00"
+    return TensorProto(name=name, data_type=elem, dims=[], raw_data=raw)
+
+
+def activation_scale(name: str, quant: TensorQuant) -> TensorProto:
+    return TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[],
+                       raw_data=torch.tensor(quant.scale, dtype=torch.float32).numpy().tobytes())
