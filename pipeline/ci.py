@@ -29,9 +29,9 @@ from .errors import UserError
 from .matrix import Matrix, MatrixEntry, entry_for_ci
 from .targets import get_target
 
-#: Actions pinned by commit. Each SHA is the commit the action's `v4` tag pointed to in the mirror of its
-#: repository read on 2026 (github.com/actions/<name>, `git rev-parse refs/tags/v4^{commit}`), also tagged
-#: as the version named here; the same SHAs are used by many public workflows.
+#: Actions pinned by commit. Each SHA is what `git rev-parse 'refs/tags/v4^{commit}'` gave in a snapshot of
+#: github.com/actions/<name> taken while writing this; that commit also carries the tag named beside it
+#: (docs/ci.md says how to re-check or move them).
 CHECKOUT = "actions/checkout@11d5960a326750d5838078e36cf38b85af677262"         # v4.4.0
 CACHE = "actions/cache@0057852bfaa89a56745cba8c7296529d2fc39830"               # v4.3.0
 UPLOAD_ARTIFACT = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"  # v4.6.2

@@ -120,3 +120,12 @@ def test_smollm2_job_is_the_readme_command_and_its_steps_run_here_in_order(tmp_p
     upload = steps[-1]
     assert upload["uses"].startswith("actions/upload-artifact@") and upload["with"]["path"] == "${{ env.ARTIFACT }}"
     assert (work / job["env"]["ARTIFACT"]).is_file()         # what the upload step would upload
+
+
+def test_the_projects_own_workflow_is_the_generated_one_and_lints(tmp_path, monkeypatch):
+    own = REPO / ".github" / "workflows" / "trtpipe.yml"
+    monkeypatch.chdir(tmp_path)       # no trtpipe.toml here: the SmolLM2 job alone, as for this repository
+    result = CliRunner().invoke(main, ["ci", "github", "-o", "fresh.yml"])
+    assert result.exit_code == 0, result.output
+    assert own.read_text() == (tmp_path / "fresh.yml").read_text(), "regenerate: trtpipe ci github"
+    lint(own)
