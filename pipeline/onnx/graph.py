@@ -170,13 +170,14 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
         k = rms_norm(g, k, g.float_weight(p + "attention.k_layernorm.weight", layer.norms["attention.k_layernorm"]),
                      arch.norm_epsilon, last)
     q, k = rotate(g, q, shared, hd // 2), rotate(g, k, shared, hd // 2)
-    k, v = g.op("Identity", [k], out=p + "attention.k"), g.op("Identity", [v], out=p + "attention.v")
+    to_heads_first = dict(perm=[0, 2, 1, 3])
+    k, v = (g.op("Transpose", [g.op("Identity", [t], out=p + f"attention.{n}")], **to_heads_first)
+            for t, n in ((k, "k"), (v, "v")))                                             # [B, kv, T, d]
     if layer.kv_quant is not None:
         k, v = qdq(g, k, layer.kv_quant, p + "attention.k.cache"), qdq(g, v, layer.kv_quant, p + "attention.v.cache")
     past_k, past_v = past_names(i)
-    to_heads_first = dict(perm=[0, 2, 1, 3])
-    keys = g.op("Concat", [past_k, g.op("Transpose", [k], **to_heads_first)], present_names(i)[0], axis=2)
-    values = g.op("Concat", [past_v, g.op("Transpose", [v], **to_heads_first)], present_names(i)[1], axis=2)
+    keys = g.op("Concat", [past_k, k], present_names(i)[0], axis=2)
+    values = g.op("Concat", [past_v, v], present_names(i)[1], axis=2)
     rep = nq // nkv
     groups = g.const(p + "attention.groups", np.array([0, nkv, rep, -1, hd], np.int64))
     q5 = g.op("Reshape", [g.op("Transpose", [q], **to_heads_first), groups])             # [B, kv, rep, T, d]
