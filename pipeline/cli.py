@@ -542,6 +542,79 @@ def serve(repo, port, host, log_path, timeout):
     serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout, echo=click.echo)
 
 
+def _percent(ctx, param, value):
+    from .compare import parse_percent
+
+    return None if value is None else parse_percent(value, f"--{param.name.replace('_', '-')}")
+
+
+@main.command()
+@click.argument("build_a", type=click.Path(path_type=Path))
+@click.argument("build_b", type=click.Path(path_type=Path))
+@click.option("--prompts", default=None, metavar="FILE|RECIPE",
+              help="A text file (one prompt per line) or a recipe: heldout (default: the start of held-out news "
+                   "documents) or validate (validate's four prompts).")
+@click.option("--num-prompts", type=int, default=16, show_default=True, help="Prompts to use at most.")
+@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True, help="New tokens per prompt.")
+@click.option("--ppl-samples", type=int, default=16, show_default=True,
+              help="Held-out documents the perplexity of each checkpoint is computed over.")
+@click.option("--load-test", is_flag=True, help="Also measure TTFT/ITL/latency and tokens/s under the same load.")
+@click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True,
+              help="Concurrent clients of the load test (the same for both).")
+@click.option("--requests-per-client", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--url-a", default=None, help="Use A's running Triton server instead of serving BUILD_A/model_repo.")
+@click.option("--url-b", default=None, help="Use B's running Triton server instead of serving BUILD_B/model_repo.")
+@click.option("--max-ppl-increase", callback=_percent, default=None, metavar="PCT",
+              help="Fail when B's held-out perplexity is more than PCT above A's (e.g. 2%).")
+@click.option("--min-token-agreement", type=float, default=None, help="Fail below this token agreement (0-1).")
+@click.option("--min-rouge-l", type=float, default=None, help="Fail below this ROUGE-L F of B against A (0-1).")
+@click.option("--min-bleu", type=float, default=None, help="Fail below this corpus BLEU of B against A (0-100).")
+@click.option("--min-exact-match", type=float, default=None, help="Fail below this share of identical completions.")
+@click.option("--min-throughput-speedup", type=float, default=None,
+              help="With --load-test: fail when B's output tokens/s over A's is below this.")
+@click.option("--max-p99-latency-increase", callback=_percent, default=None, metavar="PCT",
+              help="With --load-test: fail when B's P99 request latency is more than PCT above A's.")
+@click.option("--allow-different-tokenizer", is_flag=True,
+              help="Compare builds of different models or tokenizers (refused otherwise: exit 2).")
+@device_option("perplexity is computed")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Report directory (default: compare-<A>-vs-<B>).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, load_test, concurrency,
+            requests_per_client, url_a, url_b, allow_different_tokenizer, device, out, force, as_json, **limits):
+    """Compare two builds of one model on the same prompts and load; exit 1 when B fails a threshold.
+
+    Reports held-out perplexity, B's token agreement, ROUGE-L, BLEU and exact match against A's greedy
+    completions, weights and planned memory per instance, and with --load-test TTFT/ITL/latency
+    P50/P90/P99 and output tokens/s at one concurrency: report.json, report.md and report.png.
+
+    \b
+    Examples:
+      trtpipe compare out/fp16 out/fp8 --max-ppl-increase 2% --min-rouge-l 0.85
+      trtpipe compare out/fp16 out/fp8 --load-test --concurrency 8 -o ab-report
+    """
+    from .compare import CompareOptions, Thresholds, compare_builds
+    from .compare.serving import ServeOptions
+
+    out = out or Path(f"compare-{Path(build_a).name}-vs-{Path(build_b).name}")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError(f"{out} exists and is not empty; pass --force to replace it, or another -o")
+    options = CompareOptions(
+        build_a, build_b, out, thresholds=Thresholds(**limits),
+        serve=ServeOptions(max_tokens=max_tokens, load_test=load_test, concurrency=concurrency,
+                           requests_per_client=requests_per_client),
+        prompts=prompts, num_prompts=num_prompts, ppl_samples=ppl_samples, url_a=url_a, url_b=url_b,
+        allow_different_tokenizer=allow_different_tokenizer, device=device)
+    report = compare_builds(options, say=lambda m: click.echo(m, err=True))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(report.markdown().split("\n## Completions")[0])
+        click.echo(f"report: {out}/report.json, report.md, report.png")
+    sys.exit(0 if report.passed else 1)
+
+
 @main.command()
 @click.argument("build_or_repo", metavar="BUILD_OR_REPO", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
