@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 from pipeline.cli import main
+from pipeline.errors import UserError
 from pipeline.compare.quality import generation_figures
 from pipeline.compare.verdict import Thresholds, judge
 
@@ -272,3 +273,38 @@ def test_fp16_vs_fp8_smollm2_end_to_end(smollm2_builds, tmp_path):
     from PIL import Image
 
     assert Image.open(out / "report.png").size == (1200, 450)
+
+
+# ------------------------------------------------------------------ instance density (the planner)
+
+
+def test_llama3_8b_density_on_the_4090_matches_hand_computed_values():
+    """Each of N instances is planned with 24 GiB / N and its own 1 GiB CUDA context reserve."""
+    from pipeline.plan import resolve_model_info
+    from pipeline.plan.density import densities, plan_instances
+    from pipeline.targets import get_target
+
+    gib, model, gpu = 2**30, resolve_model_info("llama-3-8b"), get_target("rtx4090")
+    h, inter, layers, vocab = 4096, 14336, 32, 128256
+    # fp8: five linears per layer (qkv, dense, fc, gate, proj) at 1 byte plus two float32 scales each, two
+    # fp16 norms; embedding and lm_head (untied, not quantized) and ln_f in fp16
+    linears = h * (h + 2 * 1024) + h * h + 3 * h * inter
+    fp8_weights = layers * (linears + 5 * 8 + 2 * h * 2) + 2 * vocab * h * 2 + h * 2
+    fp16_weights = layers * (linears * 2 + 2 * h * 2) + 2 * vocab * h * 2 + h * 2
+    assert fp8_weights == 9_081_201_920 and fp8_weights / gib == pytest.approx(8.4575, abs=1e-4)
+    # fp16 fits once (14.96 GiB > 12 GiB for two); fp8 and int8-sq twice (8.46 GiB > 8 GiB for three)
+    got = {d.precision: d.max_instances for d in densities(model, gpu)}
+    assert got == {"fp16": 1, "bf16": 1, "fp32": 0, "fp8": 2, "int8-sq": 2}
+    assert fp16_weights > 12 * gib and 24 * gib / 3 < fp8_weights < 12 * gib
+
+    two = plan_instances(model, gpu, "fp8", 2)
+    m, batch, max_num_tokens, max_seq_len = two.memory, two.triton.triton_max_batch_size, 1024, 8192
+    activations = max_num_tokens * (2 * (2 * h + 3 * inter) + h + inter) + batch * vocab * 4
+    reserve = gib + batch * (2 * vocab * 4 + 2 * max_seq_len * 4)          # the CUDA context, per instance
+    assert (m.memory_bytes, m.weights_bytes_per_rank) == (12 * gib, fp8_weights)
+    assert (m.activation_bytes, m.runtime_reserve_bytes) == (activations, reserve)
+    assert m.free_bytes == 12 * gib - fp8_weights - activations - reserve
+    kv_tokens = int(m.free_bytes * 0.9) // (2 * layers * 8 * 128) // 32 * 32   # fp8 KV, 32-token blocks
+    assert m.kv_cache_tokens == kv_tokens and batch == kv_tokens // 1280 == 27  # 1024 in + 256 out
+    with pytest.raises(UserError, match="3 instances do not fit on one rtx4090"):
+        plan_instances(model, gpu, "fp8", 3)
