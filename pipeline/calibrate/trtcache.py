@@ -4,6 +4,10 @@ Format (docs/upstream-facts.md §D): a header line `TRT-<version>-EntropyCalibra
 `name: <8 hex digits>` holding the IEEE-754 float32 *scale*; the dynamic range a reader restores is
 scale x 127. `<version>` is TensorRT's NV_TENSORRT_VERSION of the release TensorRT-LLM 1.2.1 ships with
 (TensorRT 10.14.1: 10 * 10000 + 14 * 100 + 1 = 101401); TensorRT rejects caches from other versions.
+
+The tensor names are those of the graph `trtpipe export-onnx` writes (pipeline/onnx/graph.py): the input of
+each quantized linear after SmoothQuant's smoothing, `transformer.layers.N.attention.qkv` ... `mlp.proj`, and
+K/V after rope, `transformer.layers.N.attention.k` / `.v`, so the cache applies to that model.onnx.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ TENSORRT_VERSION = (10, 14, 1)
 
 
 def version_tag(version: tuple[int, int, int] = TENSORRT_VERSION) -> int:
+    """The header's version number: MAJOR*10000 + MINOR*100 + PATCH since TensorRT 10 (NV_TENSORRT_VERSION_INT),
+    MAJOR*1000 + MINOR*100 + PATCH before (8.6.1 -> 8601)."""
     major, minor, patch = version
-    return major * 10000 + minor * 100 + patch
+    return major * (10000 if major >= 10 else 1000) + minor * 100 + patch
 
 
 def float_to_hex(value: float) -> str:

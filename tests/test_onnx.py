@@ -1,0 +1,216 @@
+"""trtpipe export-onnx, proven with ONNX Runtime (CPU): the exported decoder computes the reference runtime's
+logits through its KV cache, for every family, tp/pp layout and precision; the calibration cache names its
+tensors; bad input stops with exit 2 and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pipeline.calibrate.trtcache import read_calibration_cache, version_tag
+from pipeline.cli import main
+from pipeline.onnx.export import ExportOptions, export_onnx
+from pipeline.onnx.runner import OrtDecoder
+from pipeline.runtime import ReferenceModel, SamplingConfig, perplexity
+
+from test_calibrate import run_calibrate, text_file, tiny_ckpt, tiny_hf  # noqa: F401  (session fixtures)
+
+REL = 1e-4
+
+
+def convert(hf_dir: Path, out: Path, **kw) -> Path:
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    return convert_model(resolve_model(str(hf_dir)), out, dtype="float32", progress=False, **kw).path
+
+
+def rel_err(got, want) -> float:
+    got, want = torch.as_tensor(np.asarray(got)), torch.as_tensor(np.asarray(want))
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def assert_matches_through_cache(decoder: OrtDecoder, ref: ReferenceModel, ids: torch.Tensor, prefill: int,
+                                 rel: float = REL) -> None:
+    """Prefill `prefill` tokens, then feed the rest one at a time through the ORT cache; every step's logits
+    equal the runtime's full-sequence logits at that position."""
+    want = ref.forward(ids)
+    logits, cache = decoder.step(ids[:, :prefill].numpy(), decoder.empty_cache(ids.shape[0]))
+    assert rel_err(logits, want[:, :prefill]) <= rel
+    for t in range(prefill, ids.shape[1]):
+        logits, cache = decoder.step(ids[:, t:t + 1].numpy(), cache)
+        assert rel_err(logits[:, 0], want[:, t]) <= rel, f"decode step at position {t}"
+    assert cache.length == ids.shape[1]
+
+
+def random_ids(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+FLOAT_CASES = [("llama", "gqa"), ("llama", "mqa"), ("llama", "tied"), ("llama", "llama3-rope"), ("llama", "mistral"),
+               ("qwen", "qwen2"), ("qwen", "qwen2-tied"), ("qwen", "qwen3"), ("qwen", "qwen3-mqa")]
+
+
+@pytest.mark.parametrize("family,variant", FLOAT_CASES)
+def test_float_export_equals_runtime_through_kv_cache_and_in_greedy_generation(family, variant, tiny_llama,
+                                                                               tiny_qwen, tmp_path):
+    hf = (tiny_llama if family == "llama" else tiny_qwen)(variant)
+    ckpt = convert(hf, tmp_path / "ckpt")
+    result = export_onnx(ckpt, tmp_path / "onnx")
+    assert result.precision == "fp32" and not result.external_data
+    model = onnx.load(tmp_path / "onnx" / "model.onnx")
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    assert [d.dim_param or d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == \
+        ["batch_size", "sequence_length", 101]
+    decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(ckpt)
+    assert_matches_through_cache(decoder, ref, random_ids(101, 2, 14), prefill=9)
+    prompt = random_ids(101, 1, 7, seed=3)[0].tolist()
+    assert decoder.generate_greedy(prompt, 12) == ref.generate([prompt], SamplingConfig(max_new_tokens=12))[0]
+
+
+def test_io_names_and_genai_config_follow_onnxruntime_genai(checkpoint, tmp_path):
+    export_onnx(checkpoint("gqa"), tmp_path / "onnx")
+    model = onnx.load(tmp_path / "onnx" / "model.onnx", load_external_data=False)
+    inputs = [i.name for i in model.graph.input]
+    outputs = [o.name for o in model.graph.output]
+    assert inputs[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert inputs[3:5] == ["past_key_values.0.key", "past_key_values.0.value"] and len(inputs) == 3 + 2 * 4
+    assert outputs[:3] == ["logits", "present.0.key", "present.0.value"] and len(outputs) == 1 + 2 * 4
+    past = [d.dim_param or d.dim_value for d in model.graph.input[3].type.tensor_type.shape.dim]
+    assert past == ["batch_size", 2, "past_sequence_length", 6]
+    cfg = json.loads((tmp_path / "onnx" / "genai_config.json").read_text())["model"]["decoder"]
+    assert cfg["inputs"]["past_key_names"] % 3 == "past_key_values.3.key"
+    assert cfg["outputs"]["present_value_names"] % 1 == "present.1.value"
+    assert (cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_size"]) == (4, 2, 6)
+
+
+def test_padded_batch_attends_only_to_unmasked_keys(checkpoint, tmp_path):
+    """A left-padded row (attention_mask 0 on the pads) gives the logits of the unpadded sequence."""
+    ckpt = checkpoint("gqa")
+    export_onnx(ckpt, tmp_path / "onnx")
+    decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(ckpt)
+    ids = random_ids(101, 1, 6, seed=5)
+    padded = np.concatenate([np.zeros((1, 3), np.int64), ids.numpy()], axis=1)
+    mask = np.concatenate([np.zeros((1, 3), np.int64), np.ones((1, 6), np.int64)], axis=1)
+    feeds = {"input_ids": padded, "attention_mask": mask,
+             "position_ids": np.array([[0, 0, 0, 0, 1, 2, 3, 4, 5]], np.int64),
+             **decoder.empty_cache(1).tensors}
+    logits = decoder.session.run(["logits"], feeds)[0]
+    assert rel_err(logits[:, 3:], ref.forward(ids)) <= REL
+
+
+def test_tp_pp_checkpoint_exports_the_same_model(checkpoint, tmp_path):
+    export_onnx(checkpoint("gqa"), tmp_path / "one")
+    export_onnx(checkpoint("gqa", tp=2, pp=2), tmp_path / "sharded")
+    ids = random_ids(101, 2, 10)
+    one, sharded = OrtDecoder(tmp_path / "one").forward(ids), OrtDecoder(tmp_path / "sharded").forward(ids)
+    assert rel_err(sharded, one) <= 1e-6
+
+
+def test_external_data_and_fp16_weights(checkpoint, tmp_path):
+    ckpt = checkpoint("gqa")
+    result = export_onnx(ckpt, tmp_path / "ext", ExportOptions(external_data_over=0))
+    assert result.external_data and (tmp_path / "ext" / "model.onnx.data").stat().st_size > 100_000
+    assert (tmp_path / "ext" / "model.onnx").stat().st_size < 100_000
+    ref = ReferenceModel.load(ckpt)
+    ids = random_ids(101, 1, 8)
+    assert rel_err(OrtDecoder(tmp_path / "ext").forward(ids), ref.forward(ids)) <= REL
+    export_onnx(ckpt, tmp_path / "half", ExportOptions(precision="fp16"))
+    model = onnx.load(tmp_path / "half" / "model.onnx")
+    weight = next(t for t in model.graph.initializer if t.name == "transformer.layers.0.attention.qkv.weight")
+    assert weight.data_type == onnx.TensorProto.FLOAT16
+    err = rel_err(OrtDecoder(tmp_path / "half").forward(ids), ref.forward(ids))
+    assert 0 < err <= 1e-2          # half-precision weights: close, not equal
+
+
+@pytest.fixture(scope="session")
+def quantized(tiny_ckpt, text_file, tmp_path_factory):  # noqa: F811
+    """precision -> (calibrated checkpoint, its export), with a quantized KV cache as well."""
+    made = {}
+    for precision, kw in (("fp8", dict(kv_cache="fp8")), ("int8-sq", dict(kv_cache="int8", alpha=0.6,
+                                                                            weight_rounding="nearest"))):
+        root = tmp_path_factory.mktemp(f"onnx-{precision}")
+        ckpt = run_calibrate(tiny_ckpt, root / "ckpt", precision, text_file, **kw).path
+        made[precision] = (ckpt, export_onnx(ckpt, root / "onnx").path)
+    return made
+
+
+def held_out(tokenizer_dir: Path, count: int = 8) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from pipeline.evaluate import corpus_split
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return [tok(t)["input_ids"][:48] for t in corpus_split(seed=0)[1] if t.strip()][:count]
+
+
+@pytest.mark.parametrize("precision,fmt", [("fp8", onnx.TensorProto.FLOAT8E4M3FN), ("int8-sq", onnx.TensorProto.INT8)])
+def test_quantized_export_has_qdq_and_equals_the_runtime_simulation(precision, fmt, quantized, tiny_hf):  # noqa: F811
+    ckpt, onnx_dir = quantized[precision]
+    model = onnx.load(onnx_dir / "model.onnx")
+    ops = [n.op_type for n in model.graph.node]
+    # 4 layers x (qkv, dense, fc (gate shares it), proj activations + K and V) quantize/dequantize pairs
+    assert ops.count("QuantizeLinear") == 4 * 6
+    weights = {t.name: t for t in model.graph.initializer}
+    for name in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
+        assert weights[f"transformer.layers.2.{name}.weight"].data_type == fmt
+    assert ("transformer.layers.0.mlp.fc.prequant_scaling_factor" in weights) == (precision == "int8-sq")
+    ref, decoder = ReferenceModel.load(ckpt), OrtDecoder(onnx_dir)
+    assert_matches_through_cache(decoder, ref, random_ids(49152, 2, 12), prefill=8)
+    seqs = held_out(tiny_hf)
+    ppl_ref, ppl_ort = perplexity(ref, seqs, window=48), perplexity(decoder, seqs, window=48)
+    assert ppl_ort.tokens == ppl_ref.tokens > 200
+    assert abs(ppl_ort.perplexity / ppl_ref.perplexity - 1) <= 0.005
+
+
+def test_calibration_cache_names_the_tensors_the_graph_quantizes(quantized):
+    ckpt, onnx_dir = quantized["int8-sq"]
+    cache = read_calibration_cache(ckpt / "calibration" / "calibration.cache")
+    model = onnx.load(onnx_dir / "model.onnx")
+    scales = {t.name: float(onnx.numpy_helper.to_array(t)) for t in model.graph.initializer if t.dims == []
+              and t.data_type == onnx.TensorProto.FLOAT}
+    quantizes = {n.input[0]: n.input[1] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    produced = {o for n in model.graph.node for o in n.output}
+    assert len(cache) == 4 * 4          # the linears' inputs (mlp.gate shares mlp.fc's); K/V are not in the cache
+    for name, amax in cache.items():
+        assert name in produced, name
+        # the graph quantizes exactly that tensor, with the scale the cache records
+        assert scales[quantizes[name]] == pytest.approx(amax / 127.0, rel=1e-6), name
+
+
+def test_calibration_cache_header_per_tensorrt_version():
+    assert version_tag((10, 14, 1)) == 101401
+    assert version_tag((10, 3, 0)) == 100300
+    assert version_tag((8, 6, 1)) == 8601
+
+
+def test_cli_exports_and_refuses_bad_input_without_writing(checkpoint, tmp_path):
+    ckpt, runner = checkpoint("gqa"), CliRunner()
+    ok = runner.invoke(main, ["export-onnx", str(ckpt), "-o", str(tmp_path / "onnx"), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["precision"] == "fp32"
+    again = runner.invoke(main, ["export-onnx", str(ckpt), "-o", str(tmp_path / "onnx"), "--json"])
+    assert json.loads(again.output)["skipped"] is True
+    for args, message in ((["--precision", "int8-sq"], "trtpipe calibrate"), (["--opset", "13"], "--opset 13"),
+                          (["--precision", "fp8"], "is not quantized")):
+        bad = runner.invoke(main, ["export-onnx", str(ckpt), "-o", str(tmp_path / "bad"), *args])
+        assert bad.exit_code == 2 and message in bad.output, bad.output
+        assert not (tmp_path / "bad").exists()
+    missing = runner.invoke(main, ["export-onnx", str(tmp_path / "nothing"), "-o", str(tmp_path / "bad")])
+    assert missing.exit_code == 2 and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_export_equals_runtime(smollm2_checkpoint, tmp_path):
+    export_onnx(smollm2_checkpoint, tmp_path / "onnx")
+    decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(smollm2_checkpoint)
+    assert_matches_through_cache(decoder, ref, random_ids(49152, 1, 24), prefill=16)
+    prompt = random_ids(49152, 1, 10, seed=1)[0].tolist()
+    assert decoder.generate_greedy(prompt, 16) == ref.generate([prompt], SamplingConfig(max_new_tokens=16))[0]
