@@ -30,6 +30,7 @@ from pipeline.tritonconfig import parse_pbtxt
 
 FIXTURE_REPO = Path(__file__).parent / "fixtures_repo"
 CRD_DIR = Path(__file__).parent / "data" / "prometheus-operator"
+GATEWAY_CRD = Path(__file__).parent / "data" / "gateway-api" / "gateway.networking.k8s.io_httproutes.yaml"
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 GIB = 1 << 30
 
@@ -106,8 +107,10 @@ def test_every_manifest_validates_strictly_against_two_kubernetes_versions(writt
 
 def crd_validator(kind: str) -> jsonschema.Draft7Validator:
     """The CRD's v1 openAPIV3Schema, closed like `kubectl --validate=strict` (tests/data/.../SOURCE.md)."""
-    plural = {"PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}[kind]
-    crd = yaml.safe_load((CRD_DIR / f"monitoring.coreos.com_{plural}.yaml").read_text())
+    crd_file = {"PodMonitor": CRD_DIR / "monitoring.coreos.com_podmonitors.yaml",
+                "PrometheusRule": CRD_DIR / "monitoring.coreos.com_prometheusrules.yaml",
+                "HTTPRoute": GATEWAY_CRD}[kind]
+    crd = yaml.safe_load(crd_file.read_text())
     schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
 
     def close(node):
@@ -353,3 +356,64 @@ def test_build_with_k8s_writes_them_next_to_the_repository(builds, tmp_path, mon
     assert result.exit_code == 0, result.output
     assert objects(out / "k8s")["Deployment"]["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]
     assert "kubectl apply -k" in result.output
+
+
+# ---------------------------------------------------------------------------------------- canary (issue 17)
+
+
+def apply_patch(route: dict, command: str) -> dict:
+    """The JSON patch of a `kubectl patch --type=json -p '...'` command (replace ops) applied to `route`."""
+    patched = json.loads(json.dumps(route))
+    for op in json.loads(command.split("-p '", 1)[1].rstrip("'")):
+        assert op["op"] == "replace"
+        *parents, last = op["path"].strip("/").split("/")
+        node = patched
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(last) if last.isdigit() else last] = op["value"]
+    return patched
+
+
+def test_canary_route_validates_against_the_gateway_api_crd_and_its_commands_shift_and_roll_back(builds, tmp_path):
+    out = tmp_path / "canary"
+    result = CliRunner().invoke(main, ["k8s", str(builds["cpu"]), "-o", str(out), "--canary-of", str(builds["cpu"]),
+                                       "--weight", "10", "--name", "smollm2-135m-cpu-fp8", "--namespace", "llm",
+                                       "--gateway", "infra/edge"])
+    assert result.exit_code == 0, result.output
+    route = yaml.safe_load((out / "httproute.yaml").read_text())
+    validator = crd_validator("HTTPRoute")
+    assert not list(validator.iter_errors(route)), [e.message for e in validator.iter_errors(route)]
+    assert route["metadata"]["namespace"] == "llm"
+    assert route["spec"]["parentRefs"] == [{"name": "edge", "namespace": "infra"}]
+    service_port = next(p["port"] for p in objects(out)["Service"]["spec"]["ports"] if p["name"] == "http")
+    assert [(b["kind"], b["name"], b["port"], b["weight"]) for b in route["spec"]["rules"][0]["backendRefs"]] == [
+        ("Service", "smollm2-135m-cpu", service_port, 90), ("Service", "smollm2-135m-cpu-fp8", service_port, 10)]
+    # the canary's own objects are named for it; the route stays out of its kustomization (delete -k keeps it)
+    assert objects(out)["Service"]["metadata"]["name"] == "smollm2-135m-cpu-fp8"
+    assert "httproute.yaml" not in yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
+    # the strict schema refuses a misspelt field
+    broken = json.loads(json.dumps(route))
+    broken["spec"]["rules"][0]["backendRefs"][0]["weigth"] = 5
+    assert list(validator.iter_errors(broken))
+    # CANARY.md: shift to 50%, promote, roll back; each patched route still validates
+    patches = re.findall(r"^kubectl -n llm patch httproute smollm2-135m-cpu-ab .*$", (out / "CANARY.md").read_text(),
+                         re.MULTILINE)
+    weights = []
+    for command in patches:
+        patched = apply_patch(route, command)
+        assert not list(validator.iter_errors(patched))
+        weights.append([b["weight"] for b in patched["spec"]["rules"][0]["backendRefs"]])
+    assert weights == [[50, 50], [0, 100], [100, 0]]
+    assert f"kubectl delete -k {out}" in (out / "CANARY.md").read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--weight", "10"], "both named 'smollm2-135m-cpu'"),
+    (["--weight", "101", "--name", "b"], "0 to 100"),
+    (["--gateway", "Bad_GW", "--name", "b"], "--gateway"),
+])
+def test_bad_canary_flags_exit_2_and_write_nothing(builds, tmp_path, flags, message):
+    result = CliRunner().invoke(main, ["k8s", str(builds["cpu"]), "-o", str(tmp_path / "k8s"),
+                                       "--canary-of", str(builds["cpu"]), *flags])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert list(tmp_path.iterdir()) == []

@@ -45,6 +45,9 @@ class K8sOptions:
     scale_ratio: float | None = None     # None: from the plan
     name: str | None = None
     force: bool = False
+    canary_of: Path | None = None        # the stable build or repository (A): write B as its canary
+    weight: int = 10                     # % of requests to the canary
+    gateway: str = "trtpipe"             # the Gateway the canary's HTTPRoute attaches to
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,12 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
     objects = render(src, options, replicas, source, ratio, m)
     loader = k.loader_pod(src.name, source)
     board = dashboard(m)
+    canary = None
+    if options.canary_of is not None:
+        from .canary import check_canary
+
+        stable = read_source(options.canary_of, None).name
+        canary = check_canary(stable, src.name, options.weight, options.gateway)
     check_output_free(Path(out), options.force)
     with atomic_output_dir(Path(out)) as tmp:
         for name, obj in objects.items():
@@ -123,5 +132,12 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
                                                                          "namespace": options.namespace}},
                                                  sort_keys=False))
         (tmp / "grafana-dashboard.json").write_text(json.dumps(board, indent=2) + "\n")
+        if canary is not None:
+            from .canary import COMMANDS_FILE, ROUTE_FILE, commands, http_route
+
+            route = http_route(canary)
+            route["metadata"]["namespace"] = options.namespace
+            (tmp / ROUTE_FILE).write_text(yaml.safe_dump(route, sort_keys=False))
+            (tmp / COMMANDS_FILE).write_text(commands(canary, options.namespace, str(out)))
         files = sorted(p.name for p in tmp.iterdir())
     return K8sResult(out=Path(out), files=files, name=src.name, scale_ratio=ratio)
