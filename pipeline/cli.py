@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from .errors import UserError
+from .backends import BACKENDS as BACKEND_NAMES
 from .precisions import PRECISIONS
 
 #: The image the Dockerfile builds (`docker build -t trtpipe:VERSION .`), for `trtpipe k8s`.
@@ -267,6 +268,37 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
     click.echo(json.dumps(result.to_dict()) if as_json else result.summary())
 
 
+@main.command(name="export-onnx")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="Output directory (model.onnx, genai_config.json).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "int8-sq", "fp8"]), default="auto",
+              show_default=True, help="auto follows the checkpoint; int8-sq/fp8 need a calibrated checkpoint "
+              "(Q/DQ nodes from its scales); fp16 stores float weights in half precision.")
+@click.option("--opset", type=int, default=21, show_default=True, help="ONNX opset (19 or newer).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def export_onnx_(checkpoint, out, precision, opset, force, as_json):
+    """Export CHECKPOINT as an ONNX decoder with KV cache for TensorRT (trtexec) and ONNX Runtime.
+
+    \b
+    Inputs input_ids, attention_mask, position_ids, past_key_values.N.key/value; outputs logits,
+    present.N.key/value (the optimum / onnxruntime-genai names); dynamic batch and sequence axes.
+    Examples:
+      trtpipe export-onnx out/ckpt -o out/onnx
+      trtpipe export-onnx out/ckpt-int8-sq -o out/onnx-int8 --precision int8-sq
+    """
+    from .onnx.export import ExportOptions, export_onnx
+
+    result = export_onnx(checkpoint, out, ExportOptions(precision, opset, force))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        state = "up to date" if result.skipped else "written"
+        data = " (weights in model.onnx.data)" if result.external_data else ""
+        click.echo(f"{result.path}/model.onnx {state}: {result.precision}, opset {result.opset}{data}")
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the catalogue (with each figure's source) as JSON.")
 def targets(as_json):
@@ -324,9 +356,15 @@ def targets(as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the form other stages read).")
 @click.option("--server", type=click.Choice(["vllm", "tgi"]), default=None,
               help="Print the launch line of that server with the plan's batch, context and KV-cache budget.")
+@click.option("--backend", type=click.Choice(sorted(BACKEND_NAMES)), default=None,
+              help="What serves the model: engine (default on GPUs) or pytorch (TensorRT-LLM LLM API, no engine); "
+                   "reference (default on cpu) or reference-llmapi (the llmapi contract on the cpu target).")
+@click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
+              help="Plan one of N instances sharing one GPU (memory / N each, each with its own CUDA context) "
+                   "and print the largest N that fits for each precision.")
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
-         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json, server):
+         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json, server, backend, instances):
     """Memory budget, build configuration and Triton parameters for MODEL on a target.
 
     \b
@@ -338,21 +376,24 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
       trtpipe plan out/ckpt-fp8 --target rtx4090 --precision fp8 --p99-latency 5 --json > plan.json
       trtpipe plan smollm2-135m --target cpu --precision fp16 -o out/plan.json
       trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --server vllm
+      trtpipe plan llama-3-8b --target rtx4090 --precision fp8 --instances 2
     """
     from rich.console import Console
 
     from .plan import Overrides, Workload, make_plan, render_plan, resolve_model_info, save_plan
+    from .plan.density import densities, instance_share
     from .plan.servers import server_settings
     from .targets import get_target
 
+    info, gpu = resolve_model_info(model, model_dir), get_target(target)
     result = make_plan(
-        resolve_model_info(model, model_dir), get_target(target), precision, kv_cache, tp,
+        info, instance_share(gpu, instances), precision, kv_cache, tp,
         Workload(input_len=input_len, output_len=output_len, max_context=max_context,
                  concurrency=concurrency, p99_latency_s=p99_latency),
         Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
                   multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
                   enable_kv_cache_reuse=kv_cache_reuse,
-                  kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction))
+                  kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction), backend=backend)
     equivalent = server_settings(result, server) if server else None
     if out is not None:
         save_plan(result, out)
@@ -360,6 +401,8 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
     if equivalent is not None:
+        from .presets import served_model_id
+
         click.echo(equivalent.launch_line(served_model_id(result.model)))
         for setting in equivalent.settings:
             click.echo(f"  {setting.flag} {setting.value}: {setting.arithmetic}")
@@ -372,14 +415,15 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
         console.print()
     if out is not None:
         console.print(f"plan written to {out}")
+    if instances > 1:
+        console.print(f"{instances} instances on one {gpu.name}: {result.memory.memory_bytes / 2**30:.2f} GiB each. "
+                      "Largest number of instances that fits, per precision:")
+        for d in densities(info, gpu, kv_cache=kv_cache, tp=tp, workload=result.workload, backend=backend):
+            console.print(f"  {d.precision:<8} {d.max_instances:>3}" + (
+                f"  ({d.memory_per_instance_bytes / 2**30:.2f} GiB, max_batch_size {d.max_batch_size} each)"
+                if d.max_instances else f"  ({d.reason})"))
 
 
-def served_model_id(model) -> str:
-    """What another server loads for a plan's model: its directory, a preset's hub id, or the name given."""
-    from .presets import PRESETS
-
-    preset = PRESETS.get(model.name)
-    return model.path or (preset.hub_id if preset and preset.hub_id else model.name)
 
 
 @main.command(name="compile")
@@ -484,6 +528,10 @@ def check(repo, engine, as_json):
               "embedded server on REPO).")
 @click.option("--grpc-url", default=None,
               help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
+@click.option("--metrics-url", default=None, help="That server's Prometheus metrics endpoint, http://HOST:PORT "
+              "(default: the --url host, port 8002).")
+@click.option("--skip-metrics", is_flag=True, help="Skip the metrics check (the server's request counters grow by "
+              "the requests validate sent).")
 @click.option("--golden", default=None, metavar="MODEL", help="Reference model for the golden outputs (default: the "
               "model deploy recorded in the repository's manifest). " + MODEL_HELP)
 @click.option("--load-test", is_flag=True, help="Also run a bounded concurrency sweep (TTFT, ITL, latency, tokens/s).")
@@ -496,8 +544,10 @@ def check(repo, engine, as_json):
               help="Seconds to wait for the server to be ready.")
 @device_option("the golden reference runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, out, timeout, device, as_json):
-    """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests.
+def validate(repo, url, grpc_url, metrics_url, skip_metrics, golden, load_test, concurrency, max_tokens, out, timeout,
+             device, as_json):
+    """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests,
+    metrics.
 
     \b
     Exit status 0 only when every check passes; report.json (and load_test.png) go to the report directory.
@@ -511,10 +561,15 @@ def validate(repo, url, grpc_url, golden, load_test, concurrency, max_tokens, ou
         levels = tuple(int(c) for c in concurrency.split(","))
     except ValueError:
         raise UserError(f"--concurrency must be comma-separated integers, got {concurrency!r}") from None
+    if metrics_url and not url:
+        raise UserError("--metrics-url is for a server given by --url (the embedded server's metrics port is known)")
+    if metrics_url and skip_metrics:
+        raise UserError("--metrics-url and --skip-metrics contradict each other; pass one")
     out = out or Path(repo).absolute().parent / "validation"
     options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test, concurrencies=levels,
-                              max_tokens=max_tokens)
-    report = validate_repository(repo, out, options, url=url, grpc_url=grpc_url, ready_timeout=timeout,
+                              max_tokens=max_tokens, metrics=not skip_metrics)
+    report = validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
+                                 ready_timeout=timeout,
                                  progress=lambda step: click.echo(f"... {step}", err=True))
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render_report(report, out))
     sys.exit(0 if report.passed else 1)
