@@ -214,3 +214,22 @@ def test_smollm2_export_equals_runtime(smollm2_checkpoint, tmp_path):
     assert_matches_through_cache(decoder, ref, random_ids(49152, 1, 24), prefill=16)
     prompt = random_ids(49152, 1, 10, seed=1)[0].tolist()
     assert decoder.generate_greedy(prompt, 16) == ref.generate([prompt], SamplingConfig(max_new_tokens=16))[0]
+
+
+def test_trtexec_command_shapes_come_from_the_plan():
+    from pipeline.onnx.trtexec import trtexec_command
+    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.targets import get_target
+
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
+    argv = trtexec_command(plan, "onnx/model.onnx", "model.plan", "fp8", layers=32, kv_heads=8, head_size=128)
+    flags = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
+    assert argv[0] == "trtexec" and flags["--onnx"] == "onnx/model.onnx" and argv[-2:] == ["--fp16", "--fp8"]
+    batch, build = plan.optimization_profiles[0]["batch_size_beam_width"], plan.build_config
+    for k, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
+        shapes = dict(s.split(":") for s in flags[flag].split(","))
+        assert len(shapes) == 3 + 2 * 32
+        b, t = map(int, shapes["input_ids"].split("x"))
+        assert b == batch[k] and t == (1, 1, build.max_input_len)[k]
+        _, heads, past, d = map(int, shapes["past_key_values.31.value"].split("x"))
+        assert (heads, d) == (8, 128) and shapes["attention_mask"] == f"{b}x{past + t}"
