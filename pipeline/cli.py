@@ -380,20 +380,20 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     """
     from rich.console import Console
 
-    from .plan import Overrides, Workload, make_plan, render_plan, resolve_model_info, save_plan
-    from .plan.density import densities, instance_share
+    from .plan import Overrides, Workload, render_plan, resolve_model_info, save_plan
+    from .plan.density import densities, plan_instances
     from .plan.servers import server_settings
     from .targets import get_target
 
     info, gpu = resolve_model_info(model, model_dir), get_target(target)
-    result = make_plan(
-        info, instance_share(gpu, instances), precision, kv_cache, tp,
-        Workload(input_len=input_len, output_len=output_len, max_context=max_context,
-                 concurrency=concurrency, p99_latency_s=p99_latency),
-        Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
-                  multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
-                  enable_kv_cache_reuse=kv_cache_reuse,
-                  kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction), backend=backend)
+    result = plan_instances(
+        info, gpu, precision, instances, kv_cache=kv_cache, tp=tp,
+        workload=Workload(input_len=input_len, output_len=output_len, max_context=max_context,
+                          concurrency=concurrency, p99_latency_s=p99_latency),
+        overrides=Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
+                            multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
+                            enable_kv_cache_reuse=kv_cache_reuse,
+                            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction), backend=backend)
     equivalent = server_settings(result, server) if server else None
     if out is not None:
         save_plan(result, out)

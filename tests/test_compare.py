@@ -308,3 +308,18 @@ def test_llama3_8b_density_on_the_4090_matches_hand_computed_values():
     assert m.kv_cache_tokens == kv_tokens and batch == kv_tokens // 1280 == 27  # 1024 in + 256 out
     with pytest.raises(UserError, match="3 instances do not fit on one rtx4090"):
         plan_instances(model, gpu, "fp8", 3)
+
+
+def test_plan_instances_prints_the_per_instance_budget_and_the_largest_n_per_precision():
+    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
+                                       "--instances", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["memory"]["memory_bytes"] == 12 * 2**30
+    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
+                                       "--instances", "2"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    rows = dict(re.findall(r"^\s+(fp16|bf16|fp32|fp8|int8-sq)\s+(\d+)", result.output, re.MULTILINE))
+    assert rows == {"fp16": "1", "bf16": "1", "fp32": "0", "fp8": "2", "int8-sq": "2"}
+    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp16",
+                                       "--instances", "2"])
+    assert result.exit_code == 2 and "2 instances do not fit on one rtx4090 (each gets 12.00 GiB)" in result.output
