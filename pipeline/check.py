@@ -28,7 +28,7 @@ PAGED_FMHA_PARAMETERS = ("enable_kv_cache_reuse", "enable_chunked_context")
 @dataclass(frozen=True)
 class Finding:
     code: str        # schema | placeholder | wiring | batch-size | streaming | paged-context-fmha |
-    #                  preferred-batch-size | engine-version | engine
+    #                  preferred-batch-size | engine-version | engine | llm-api
     severity: str    # error | warning | info
     file: str        # relative to the repository
     field: str
@@ -108,6 +108,7 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
     for ensemble in (m for m in models.values() if m.config.platform == "ensemble"):
         findings += check_ensemble(ensemble, models, unparsed)
     findings += check_streaming(models)
+    findings += check_llm_api_yaml(repo)
     engine_path = None
     for model in (m for m in models.values() if m.serves_engine):
         engine_path, engine_findings = check_engine(repo, model, engine)
@@ -322,6 +323,35 @@ def check_streaming(models: dict[str, Model]) -> list[Finding]:
                                     f"{m.name} accepts the streaming input but is not decoupled: requests with "
                                     "stream=true will fail", "set model_transaction_policy { decoupled: true } "
                                     "if clients stream"))
+    return findings
+
+
+# ------------------------------------------------------------------------------------------ LLM API
+
+def check_llm_api_yaml(repo: Path) -> list[Finding]:
+    """Keys of every llmapi model.yaml (MODEL/1/model.yaml) and trtllm-serve options YAML (REPO/*.yaml) against
+    the LLM API arguments of the pinned TensorRT-LLM (pipeline/data/llm_api_args_<version>.txt)."""
+    import yaml
+
+    from .backends.pytorch import MODEL_YAML, unknown_llm_api_keys
+
+    findings = []
+    for path in sorted([*repo.glob(f"*/*/{MODEL_YAML}"), *repo.glob("*.yaml")]):
+        rel = str(path.relative_to(repo))
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            findings.append(Finding("llm-api", "error", rel, "(file)", f"not valid YAML ({exc})", "fix the syntax"))
+            continue
+        if not isinstance(data, dict):
+            findings.append(Finding("llm-api", "error", rel, "(file)", "not a mapping of LLM API arguments",
+                                    "write key: value pairs (TorchLlmArgs fields)"))
+            continue
+        for key, nearest in unknown_llm_api_keys(data, model_yaml_file=path.name == MODEL_YAML):
+            findings.append(Finding(
+                "llm-api", "error", rel, key, f"not an LLM API argument of TensorRT-LLM {TRTLLM_VERSION} "
+                "(LLM() refuses unknown keys)", f"did you mean {nearest}?" if nearest else
+                f"remove it, or see the recorded list pipeline/data/llm_api_args_{TRTLLM_VERSION}.txt"))
     return findings
 
 

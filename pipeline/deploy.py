@@ -33,6 +33,7 @@ from pathlib import Path
 from . import TRTLLM_VERSION
 from .backends import backend_for
 from .backends.base import MODEL_SOURCES, shell_command
+from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
 from .convert import TOKENIZER_FILES
 from .errors import UserError
 from .outputs import fingerprint_inputs, read_manifest, stage_output
@@ -119,19 +120,26 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     backend = backend_for(plan.backend)
     engine, checkpoint = backend.check_artifacts(engine, checkpoint)
     settings = settings_from_plan(plan, engine)
-    tokenizer_dir = find_tokenizer(tokenizer, checkpoint, engine)
+    llmapi = backend.layout == LLMAPI
+    models = LLMAPI_MODELS if llmapi else MODEL_NAMES
+    # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
+    tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
     deployment = describe_deployment(plan, checkpoint)
-    inputs = fingerprint_inputs([tokenizer_dir, *model_source_files(), *backend.repository_inputs(engine, checkpoint)])
+    inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *model_source_files(),
+                                 *backend.repository_inputs(engine, checkpoint)])
     params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None}
     with stage_output(out, STAGE, inputs, params, force=force,
                       extra={"trtllm_version": TRTLLM_VERSION, "target": settings.target,
                              "deployment": asdict(deployment)}) as output:
         if output.up_to_date:
-            return DeployResult(out, settings.target, True, MODEL_NAMES, engine, deployment)
-        write_repository(output.dir, settings, tokenizer_dir)
+            return DeployResult(out, settings.target, True, models, engine, deployment)
+        if llmapi:
+            write_llmapi_repository(output.dir, plan, checkpoint, tokenizer_dir)
+        else:
+            write_repository(output.dir, settings, tokenizer_dir)
         backend.write_model(output.dir / "tensorrt_llm" / "1", checkpoint)
         refuse_if_check_fails(output.dir, engine)
-    return DeployResult(out, settings.target, False, MODEL_NAMES, engine, deployment)
+    return DeployResult(out, settings.target, False, models, engine, deployment)
 
 
 def describe_deployment(plan: Plan, checkpoint: Path | None) -> Deployment:

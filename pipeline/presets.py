@@ -81,3 +81,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
         attention_bias=False)),
 ]}
+
+
+def served_model_id(model) -> str:
+    """What another server loads for a ModelInfo: its directory, a preset's hub id, or the name given."""
+    preset = PRESETS.get(model.name)
+    return model.path or (preset.hub_id if preset and preset.hub_id else model.name)

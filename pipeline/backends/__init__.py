@@ -4,10 +4,11 @@ The plan names its backend (`plan.backend`, a key of `BACKENDS`); plan, build, c
 validate dispatch on that name through `backend_for`, never on the target. One module per backend:
 
 - `engine`: a TensorRT-LLM 1.2.1 engine (trtllm-build) in Triton's `tensorrtllm` backend (GPU targets);
-- `reference`: trtpipe's reference runtime serving the checkpoint from a Triton Python model (the cpu target).
+- `reference`: trtpipe's reference runtime serving the checkpoint from a Triton Python model (the cpu target);
+- `pytorch`: TensorRT-LLM's LLM API serving the Hugging Face model with no compile step (GPU targets), in
+  Triton's llmapi layout or trtllm-serve; `reference-llmapi`: the same llmapi contract on the cpu target.
 
-`base.Backend` is what a backend provides. Adding one (e.g. `pytorch`, the TensorRT-LLM LLM API with no
-compile step) is a module with a `BACKEND` object and an entry here.
+`base.Backend` is what a backend provides. Adding one is a module with a `BACKEND` object and an entry here.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from ..errors import UserError
 from ..targets import Target
 from .base import ENGINE, REFERENCE, Backend
 from .engine import BACKEND as _ENGINE
+from .pytorch import BACKEND as _PYTORCH
+from .pytorch import REFERENCE_BACKEND as _REFERENCE_LLMAPI
 from .reference import BACKEND as _REFERENCE
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (_ENGINE, _REFERENCE)}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (_ENGINE, _REFERENCE, _PYTORCH, _REFERENCE_LLMAPI)}
 #: The backend a target kind gets when the plan request names none.
 DEFAULT_BACKEND = {"gpu": ENGINE, "cpu": REFERENCE}
 

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 #: The backends' names as plan.json spells them.
 ENGINE = "engine"
 REFERENCE = "reference"
+#: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
+INFLIGHT_BATCHER = "inflight_batcher_llm"
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: The Python model sources shipped with trtpipe as package data (data/model_repo/<model>/1/model.py).
@@ -46,6 +48,7 @@ class Backend(Protocol):
     exact_checkpoint_dtype: bool     # serves a checkpoint in its own dtype (an engine is built in it)
     serves_embedded: bool            # trtpipe's embedded Triton server (this machine) can serve it
     memory_scope: str                # whose memory the plan budgets: "per GPU" | "host"
+    layout: str                      # the repository: INFLIGHT_BATCHER (five models) | "llmapi" (pytorch.py)
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

@@ -28,7 +28,8 @@ from ..plan.policy import QUEUE_BATCHES, PlanRequest, latency_batch_cap
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from .base import MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, parameter_string, tritonserver_args
+from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, parameter_string,
+                   tritonserver_args)
 
 TRITON_BACKEND = "python"
 #: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
@@ -46,6 +47,7 @@ class ReferenceBackend:
     exact_checkpoint_dtype = False   # any checkpoint dtype, computed in float32
     serves_embedded = True
     memory_scope = "host"
+    layout = INFLIGHT_BATCHER
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 
     def plan(self, request: PlanRequest) -> Plan:

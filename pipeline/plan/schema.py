@@ -232,6 +232,7 @@ class Plan:
     roofline: Roofline
     warnings: list[str] = field(default_factory=list)
     plan_version: int = PLAN_VERSION
+    llm_api: dict | None = None       # the LLM API settings (pytorch backends): version, options, reasons
 
     def to_dict(self) -> dict:
         return {
@@ -259,6 +260,7 @@ class Plan:
             "triton": asdict(self.triton),
             "roofline": asdict(self.roofline),
             "warnings": list(self.warnings),
+            "llm_api": self.llm_api,
             # what vLLM and TGI would be launched with for the same budget (written, never read back)
             "equivalents": server_equivalents(self),
         }
@@ -290,6 +292,7 @@ class Plan:
             roofline=Roofline(**d["roofline"]),
             warnings=d.get("warnings", []),
             plan_version=d.get("plan_version", PLAN_VERSION),
+            llm_api=d.get("llm_api"),
         )
 
 

@@ -1,0 +1,333 @@
+"""The pytorch backend: TensorRT-LLM's LLM API (PyTorch backend) serves the Hugging Face model itself, no engine.
+
+- plan: the engine planner's memory budget (`engine.plan_engine`: the same weights, activations, runtime
+  reserve and KV cache for the same batch), expressed as the LLM API's settings (`TorchLlmArgs` keys:
+  max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, cuda_graph_config, enable_chunked_prefill)
+  in `plan.llm_api`;
+- build: nothing (the LLM API loads the checkpoint when the server starts);
+- deploy: Triton's `llmapi` layout: one `tensorrt_llm` Python model whose `1/model.yaml` holds the
+  LLM() arguments and whose config.pbtxt declares the llmapi request contract (`LLMAPI_INPUTS` ->
+  `LLMAPI_OUTPUTS`), and beside it at the repository root the same settings as a `trtllm-serve`
+  `--extra_llm_api_options` YAML with its launch script.
+
+`reference-llmapi` is the same contract on the cpu target: trtpipe's reference runtime serves the
+TensorRT-LLM checkpoint from data/model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
+live here. The LLM API keys are checked against TensorRT-LLM's recorded list (`unknown_llm_api_keys`,
+data/llm_api_args_<version>.txt), which `trtpipe check` uses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+import shutil
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from .. import TRTLLM_VERSION
+from ..errors import UserError
+from ..plan.policy import PlanRequest
+from ..plan.schema import Plan
+from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
+from .base import MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, tritonserver_args
+from .engine import plan_engine
+from .reference import CHECKPOINT_DIR, copy_checkpoint, copy_runtime, plan_reference, runtime_closure
+
+PYTORCH = "pytorch"
+REFERENCE_LLMAPI = "reference-llmapi"
+#: The repository layout of both: NVIDIA's triton_backend/all_models/llmapi (one tensorrt_llm model).
+LLMAPI = "llmapi"
+LLMAPI_MODELS = ("tensorrt_llm",)
+MODEL_YAML = "model.yaml"
+EXTRA_OPTIONS = "extra_llm_api_options.yaml"
+LAUNCH_SCRIPT = "trtllm-serve.sh"
+#: The cpu flavour's model source, copied into REPO/tensorrt_llm/1/.
+LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / "tensorrt_llm" / "1" / "model.py"
+#: TorchLlmArgs keys of the pinned TensorRT-LLM release, with their source (the file's header).
+LLM_API_ARGS_FILE = PACKAGE_DIR / "data" / f"llm_api_args_{TRTLLM_VERSION}.txt"
+#: LLM API SamplingParams' default max_tokens, used when a request leaves sampling_param_max_tokens unset.
+DEFAULT_MAX_TOKENS = 32
+
+#: The llmapi request contract (NVIDIA's llmapi config.pbtxt @0a710573, the part trtpipe declares): the
+#: request is text plus `sampling_param_*`; `streaming` asks for one response per new piece of text.
+LLMAPI_INPUTS = (
+    TensorSpec("text_input", "TYPE_STRING", (-1,)),
+    TensorSpec("streaming", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("sampling_param_max_tokens", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("sampling_param_temperature", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("sampling_param_top_k", "TYPE_INT32", (1,), optional=True),
+    TensorSpec("sampling_param_top_p", "TYPE_FP32", (1,), optional=True),
+    TensorSpec("sampling_param_seed", "TYPE_UINT64", (1,), optional=True),
+    TensorSpec("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,), optional=True),
+    TensorSpec("return_finish_reason", "TYPE_BOOL", (1,), optional=True),
+)
+LLMAPI_OUTPUTS = (TensorSpec("text_output", "TYPE_STRING", (-1,)), TensorSpec("finish_reason", "TYPE_STRING", (-1,)))
+#: Engine-build options the LLM API has no counterpart for.
+ENGINE_ONLY_OPTIONS = {"opt_num_tokens": "--opt-num-tokens", "multiple_profiles": "--multiple-profiles",
+                       "use_paged_context_fmha": "--paged-context-fmha"}
+
+
+class PytorchBackend:
+    name = PYTORCH
+    triton_backend = "python"
+    target_kinds = ("gpu",)
+    exact_checkpoint_dtype = True   # irrelevant: it plans from the Hugging Face model, never a TRT-LLM checkpoint
+    serves_embedded = False         # needs a GPU and TensorRT-LLM: --url
+    memory_scope = "per GPU"
+    layout = LLMAPI
+    summary = (f"no engine: TensorRT-LLM {TRTLLM_VERSION}'s LLM API (PyTorch backend) serves the Hugging Face "
+               "model (Triton llmapi model, or trtllm-serve)")
+
+    def plan(self, request: PlanRequest) -> Plan:
+        return plan_pytorch(request)
+
+    def checkpoint_dtype(self, plan: Plan) -> str:
+        return plan.dtype
+
+    def build_artifact(self, checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool, force: bool) -> None:
+        """Nothing to build: the LLM API loads the Hugging Face checkpoint when the server starts."""
+        return None
+
+    def check_artifacts(self, engine: Path | None, checkpoint: Path | None) -> tuple[Path | None, Path | None]:
+        if engine is not None:
+            raise UserError("the pytorch backend serves the Hugging Face model with no engine: drop --engine")
+        if checkpoint is None:
+            return None, None
+        checkpoint = Path(checkpoint).resolve()
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"--checkpoint {checkpoint} has no config.json; the pytorch backend loads a Hugging "
+                            "Face model directory (or leave --checkpoint out to serve the plan's model)")
+        from ..plan.schema import is_trtllm_checkpoint
+
+        if is_trtllm_checkpoint(checkpoint):
+            raise UserError(f"--checkpoint {checkpoint} is a TensorRT-LLM checkpoint; the pytorch backend loads "
+                            "Hugging Face checkpoints: pass the Hugging Face model directory")
+        return None, checkpoint
+
+    def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
+        return [checkpoint / "config.json"] if checkpoint else []
+
+    def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
+        return {}
+
+    def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
+        """Nothing besides model.yaml: NVIDIA's llmapi model.py ships with TensorRT-LLM (docs/pytorch-backend.md)."""
+
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
+                      extra_args: tuple[str, ...] = ()) -> list[str]:
+        """One tritonserver: the llmapi model starts the LLM API's own workers for tp x pp GPUs."""
+        return tritonserver_args(model_repository, 0, extra_args)
+
+
+class ReferenceLlmapiBackend:
+    name = REFERENCE_LLMAPI
+    triton_backend = "python"
+    target_kinds = ("cpu",)
+    exact_checkpoint_dtype = False
+    serves_embedded = True
+    memory_scope = "host"
+    layout = LLMAPI
+    summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        base = plan_reference(request)
+        options = {"max_batch_size": base.triton.triton_max_batch_size, "max_seq_len": base.max_seq_len}
+        return replace(base, backend=REFERENCE_LLMAPI,
+                       llm_api={"tensorrt_llm_version": TRTLLM_VERSION, "options": options, "reasons": {}})
+
+    def checkpoint_dtype(self, plan: Plan) -> str:
+        from .reference import BACKEND
+
+        return BACKEND.checkpoint_dtype(plan)
+
+    def build_artifact(self, checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool, force: bool) -> None:
+        """Nothing to build: the checkpoint is served as it is."""
+        return None
+
+    def check_artifacts(self, engine: Path | None, checkpoint: Path | None) -> tuple[Path | None, Path | None]:
+        from .reference import BACKEND
+
+        return BACKEND.check_artifacts(engine, checkpoint)
+
+    def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
+        if not LLMAPI_MODEL_SOURCE.is_file():
+            raise UserError(f"trtpipe's model source {LLMAPI_MODEL_SOURCE} is missing; reinstall trtpipe")
+        return [LLMAPI_MODEL_SOURCE, *runtime_closure(), checkpoint]
+
+    def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
+        return {}
+
+    def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
+        shutil.copyfile(LLMAPI_MODEL_SOURCE, version_dir / "model.py")
+        copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
+        copy_runtime(runtime_closure(), version_dir)
+
+    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
+                      extra_args: tuple[str, ...] = ()) -> list[str]:
+        return tritonserver_args(model_repository, 0, ("--allow-gpu-metrics=false", *extra_args))
+
+
+BACKEND = PytorchBackend()
+REFERENCE_BACKEND = ReferenceLlmapiBackend()
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan
+
+
+def cuda_graph_batch_sizes(expected: int, max_batch_size: int) -> list[int]:
+    """Powers of two up to the expected number of concurrent requests, and that number itself (at most
+    max_batch_size). With enable_padding a batch runs in the next captured size; larger batches run eagerly,
+    so no graph (up to 200 MB each, CudaGraphConfig docs) is captured for a batch the workload never has."""
+    top = max(1, min(expected, max_batch_size))
+    sizes = [1 << i for i in range(top.bit_length()) if 1 << i < top]
+    return [*sizes, top]
+
+
+def plan_pytorch(request: PlanRequest) -> Plan:
+    """The engine plan's budget for the same request, as LLM API settings (no engine, no plugins, no profiles)."""
+    given = [flag for field, flag in ENGINE_ONLY_OPTIONS.items() if getattr(request.overrides, field) is not None]
+    if given:
+        raise UserError(f"{', '.join(given)} are engine-build options; the {PYTORCH} backend builds no engine "
+                        "(use --backend engine, or drop them)")
+    if request.model.source == "checkpoint":
+        raise UserError(f"{request.model.path} is a TensorRT-LLM checkpoint; the {PYTORCH} backend loads the "
+                        "Hugging Face model: plan from the preset, the Hugging Face directory or the hub id")
+    if request.precision == "int8-sq" or request.kv_cache_dtype == "int8":
+        raise UserError(f"the {PYTORCH} backend has no INT8 SmoothQuant weights or INT8 KV cache "
+                        "(kv_cache_config.dtype is auto or fp8); use --precision fp8 / fp16 / bf16 with "
+                        "--kv-cache auto or fp8, or --backend engine")
+    base = plan_engine(request)
+    batch, kv_tokens = base.build_config.max_batch_size, base.memory.kv_cache_tokens
+    expected = request.workload.concurrency or base.max_concurrent_sequences
+    reuse = bool(base.triton.enable_kv_cache_reuse)
+    options = {
+        "tensor_parallel_size": request.tp,
+        "pipeline_parallel_size": request.pp,
+        "max_batch_size": batch,
+        "max_num_tokens": base.build_config.max_num_tokens,
+        "max_seq_len": base.max_seq_len,
+        "enable_chunked_prefill": True,
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": base.memory.kv_cache_free_gpu_mem_fraction,
+            "dtype": "fp8" if request.kv_cache_dtype == "fp8" else "auto",
+            "enable_block_reuse": reuse,
+            "max_tokens": kv_tokens,
+        },
+        "cuda_graph_config": {"batch_sizes": cuda_graph_batch_sizes(expected, batch), "enable_padding": True},
+    }
+    reasons = {
+        "max_batch_size": "the engine planner's batch: the most sequences of input_len + output_len tokens whose "
+                          "KV cache fits beside that batch's activations and runtime reserve",
+        "kv_cache_config.max_tokens": "the planned KV cache in tokens; the LLM API takes the smaller of this and "
+                                      "free_gpu_memory_fraction x the free memory it measures",
+        "cuda_graph_config.batch_sizes": f"powers of two up to the expected concurrency {expected} "
+                                         f"(--concurrency, else the sequences the KV cache holds)",
+        "enable_chunked_prefill": "long prompts are prefilled in max_num_tokens chunks, as the engine's "
+                                  "chunked context",
+    }
+    # Paged context FMHA is an engine plugin: the PyTorch backend's attention has no such restriction.
+    warnings = [w for w in base.warnings if "paged context FMHA" not in w]
+    triton = replace(base.triton, triton_backend="python", batching_strategy=None, enable_chunked_context=True)
+    return replace(base, backend=PYTORCH, engine=None, build_config=None, plugin_config=None,
+                   optimization_profiles=[], triton=triton, warnings=warnings,
+                   llm_api={"tensorrt_llm_version": TRTLLM_VERSION, "options": options, "reasons": reasons})
+
+
+# ----------------------------------------------------------------------------------------------
+# The repository
+
+
+def model_yaml(plan: Plan, model: str) -> dict:
+    """tensorrt_llm/1/model.yaml: the LLM() arguments, and how Triton treats the model (`triton_config`)."""
+    extra = {"backend": "pytorch"} if plan.backend == PYTORCH else {}
+    return {"model": model, **extra, **plan.llm_api["options"],
+            "triton_config": {"max_batch_size": 0, "decoupled": True}}
+
+
+def llmapi_config(plan: Plan):
+    """The tensorrt_llm model's config.pbtxt (a ModelConfig message): the llmapi contract, decoupled for
+    streaming, unbatched by Triton (the LLM API batches in flight), as NVIDIA's llmapi model."""
+    spec = ModelSpec("tensorrt_llm", 0, LLMAPI_INPUTS, LLMAPI_OUTPUTS, backend="python", decoupled=True,
+                     instance_count=1)
+    return build_model_config(spec)
+
+
+def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tokenizer: Path | None) -> None:
+    """config.pbtxt and model.yaml of the one model; for pytorch also the trtllm-serve YAML and launch script."""
+    if not plan.llm_api:
+        raise UserError(f"the plan for the {plan.backend} backend has no llm_api settings; re-run `trtpipe plan`")
+    version_dir = repo / "tensorrt_llm" / "1"
+    version_dir.mkdir(parents=True)
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text(to_pbtxt(llmapi_config(plan)))
+    if plan.backend == PYTORCH:
+        from ..presets import served_model_id
+
+        model = str(checkpoint) if checkpoint else served_model_id(plan.model)
+        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(plan.llm_api["options"], sort_keys=False))
+        script = repo / LAUNCH_SCRIPT
+        script.write_text("\n".join(["#!/bin/sh", f"# TensorRT-LLM {TRTLLM_VERSION}: the plan's settings in "
+                                     f"{EXTRA_OPTIONS} (beside this script)", "set -e",
+                                     'cd "$(dirname "$0")"',
+                                     "exec " + shlex.join(trtllm_serve_command(model)), ""]))
+        script.chmod(0o755)
+    else:
+        from ..deploy import copy_tokenizer
+
+        model = CHECKPOINT_DIR
+        copy_tokenizer(tokenizer, version_dir / "tokenizer")
+    (version_dir / MODEL_YAML).write_text(yaml.safe_dump(model_yaml(plan, model), sort_keys=False))
+
+
+def trtllm_serve_command(model: str) -> list[str]:
+    """trtllm-serve with the plan's YAML (§4.2: --extra_llm_api_options overrides trtllm-serve's own flags)."""
+    return ["trtllm-serve", model, "--backend", "pytorch", "--host", "0.0.0.0", "--port", "8000",
+            "--extra_llm_api_options", EXTRA_OPTIONS]
+
+
+# ----------------------------------------------------------------------------------------------
+# The recorded LLM API arguments
+
+
+@cache
+def recorded_llm_api_keys() -> dict[str, frozenset[str]]:
+    """{"llm_args": keys, "model.yaml": the llmapi model's own keys}; SECTION.KEY for nested keys."""
+    if not LLM_API_ARGS_FILE.is_file():
+        raise UserError(f"trtpipe's LLM API argument list {LLM_API_ARGS_FILE} is missing; reinstall trtpipe")
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in LLM_API_ARGS_FILE.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], set())
+        elif current is not None:
+            current.add(line)
+    return {name: frozenset(keys) for name, keys in sections.items()}
+
+
+def unknown_llm_api_keys(data: dict, model_yaml_file: bool) -> list[tuple[str, str]]:
+    """(key, the nearest known key or "") for every key of an LLM API YAML that TensorRT-LLM would refuse
+    (LlmArgs forbids extra keys); nested keys are checked for the sections whose keys are recorded."""
+    recorded = recorded_llm_api_keys()
+    known = recorded["llm_args"] | (recorded["model.yaml"] if model_yaml_file else frozenset())
+    problems = []
+    for key, value in data.items():
+        name = str(key)
+        if name not in known:
+            problems.append((name, _nearest(name, {k for k in known if "." not in k})))
+            continue
+        nested = {k for k in known if k.startswith(name + ".")}
+        if nested and isinstance(value, dict):
+            problems += [(f"{name}.{sub}", _nearest(f"{name}.{sub}", nested)) for sub in value
+                         if f"{name}.{sub}" not in nested]
+    return problems
+
+
+def _nearest(key: str, candidates: set[str]) -> str:
+    match = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=0.6)
+    return match[0] if match else ""
