@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import TRTLLM_VERSION
@@ -159,9 +159,21 @@ def read_deployment(repo: Path) -> Deployment | None:
     """What deploy recorded in REPO's manifest; None for a repository deploy did not write (or an older one)."""
     record = (read_manifest(Path(repo)) or {}).get("deployment")
     try:
-        return Deployment(**record) if isinstance(record, dict) else None
+        deployment = Deployment(**record) if isinstance(record, dict) else None
     except TypeError:
         return None
+    if deployment is None or deployment.model is None:
+        return deployment
+    return replace(deployment, model=recorded_path(deployment.model, Path(repo).parent))
+
+
+def recorded_path(value: str, base: Path) -> str:
+    """A path the manifest made portable (`outputs.portable`), back as this machine's: relative to the
+    repository's parent when it is there, `~` expanded; anything else (a preset, a hub id) as it is."""
+    if value.startswith("~"):
+        return str(Path(value).expanduser())
+    candidate = base / value
+    return str(candidate.resolve()) if candidate.exists() else value
 
 
 # ----------------------------------------------------------------------------------------------- inputs

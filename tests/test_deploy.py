@@ -432,3 +432,19 @@ def test_served_repository_answers_a_batched_grpc_request_row_by_row(served, ref
         client.stop_stream()
         client.close()
     assert texts == {i: reference(p) for i, p in enumerate(prompts)}
+
+
+def test_the_recorded_model_path_resolves_against_the_repository_not_the_working_directory(tmp_path, monkeypatch):
+    """Manifests record paths relative to the output's parent (nothing names the build machine); the golden
+    reference of `trtpipe validate REPO` must still find a model that sits next to the repository."""
+    from pipeline.deploy import read_deployment
+
+    (tmp_path / "build" / "model").mkdir(parents=True)
+    repo = tmp_path / "build" / "repo"
+    repo.mkdir()
+    record = {"precision": "fp8", "backend": "reference", "target": "cpu", "weights_dtype": "float32"}
+    for recorded, expected in (("model", str(tmp_path / "build" / "model")), ("smollm2-135m", "smollm2-135m"),
+                               ("~/models/x", str(Path("~/models/x").expanduser()))):
+        (repo / "manifest.json").write_text(json.dumps({"deployment": {**record, "model": recorded}}))
+        monkeypatch.chdir(tmp_path)
+        assert read_deployment(repo).model == expected
