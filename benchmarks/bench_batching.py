@@ -49,7 +49,7 @@ def plan_with_batch_size(plan_path: Path, batch_size: int, out: Path) -> Path:
 def merge_rounds(rounds: list[dict]) -> dict:
     """One variant's rounds as one measurement: tokens/s over the summed wall time, worst-round percentiles."""
     merged = dict(rounds[-1])
-    for key in ("requests", "completed", "lost", "output_tokens", "wall_s"):
+    for key in ("requests", "completed", "shed", "failed", "output_tokens", "wall_s"):
         merged[key] = sum(r[key] for r in rounds)
     merged["output_tokens_per_s"] = merged["output_tokens"] / merged["wall_s"]
     for key in ("ttft_ms", "itl_ms", "latency_ms"):
@@ -102,7 +102,7 @@ def main() -> None:
     rows = [("output tokens/s", "output_tokens_per_s", "{:.2f}"),
             ("request latency p50 ms", "latency_ms.p50", "{:.0f}"),
             ("TTFT p50 ms", "ttft_ms.p50", "{:.0f}"), ("ITL p50 ms", "itl_ms.p50", "{:.0f}"),
-            ("requests lost", "lost", "{}")]
+            ("requests failed", "failed", "{}"), ("requests shed", "shed", "{}")]
     for label, key, fmt in rows:
         values = [lookup(results[b], key) for b in (8, 1)]
         ratio = f"{values[0] / values[1]:.2f}x" if key == "output_tokens_per_s" and values[1] else ""

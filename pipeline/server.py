@@ -207,7 +207,8 @@ def server_command(dist: TritonDistribution, repo: Path, backends: Path, ports: 
         f"--backend-config=python,shm-region-prefix-name=trtpipe_{uuid.uuid4().hex[:12]}_",
         f"--http-address={host}", f"--http-port={http_port}",
         f"--grpc-address={host}", f"--grpc-port={grpc_port}",
-        f"--metrics-address={host}", f"--metrics-port={metrics_port}",
+        # metrics on (Triton's default, stated: validate's metrics check reads them), without DCGM on the cpu
+        "--allow-metrics=true", f"--metrics-address={host}", f"--metrics-port={metrics_port}",
         "--allow-gpu-metrics=false",
         "--exit-timeout-secs=10",
     ]
@@ -330,12 +331,16 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
 
 
 @contextmanager
-def connect(url: str, *, grpc_url: str | None = None, ready_timeout: float = 60.0) -> Iterator[TritonServer]:
+def connect(url: str, *, grpc_url: str | None = None, metrics_url: str | None = None,
+            ready_timeout: float = 60.0) -> Iterator[TritonServer]:
     """A running Triton server given by its HTTP URL; yields once it and every model are ready."""
     http_url = url.rstrip("/")
     if not http_url.startswith(("http://", "https://")):
         http_url = f"http://{http_url}"
-    server = TritonServer(endpoints=Endpoints(http_url=http_url, grpc_url=grpc_url))
+    metrics_url = metrics_url.rstrip("/").removesuffix("/metrics") if metrics_url else None
+    if metrics_url and not metrics_url.startswith(("http://", "https://")):
+        metrics_url = f"http://{metrics_url}"
+    server = TritonServer(endpoints=Endpoints(http_url=http_url, grpc_url=grpc_url, metrics_url=metrics_url))
     try:
         requests.get(f"{http_url}/v2/health/live", timeout=10)
     except requests.RequestException as exc:

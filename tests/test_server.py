@@ -76,6 +76,18 @@ def test_connect_uses_a_running_server(fixture_server):
     with connect(fixture_server.http_url, ready_timeout=10) as other:
         assert other.process is None and other.is_healthy()
         assert generate(other.http_url, "a b", 2).status_code == 200
+        assert other.endpoints.metrics_url is None
+    metrics = fixture_server.endpoints.metrics_url
+    with connect(fixture_server.http_url, metrics_url=metrics.removeprefix("http://") + "/metrics/",
+                 ready_timeout=10) as other:
+        assert other.endpoints.metrics_url == metrics  # host:port/metrics/ as typed -> the URL the server has
+
+
+def test_the_embedded_server_serves_prometheus_metrics_per_model(fixture_server):
+    assert generate(fixture_server.http_url, "a b", 2).status_code == 200
+    text = requests.get(f"{fixture_server.endpoints.metrics_url}/metrics", timeout=10).text
+    assert 'nv_inference_request_success{model="ensemble",version="1"}' in text
+    assert 'nv_inference_request_failure{model="ensemble",reason="' in text  # by reason since Triton 2.51
 
 
 def test_connect_to_nothing_is_a_user_error():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.cli import main
-from pipeline.server import ServerPool
+from pipeline.server import ServerPool, free_port
 from pipeline.validate import (
     CheckResult,
     ValidateOptions,
@@ -23,6 +24,7 @@ from pipeline.validate import (
     render_report,
     validate_repository,
 )
+from pipeline.validate.client import RequestFailed
 
 FIXTURE_REPO = Path(__file__).parent / "fixtures_repo"
 
@@ -82,7 +84,8 @@ def set_parameter(key: str, value: str):
 def served(pool: ServerPool, repo: Path) -> dict:
     """validate_repository's keywords for using the pool's running server on `repo`."""
     server = pool.get(repo)
-    return {"url": server.http_url, "grpc_url": server.endpoints.grpc_url}
+    return {"url": server.http_url, "grpc_url": server.endpoints.grpc_url,
+            "metrics_url": server.endpoints.metrics_url}
 
 
 def checks_of(report) -> dict:
@@ -107,7 +110,7 @@ def good_report(tmp_path_factory):
 def test_every_check_passes_on_a_good_repository(good_report):
     report, _ = good_report
     assert [c.name for c in report.checks] == ["models_ready", "config_matches", "golden", "streaming",
-                                               "http_generate", "bad_requests", "load_test"]
+                                               "http_generate", "bad_requests", "load_test", "metrics"]
     failed = {c.name: c.detail for c in report.checks if not c.passed}
     assert not failed
     assert report.passed
@@ -116,13 +119,14 @@ def test_every_check_passes_on_a_good_repository(good_report):
 def test_report_files_and_load_test_numbers(good_report):
     _, out = good_report
     saved = json.loads((out / "report.json").read_text())
-    assert saved["passed"] is True and len(saved["checks"]) == 7
+    assert saved["passed"] is True and len(saved["checks"]) == 8
     assert (out / "load_test.png").stat().st_size > 0
     assert "Started HTTPService" in (out / "server.log").read_text()
     levels = json.loads((out / "load_test.json").read_text())
     assert [lv["concurrency"] for lv in levels] == [1, 4]
     for level in levels:
-        assert level["lost"] == 0 and level["completed"] == level["requests"] == 2 * level["concurrency"]
+        assert level["failed"] == level["shed"] == 0
+        assert level["completed"] == level["requests"] == 2 * level["concurrency"]
         assert level["output_tokens"] == 8 * level["requests"]  # one streamed event per token
         assert 0 < level["ttft_ms"]["p50"] <= level["latency_ms"]["p50"] <= level["latency_ms"]["p99"]
         # tiny_llm sleeps 10 ms per step: the inter-token latency is at least that
@@ -143,6 +147,29 @@ def test_bad_requests_were_rejected_by_the_right_layer(good_report):
     assert "text_input is empty" in outcomes["empty text_input"]["answer"]
     assert "exceeds the context" in outcomes["max_tokens far beyond the context"]["answer"]
     assert "no_such_input" in outcomes["unknown input"]["answer"]
+
+
+@pytest.mark.parametrize("request_name, parameter, allowed", [
+    ("negative temperature", "temperature", ">= 0"), ("top_p 0", "top_p", "in (0, 1]"),
+    ("top_p above 1", "top_p", "in (0, 1]"), ("negative top_k", "top_k", ">= 0")])
+def test_each_bad_sampling_value_gets_400_naming_the_parameter_and_its_range(good_report, request_name, parameter,
+                                                                             allowed):
+    outcome = next(o for o in checks_of(good_report[0])["bad_requests"].data["outcomes"]
+                   if o["request"] == request_name)
+    assert outcome["rejected"]
+    assert outcome["answer"].startswith("400: ") and f"{parameter} must be {allowed}" in outcome["answer"]
+
+
+def test_the_metrics_check_counts_exactly_what_validate_sent(good_report):
+    metrics = checks_of(good_report[0])["metrics"]
+    assert metrics.passed, metrics.detail
+    tally, grown = metrics.data["tally"], metrics.data["grown"]
+    # every good request of every check, the load test's included; the bad ones the models refused
+    # golden 4, streaming 2 x (gRPC + HTTP), http_generate 2, bad_requests' good one 1, load test 2 x (1 + 4)
+    assert tally["succeeded"] == 4 + 2 * 2 + 2 + 1 + 2 * (1 + 4) and tally["unanswered"] == 0
+    assert grown["nv_inference_request_success"] == tally["succeeded"]
+    assert tally["failed"] == 7 and tally["refused"] == 4  # refused by the frontend: wrong types, missing, unknown
+    assert grown["nv_inference_request_failure"] in (tally["failed"], 2 * tally["failed"])
 
 
 # ------------------------------------------------------------------------------ each broken case is caught
@@ -204,8 +231,132 @@ def test_model_that_accepts_bad_requests_fails(pool, tmp_path):
     check = checks_of(report)["bad_requests"]
     assert not check.passed
     accepted = {o["request"] for o in check.data["outcomes"] if not o["rejected"]}
-    assert accepted == {"empty text_input", "max_tokens 0", "max_tokens far beyond the context"}
+    assert accepted == {"empty text_input", "max_tokens 0", "max_tokens far beyond the context",
+                        "negative temperature", "top_p 0", "top_p above 1", "negative top_k"}
     assert check.data["healthy_after"]
+
+
+# ------------------------------------------------------------------------------------ overload and metrics
+
+
+@pytest.fixture(scope="module")
+def small_queue_server(pool, tmp_path_factory):
+    """The fixture with one request executing and one queued at most (0.4 s per 8-token request)."""
+    def edit(config):
+        config.max_batch_size = 1
+        config.dynamic_batching.ClearField("preferred_batch_size")
+        config.dynamic_batching.default_queue_policy.max_queue_size = 1
+        config.parameters["seconds_per_step"].string_value = "0.05"
+
+    repo = variant(tmp_path_factory.mktemp("overload"), "small_queue", edit)
+    ensemble = parse_config(repo / "ensemble" / "config.pbtxt")
+    ensemble.max_batch_size = 1  # an ensemble may not batch more than its steps
+    (repo / "ensemble" / "config.pbtxt").write_text(text_format.MessageToString(ensemble))
+    return pool.get(repo)
+
+
+def test_triton_sheds_a_full_queue_with_503_from_a_model_but_400_through_the_ensemble(small_queue_server):
+    """What the client must cope with (Triton 2.51): the ensemble turns the composing model's 503 into 400."""
+    import requests
+
+    from pipeline.validate.client import QUEUE_FULL
+
+    def statuses(model: str) -> dict[int, str]:
+        post = lambda _: requests.post(f"{small_queue_server.http_url}/v2/models/{model}/generate",  # noqa: E731
+                                       json={"text_input": "a b c", "max_tokens": 8}, timeout=30)
+        with ThreadPoolExecutor(6) as threads:
+            return {r.status_code: r.text for r in threads.map(post, range(6))}
+
+    model, ensemble = statuses("tiny_llm"), statuses("ensemble")
+    assert 200 in model and 200 in ensemble
+    assert 503 in model and QUEUE_FULL in model[503] and 400 not in model
+    assert 400 in ensemble and QUEUE_FULL in ensemble[400] and 503 not in ensemble
+
+
+def test_the_client_and_the_load_test_report_overload_as_shed_not_failed(small_queue_server):
+    from pipeline.validate import EnsembleClient, run_level
+    from pipeline.validate.client import Overloaded
+
+    client = EnsembleClient(small_queue_server, timeout=30)
+    level = run_level(client, ("a b c",), max_tokens=8, concurrency=6, requests_per_client=1)
+    assert level["shed"] >= 1 and level["failed"] == 0 and level["errors"] == []
+    assert level["completed"] + level["shed"] == level["requests"] == 6
+    assert client.tally.failed == level["shed"] and client.tally.succeeded == level["completed"]
+    with ThreadPoolExecutor(6) as threads:
+        outcomes = list(threads.map(lambda _: attempt(client), range(6)))
+    assert "shed" in outcomes and "failed" not in outcomes
+    with pytest.raises(RequestFailed) as refused:  # a bad request is still a failure, not an overload
+        client.generate("", 4)
+    assert not isinstance(refused.value, Overloaded)
+
+
+def attempt(client) -> str:
+    from pipeline.validate.client import Overloaded
+
+    try:
+        client.generate("a b c", 8)
+        return "answered"
+    except Overloaded:
+        return "shed"
+    except RequestFailed:
+        return "failed"
+
+
+def test_prometheus_text_is_parsed_and_the_ensembles_failures_summed_over_reasons():
+    from pipeline.validate.metrics import MetricsUnavailable, ensemble_counts, parse_samples
+
+    text = "\n".join([
+        "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes",
+        "# TYPE nv_inference_request_success counter",
+        'nv_inference_request_success{model="ensemble",version="1"} 21',
+        'nv_inference_request_success{model="tiny_llm",version="1"} 30',
+        'nv_inference_request_failure{model="ensemble",reason="OTHER",version="1"} 14',
+        'nv_inference_request_failure{model="ensemble",reason="REJECTED",version="1"} 2 1700000000000',
+        'nv_cpu_utilization{label="with \\"quotes\\", commas"} 0.5',
+        "nv_pinned_memory_pool_total_bytes 268435456",
+    ])
+    samples = parse_samples(text)
+    assert ("nv_cpu_utilization", {"label": 'with "quotes", commas'}, 0.5) in samples
+    assert ("nv_pinned_memory_pool_total_bytes", {}, 268435456.0) in samples and len(samples) == 6
+    assert ensemble_counts(text) == {"nv_inference_request_success": 21, "nv_inference_request_failure": 16}
+    assert ensemble_counts(text, "tiny_llm") == {"nv_inference_request_success": 30, "nv_inference_request_failure": 0}
+    with pytest.raises(MetricsUnavailable, match="no nv_inference_request_failure"):
+        ensemble_counts(text.replace("nv_inference_request_failure", "other"))
+
+
+class Tallied:
+    """A client that has sent 5 good and 2 bad requests the ensemble refused."""
+
+    def __init__(self):
+        from pipeline.validate.client import Tally
+
+        self.tally = Tally(succeeded=5, failed=2, refused=1)
+
+
+@pytest.mark.parametrize("success, failure, passes", [(5, 2, True), (5, 4, True), (0, 0, False), (5, 0, False),
+                                                     (6, 2, False), (5, 5, False)])
+def test_the_metrics_check_fails_when_the_counters_do_not_grow_by_what_was_sent(monkeypatch, success, failure,
+                                                                                passes):
+    from pipeline.validate import metrics
+
+    before = {metrics.SUCCESS: 10.0, metrics.FAILURE: 3.0}
+    after = {metrics.SUCCESS: 10.0 + success, metrics.FAILURE: 3.0 + failure}
+    monkeypatch.setattr(metrics, "read_counts", lambda url: after)
+    monkeypatch.setattr(metrics, "SETTLE_S", 0.0)
+    check = metrics.check_metrics(Tallied(), "http://h:8002", before)
+    assert check.passed is passes, check.detail
+    if not passes:
+        assert "expected 5" in check.detail or "expected 2 to 4" in check.detail
+        assert "--skip-metrics" in check.fix
+
+
+def test_unreadable_metrics_fail_the_check_and_say_how_to_fix_it():
+    from pipeline.validate import metrics
+
+    before = metrics.counts_before(f"http://127.0.0.1:{free_port()}")
+    assert isinstance(before, str) and "does not answer" in before
+    check = metrics.check_metrics(Tallied(), None, before)
+    assert not check.passed and "--metrics-url" in check.fix and "--skip-metrics" in check.fix
 
 
 # -------------------------------------------------------------------------------------------- config diff
@@ -295,17 +446,37 @@ def test_cli_validate_exits_1_and_writes_the_report_when_a_check_fails(pool, tmp
     server = pool.get(FIXTURE_REPO)
     out = tmp_path / "validation"
     result = CliRunner().invoke(main, ["validate", str(FIXTURE_REPO), "--url", server.http_url, "--grpc-url",
-                                       server.endpoints.grpc_url, "-o", str(out), "--max-tokens", "4"])
+                                       server.endpoints.grpc_url, "--metrics-url", server.endpoints.metrics_url,
+                                       "-o", str(out), "--max-tokens", "4"])
     assert result.exit_code == 1, result.output
     assert "FAIL  golden" in result.output and "fix: pass --golden MODEL" in result.output
     assert "PASS  streaming" in result.output and "PASS  bad_requests" in result.output
+    assert "PASS  metrics" in result.output
     assert json.loads((out / "report.json").read_text())["passed"] is False
 
 
-def test_cli_validate_bad_input_is_exit_2(tmp_path):
-    result = CliRunner().invoke(main, ["validate", str(tmp_path / "nope"), "-o", str(tmp_path / "v")])
+def test_cli_validate_without_metrics_fails_the_check_unless_skipped(pool, tmp_path):
+    server = pool.get(FIXTURE_REPO)
+    args = ["validate", str(FIXTURE_REPO), "--url", server.http_url, "--grpc-url", server.endpoints.grpc_url,
+            "--max-tokens", "2"]
+    result = CliRunner().invoke(main, [*args, "--metrics-url", f"127.0.0.1:{free_port()}", "-o", str(tmp_path / "a")])
+    assert result.exit_code == 1 and "FAIL  metrics" in result.output and "does not answer" in result.output
+    assert "--skip-metrics" in result.output
+    result = CliRunner().invoke(main, [*args, "--skip-metrics", "-o", str(tmp_path / "b")])
+    assert "metrics" not in result.output.replace("--metrics", "")
+    assert "metrics" not in {c["name"] for c in json.loads((tmp_path / "b" / "report.json").read_text())["checks"]}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope"], "does not exist"),
+    (["repo", "--metrics-url", "http://h:8002"], "--metrics-url is for a server given by --url"),
+    (["repo", "--url", "http://h:8000", "--metrics-url", "http://h:8002", "--skip-metrics"], "contradict"),
+])
+def test_cli_validate_bad_input_is_exit_2(tmp_path, args, message):
+    (tmp_path / "repo").mkdir()
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / args[0]), *args[1:], "-o", str(tmp_path / "v")])
     assert result.exit_code == 2
-    assert "does not exist" in result.output
+    assert message in result.output
     assert not (tmp_path / "v").exists()
 
 
@@ -334,7 +505,7 @@ def test_smollm2_cpu_repository_serves_nvidia_clients_and_matches_transformers(s
     checks = checks_of(report)
     assert checks["models_ready"].passed and set(checks["models_ready"].data["states"]) == {
         "ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
-    for name in ("config_matches", "golden", "streaming", "http_generate", "load_test"):
+    for name in ("config_matches", "golden", "streaming", "http_generate", "load_test", "metrics"):
         assert checks[name].passed, f"{name}: {checks[name].detail}"
     assert checks["golden"].data["mean_token_agreement"] == 1.0
     assert "transformers" in checks["golden"].detail
@@ -345,3 +516,9 @@ def test_smollm2_cpu_repository_serves_nvidia_clients_and_matches_transformers(s
 def test_smollm2_cpu_repository_rejects_bad_requests(smollm2_report):
     check = checks_of(smollm2_report[0])["bad_requests"]
     assert check.passed, check.detail
+    assert check.data["not_sent"] == []  # deploy's ensemble declares temperature, top_p and top_k
+    answers = {o["request"]: o["answer"] for o in check.data["outcomes"]}
+    for request, message in (("negative temperature", "temperature must be >= 0"),
+                             ("top_p 0", "top_p must be in (0, 1]"), ("top_p above 1", "top_p must be in (0, 1]"),
+                             ("negative top_k", "top_k must be >= 0")):
+        assert answers[request].startswith("400: ") and message in answers[request], answers[request]

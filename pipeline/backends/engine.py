@@ -29,7 +29,7 @@ from ..plan.memory import (
     runtime_reserve_bytes,
     weights_per_rank_by_stage,
 )
-from ..plan.policy import QUEUE_BATCHES, PlanRequest, latency_batch_cap
+from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import BuildConfig, MemoryBudget, Overrides, Plan, PluginConfig, TritonParams, Workload
 from ..precisions import QUANT_ALGO
 from ..plan.trtllm import (
@@ -308,7 +308,7 @@ def plan_engine(request: PlanRequest) -> Plan:
     reuse = plugin.use_paged_context_fmha if reuse is None else reuse
     triton = TritonParams(
         triton_backend=TRITON_BACKEND, triton_max_batch_size=batch, decoupled_mode=True,
-        max_queue_delay_microseconds=0, max_queue_size=QUEUE_BATCHES * batch,
+        max_queue_delay_microseconds=0, **queue_bound(batch),
         preferred_batch_size=[batch], max_beam_width=1, batching_strategy="inflight_fused_batching",
         batch_scheduler_policy="guaranteed_no_evict", kv_cache_free_gpu_mem_fraction=fraction,
         # The runtime takes min(this, fraction x free memory it measures): the cache never exceeds the

@@ -24,7 +24,7 @@ from ..plan.memory import (
     roofline,
     weights_per_rank_by_stage,
 )
-from ..plan.policy import QUEUE_BATCHES, PlanRequest, latency_batch_cap
+from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
@@ -141,7 +141,7 @@ def plan_reference(request: PlanRequest) -> Plan:
                         "from the checkpoint's scales")
     triton = TritonParams(
         triton_backend=TRITON_BACKEND, triton_max_batch_size=batch, decoupled_mode=True,
-        max_queue_delay_microseconds=QUEUE_DELAY_US, max_queue_size=QUEUE_BATCHES * batch,
+        max_queue_delay_microseconds=QUEUE_DELAY_US, **queue_bound(batch),
         preferred_batch_size=[batch])
     budget = MemoryBudget(
         memory_bytes=memory, weights_bytes_per_rank=weights, activation_bytes=0,

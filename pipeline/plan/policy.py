@@ -24,6 +24,16 @@ KV_CACHE_CHOICES = ("auto", "fp16", "bf16", "fp32", "fp8", "int8")
 QUEUE_BATCHES = 4
 
 
+def queue_bound(batch: int) -> dict:
+    """The `tensorrt_llm` model's max_queue_size for `batch` concurrent sequences and the plan's reason for it
+    (TritonParams fields)."""
+    size = QUEUE_BATCHES * batch
+    return {"max_queue_size": size, "max_queue_size_reason": (
+        f"up to {QUEUE_BATCHES} full batches ({size} requests) wait in Triton's queue; beyond that a request is "
+        "shed at once ('Exceeds maximum queue size': HTTP 503 from a model, 400 through the ensemble) instead "
+        "of every queued request waiting out its client's timeout")}
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A request `make_plan` has checked, for a backend's planner."""

@@ -8,17 +8,22 @@ Checks (each pass/fail with detail and, when failing, what to fix):
   streaming        with `stream` true, tokens arrive one response at a time (gRPC stream, as NVIDIA's
                    clients do) and join to the non-streamed text
   http_generate    /v2/models/ensemble/generate and generate_stream with the JSON NVIDIA's clients send
-  bad_requests     malformed requests get error responses and the server stays healthy
+  bad_requests     malformed requests and out-of-range sampling values get error responses (the latter
+                   naming the parameter) and the server stays healthy
   load_test        (optional) a bounded concurrency sweep: TTFT, inter-token latency, request latency
-                   P50/P90/P99, output tokens/s, no request lost; JSON + PNG
+                   P50/P90/P99, output tokens/s, requests shed (server queue full) apart from requests
+                   failed, none failed; JSON + PNG
+  metrics          (unless skipped) the ensemble's request counters on Triton's /metrics grew by the
+                   requests validate sent
 
 The checks only assume NVIDIA's inflight_batcher_llm client contract on the `ensemble` model
 (`text_input`, `max_tokens`, optional `stream`, `bad_words`, `stop_words`, `top_k`,
 `exclude_input_in_output` -> `text_output`), so they run on any such repository.
 
-Modules: `client` (requests to the ensemble over HTTP and gRPC), `checks` (every check but the load
-test), `load_test`, `report` (options, results, the rendered verdict) and `stage` (serving, running the
-checks, report.json, choosing the golden reference).
+Modules: `client` (requests to the ensemble over HTTP and gRPC; overload told from bad requests),
+`checks` (every check but the load test and the metrics), `load_test`, `metrics`, `report` (options,
+results, the rendered verdict) and `stage` (serving, running the checks, report.json, choosing the golden
+reference).
 """
 
 from .checks import GoldenReference, config_differences, parse_config

@@ -6,7 +6,8 @@
   streaming        with `stream` true, tokens arrive one response at a time over gRPC and join to the
                    non-streamed text
   http_generate    /v2/models/ensemble/generate and generate_stream with the JSON NVIDIA's clients send
-  bad_requests     malformed requests get error responses and the server stays healthy
+  bad_requests     malformed requests (and sampling values outside TensorRT-LLM's ranges) get error
+                   responses, each sampling one naming its parameter, and the server stays healthy
 
 The load test, the optional last check, is in `load_test.py`.
 """
@@ -232,6 +233,8 @@ class BadRequest:
     name: str
     body: dict
     via: str = "generate"  # or "grpc" (the HTTP infer endpoint refuses decoupled models for any request)
+    parameter: str | None = None  # an optional ensemble input it sets out of range: sent only when declared,
+    #                               and the error must name it
 
 
 def bad_requests(prompt: str) -> list[BadRequest]:
@@ -243,6 +246,12 @@ def bad_requests(prompt: str) -> list[BadRequest]:
         BadRequest("text_input of the wrong type", {"text_input": 12345, "max_tokens": 8}),
         BadRequest("missing max_tokens", {"text_input": prompt}),
         BadRequest("unknown input", {"text_input": prompt, "max_tokens": 8, "no_such_input": 1}, via="grpc"),
+        # TensorRT-LLM's ranges (executor SamplingConfig checks): temperature >= 0, top_p in (0, 1], top_k >= 0
+        BadRequest("negative temperature", {"text_input": prompt, "max_tokens": 8, "temperature": -0.5},
+                   parameter="temperature"),
+        BadRequest("top_p 0", {"text_input": prompt, "max_tokens": 8, "top_p": 0.0}, parameter="top_p"),
+        BadRequest("top_p above 1", {"text_input": prompt, "max_tokens": 8, "top_p": 1.5}, parameter="top_p"),
+        BadRequest("negative top_k", {"text_input": prompt, "max_tokens": 8, "top_k": -1}, parameter="top_k"),
     ]
 
 
@@ -266,9 +275,14 @@ def send_bad_request(client: EnsembleClient, bad: BadRequest) -> tuple[bool, str
 
 
 def check_bad_requests(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
-    outcomes, accepted = [], []
+    outcomes, accepted, undeclared = [], [], []
     for bad in bad_requests(options.prompts[0]):
+        if bad.parameter and bad.parameter not in client.inputs:
+            undeclared.append(bad.name)
+            continue
         rejected, answer = send_bad_request(client, bad)
+        if rejected and bad.parameter and bad.parameter not in answer:
+            rejected, answer = False, f"refused without naming {bad.parameter}: {answer}"
         outcomes.append({"request": bad.name, "rejected": rejected, "answer": answer})
         if not rejected:
             accepted.append(f"{bad.name}: {answer}")
@@ -281,7 +295,10 @@ def check_bad_requests(client: EnsembleClient, options: ValidateOptions) -> Chec
     passed = not accepted and healthy and still_serves
     detail = (f"all {len(outcomes)} bad requests rejected; server healthy and serving afterwards" if passed else
               "; ".join(accepted + ([] if healthy else ["the server is no longer healthy"])))
-    return CheckResult("bad_requests", passed, detail, data={"outcomes": outcomes, "healthy_after": healthy},
+    if undeclared:
+        detail += f" (not sent, the ensemble declares no such input: {', '.join(undeclared)})"
+    return CheckResult("bad_requests", passed, detail,
+                       data={"outcomes": outcomes, "healthy_after": healthy, "not_sent": undeclared},
                        fix="" if passed else "validate inputs in preprocessing / tensorrt_llm and answer with an "
-                       "error response (never crash the model or hang)")
+                       "error response naming the input and its allowed range (never crash the model or hang)")
 

@@ -3,12 +3,22 @@
 HTTP generate / generate_stream (server-sent events) and the gRPC bidirectional stream of NVIDIA's
 inflight_batcher_llm_client; every streamed request is timed per response (`StreamResult`), which the
 streaming check and the load test read.
+
+Overload: a request Triton sheds because the `tensorrt_llm` model's queue is full (max_queue_size) gets
+HTTP 503 when sent to that model, but through the ensemble the same rejection comes back as 400 (the
+ensemble reports its step's error in the response, and Triton's HTTP frontend answers every error it
+learns from a response with 400; only errors found before the request is queued keep their status).
+So the client tells overload from a bad request by status 503/429 or by Triton's message
+(`is_overload`), and raises `Overloaded` / sets `StreamResult.overloaded` for it.
+
+Every request is tallied (`Tally`) as Triton's metrics should count it, for the metrics check.
 """
 
 from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +32,36 @@ ENSEMBLE = "ensemble"
 REQUEST_TIMEOUT_S = 120.0
 NUMPY_DTYPES = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
                 "FP16": np.float16}
+#: Triton's message when a model's queue is full (core scheduler_utils.cc, Status::Code::UNAVAILABLE)
+QUEUE_FULL = "Exceeds maximum queue size"
+#: Triton prefixes every error that went through the ensemble scheduler with this (ensemble_scheduler.cc
+#: FinishEnsemble); errors without it were refused by the frontend and never reach the ensemble's metrics.
+ENSEMBLE_ERROR = f"in ensemble '{ENSEMBLE}'"
+
+
+def is_overload(status: int | None, message: str) -> bool:
+    """Whether an error means "the server is overloaded, retry later" rather than "this request is wrong"."""
+    return status in (429, 503) or QUEUE_FULL in message
+
+
+@dataclass
+class Tally:
+    """The requests sent so far, as the ensemble's nv_inference_request_success / _failure should count them."""
+
+    succeeded: int = 0
+    failed: int = 0        # failed inside the ensemble (bad requests the models refused, shed requests)
+    refused: int = 0       # refused by Triton's frontend before the ensemble ran (not counted in its metrics)
+    unanswered: int = 0    # no complete answer (timeout, dropped connection): counted either way or not yet
+
+    def add(self, error: str | None, answered: bool = True) -> None:
+        if not answered:
+            self.unanswered += 1
+        elif error is None:
+            self.succeeded += 1
+        elif ENSEMBLE_ERROR in error:
+            self.failed += 1
+        else:
+            self.refused += 1
 
 
 @dataclass
@@ -33,6 +73,7 @@ class StreamResult:
     arrival: list[float] = field(default_factory=list)
     error: str | None = None
     timed_out: bool = False
+    overloaded: bool = False  # the server shed it (queue full): retry later, the request itself is fine
 
     @property
     def text(self) -> str:
@@ -55,12 +96,18 @@ class RequestFailed(Exception):
     pass
 
 
+class Overloaded(RequestFailed):
+    """The server shed the request (its queue is full)."""
+
+
 class EnsembleClient:
     """Talks to the `ensemble` model the way NVIDIA's clients do (HTTP generate / generate_stream, gRPC stream)."""
 
     def __init__(self, server: TritonServer, timeout: float = REQUEST_TIMEOUT_S):
         self.server = server
         self.timeout = timeout
+        self.tally = Tally()
+        self._tally_lock = threading.Lock()
         response = requests.get(f"{server.http_url}/v2/models/{ENSEMBLE}/config", timeout=30)
         if response.status_code != 200:
             raise UserError(f"the server has no `{ENSEMBLE}` model ({response.status_code}: "
@@ -94,8 +141,19 @@ class EnsembleClient:
 
     # --- HTTP
 
+    def count(self, error: str | None, answered: bool = True) -> None:
+        with self._tally_lock:
+            self.tally.add(error, answered)
+
     def post_generate(self, body: dict) -> requests.Response:
-        return requests.post(f"{self.server.http_url}/v2/models/{ENSEMBLE}/generate", json=body, timeout=self.timeout)
+        try:
+            response = requests.post(f"{self.server.http_url}/v2/models/{ENSEMBLE}/generate", json=body,
+                                     timeout=self.timeout)
+        except requests.RequestException:
+            self.count(None, answered=False)
+            raise
+        self.count(None if response.status_code == 200 else response.text)
+        return response
 
     def generate(self, prompt: str, max_tokens: int, body: dict | None = None) -> str:
         try:
@@ -103,7 +161,8 @@ class EnsembleClient:
         except requests.RequestException as exc:
             raise RequestFailed(f"generate got no response ({type(exc).__name__}: {exc})") from None
         if response.status_code != 200:
-            raise RequestFailed(f"generate returned {response.status_code}: {response.text.strip()[:300]}")
+            error = Overloaded if is_overload(response.status_code, response.text) else RequestFailed
+            raise error(f"generate returned {response.status_code}: {response.text.strip()[:300]}")
         text = response.json().get("text_output")
         if isinstance(text, list):
             text = "".join(text)
@@ -113,29 +172,36 @@ class EnsembleClient:
 
     def generate_stream(self, prompt: str, max_tokens: int, body: dict | None = None) -> StreamResult:
         """POST generate_stream and read its server-sent events, timing each one."""
+        result, status = self._generate_stream(body or self.body(prompt, max_tokens, stream=True))
+        result.overloaded = result.error is not None and is_overload(status, result.error)
+        self.count(result.error, answered=status is not None)
+        return result
+
+    def _generate_stream(self, body: dict) -> tuple[StreamResult, int | None]:
+        """The streamed result and the HTTP status (None when no complete answer came)."""
         result = StreamResult(sent_at=time.perf_counter())
         url = f"{self.server.http_url}/v2/models/{ENSEMBLE}/generate_stream"
         try:
-            with requests.post(url, json=body or self.body(prompt, max_tokens, stream=True), stream=True,
-                               timeout=self.timeout) as response:
+            with requests.post(url, json=body, stream=True, timeout=self.timeout) as response:
                 if response.status_code != 200:
                     result.error = f"generate_stream returned {response.status_code}: {response.text.strip()[:300]}"
-                    return result
+                    return result, response.status_code
                 for line in response.iter_lines():
                     if not line.startswith(b"data:"):
                         continue
                     event = json.loads(line[5:])
                     if "error" in event:
                         result.error = str(event["error"])
-                        return result
+                        return result, response.status_code
                     text = event.get("text_output", "")
                     result.pieces.append("".join(text) if isinstance(text, list) else text)
                     result.arrival.append(time.perf_counter())
         except (requests.RequestException, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
-        if not result.error and not result.pieces:
+            return result, None
+        if not result.pieces:
             result.error = "generate_stream ended without any event"
-        return result
+        return result, response.status_code
 
     # --- gRPC (the bidirectional stream NVIDIA's inflight_batcher_llm_client uses)
 
@@ -165,6 +231,7 @@ class EnsembleClient:
         events: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.server.endpoints.grpc_url)
         result = StreamResult(sent_at=time.perf_counter())
+        answered = False
         try:
             client.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
             client.async_stream_infer(ENSEMBLE, self.grpc_inputs(values), request_id="validate",
@@ -173,13 +240,14 @@ class EnsembleClient:
             while True:
                 res, err, at = events.get(timeout=max(0.1, deadline - time.monotonic()))
                 if err is not None:
-                    result.error = str(err)
+                    result.error, answered = str(err), True
                     break
                 text = res.as_numpy("text_output")
                 if text is not None and text.size:
                     result.pieces.append("".join(t.decode("utf-8", "replace") for t in text.reshape(-1)))
                     result.arrival.append(at)
                 if res.get_response().parameters["triton_final_response"].bool_param:
+                    answered = True
                     break
         except queue.Empty:
             result.error = f"no final response within {self.timeout:.0f} s"
@@ -189,4 +257,6 @@ class EnsembleClient:
         finally:
             client.stop_stream(cancel_requests=True)
             client.close()
+        result.overloaded = result.error is not None and is_overload(None, result.error)
+        self.count(result.error, answered)
         return result

@@ -61,6 +61,8 @@ class ValidateOptions:
     #: same prefix (teacher forcing), needed to pass; SmolLM2 FP8 (GPTQ) measured 89%
     min_agreement: float = 0.7
     request_timeout: float = REQUEST_TIMEOUT_S
+    #: compare the server's request counters (Prometheus /metrics) with the requests validate sent
+    metrics: bool = True
 
 
 def render_report(report: ValidationReport, out: Path) -> str:

@@ -25,6 +25,7 @@ from .checks import (
 )
 from .client import EnsembleClient
 from .load_test import check_load_test
+from .metrics import METRICS_PORT, check_metrics, counts_before
 from .report import CheckResult, ValidateOptions, ValidationReport
 
 
@@ -35,6 +36,7 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         return checks
     checks.append(check_config_matches(server, repo))
     client = EnsembleClient(server, options.request_timeout)
+    before = counts_before(server.endpoints.metrics_url) if options.metrics else None
     steps = [("golden", check_golden), ("streaming", check_streaming), ("http_generate", check_http_generate),
              ("bad_requests", check_bad_requests)]
     for name, check in steps:
@@ -43,13 +45,18 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if options.load_test:
         progress("load_test")
         checks.append(check_load_test(client, options, out_dir))
+    if options.metrics:
+        progress("metrics")
+        checks.append(check_metrics(client, server.endpoints.metrics_url, before))
     return checks
 
 
 def validate_repository(repo: Path | None, out: Path, options: ValidateOptions | None = None, *,
-                        url: str | None = None, grpc_url: str | None = None, ready_timeout: float = 600.0,
+                        url: str | None = None, grpc_url: str | None = None, metrics_url: str | None = None,
+                        ready_timeout: float = 600.0,
                         progress: Callable[[str], None] = lambda name: None) -> ValidationReport:
-    """Serve `repo` (or use the server at `url`), run every check and write report.json into `out`."""
+    """Serve `repo` (or use the server at `url`: gRPC and metrics default to Triton's ports beside it), run
+    every check and write report.json into `out`."""
     options = options or ValidateOptions()
     repo = Path(repo).resolve() if repo is not None else None
     if repo is not None and not repo.is_dir():
@@ -58,7 +65,8 @@ def validate_repository(repo: Path | None, out: Path, options: ValidateOptions |
         raise UserError("give a model repository to serve, or --url of a running server")
     with atomic_output_dir(Path(out)) as tmp:
         progress("starting the server" if url is None else f"connecting to {url}")
-        server_context = (connect(url, grpc_url=grpc_url or default_grpc_url(url), ready_timeout=ready_timeout)
+        server_context = (connect(url, grpc_url=grpc_url or default_grpc_url(url),
+                                  metrics_url=metrics_url or default_metrics_url(url), ready_timeout=ready_timeout)
                           if url else embedded_server(repo, log_path=tmp / "server.log", ready_timeout=ready_timeout))
         with server_context as server:
             checks = run_checks(server, repo, options, tmp, progress)
@@ -73,6 +81,13 @@ def default_grpc_url(http_url: str) -> str:
     host_port = http_url.split("://", 1)[-1].rstrip("/")
     host, _, port = host_port.rpartition(":")
     return f"{host}:{int(port) + 1}" if port.isdigit() else f"{host_port}:8001"
+
+
+def default_metrics_url(http_url: str) -> str:
+    """Triton's convention: metrics on port 8002 of the HTTP URL's host."""
+    host_port = http_url.split("://", 1)[-1].rstrip("/")
+    host = host_port.rpartition(":")[0] if host_port.rpartition(":")[2].isdigit() else host_port
+    return f"http://{host}:{METRICS_PORT}"
 
 
 def golden_reference(model: str | None, *, precision: str, weights_dtype: str,

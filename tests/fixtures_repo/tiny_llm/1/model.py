@@ -2,8 +2,9 @@
 
 It "generates" by cycling through the prompt's words in reverse order, one word per token, and steps
 every request of a batch together (one sleep of `seconds_per_step` per step), like in-flight batching.
-Parameters `validate_inputs: "false"` (accept empty prompts and any max_tokens) and `stream_mode: "bulk"`
-(one response even when streaming) make the broken variants the validate tests must catch.
+Parameters `validate_inputs: "false"` (accept empty prompts, any max_tokens and any sampling values) and
+`stream_mode: "bulk"` (one response even when streaming) make the broken variants the validate tests must
+catch.
 """
 
 import json
@@ -11,6 +12,10 @@ import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+#: The sampling inputs' valid ranges (TensorRT-LLM's), checked like the cpu target's tensorrt_llm model does.
+SAMPLING_RANGES = {"top_k": (lambda v: v >= 0, ">= 0"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+                   "temperature": (lambda v: v >= 0, ">= 0")}
 
 
 def reverse_echo(prompt: str, max_tokens: int) -> list[str]:
@@ -40,6 +45,10 @@ class Job:
         max_tokens = int(scalar(request, "max_tokens", 0))
         if validate_inputs:
             self.validate(prompt, max_tokens, context_words)
+            for name, (valid, allowed) in SAMPLING_RANGES.items():
+                value = scalar(request, name)
+                if value is not None and not valid(value):
+                    raise ValueError(f"{name} must be {allowed}, got {value:g}")
         else:  # the broken variant silently clamps what it should reject
             max_tokens = max(1, min(max_tokens, context_words))
         self.stream = bool(scalar(request, "stream", False)) and not bulk_stream

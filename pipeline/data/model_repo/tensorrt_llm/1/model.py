@@ -7,7 +7,8 @@ together (the rows of all requests share batched decode steps). In decoupled mod
 gets one response per new token, the last one flagged final; otherwise one response holds the prompt
 and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does.
 Features the reference runtime cannot honour (beam search, penalties, bad words, embedding bias, log
-probs, logits) are refused per request with a clear error instead of being ignored.
+probs, logits) are refused per request with a clear error instead of being ignored, and so are sampling
+values outside the ranges TensorRT-LLM's executor accepts (`SAMPLING_RANGES`).
 """
 
 import json
@@ -28,6 +29,15 @@ UNSUPPORTED_UNLESS = {"beam_width": 1, "num_return_sequences": 1, "repetition_pe
                       "return_context_logits": False, "return_generation_logits": False}
 
 
+#: Sampling inputs and their valid ranges, as TensorRT-LLM's executor checks them (SamplingConfig::checkTopK,
+#: checkTopP, checkTemperature): tensor name -> (the ensemble's name for it, test, the range in words).
+SAMPLING_RANGES = {
+    "runtime_top_k": ("top_k", lambda v: v >= 0, ">= 0 (0: no top-k limit)"),
+    "runtime_top_p": ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    "temperature": ("temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
+}
+
+
 class RequestError(ValueError):
     """A request this model refuses; the message goes back to the client."""
 
@@ -42,12 +52,12 @@ def tensors_of(request) -> dict:
 
 
 def sampling_config(top_k: int, top_p: float, temperature: float, max_new: int, end_id, seed, stop_words):
-    """TensorRT-LLM's sampling semantics: top_k 0 and top_p 0 (the defaults) or temperature 0 mean greedy."""
-    greedy = top_k == 1 or (top_k <= 0 and top_p <= 0) or temperature <= 0
+    """TensorRT-LLM's sampling semantics: top_k 0 and top_p 0 (the defaults) or temperature 0 mean greedy.
+    The values are in SAMPLING_RANGES (top_p 0 only as the default when the request sets none)."""
+    greedy = top_k == 1 or (top_k == 0 and top_p == 0) or temperature == 0
     return SamplingConfig(max_new_tokens=max_new, end_id=end_id, seed=seed, stop_words=stop_words,
                           temperature=temperature if temperature > 0 else 1.0,
-                          top_k=1 if greedy else max(top_k, 0),
-                          top_p=top_p if 0 < top_p <= 1 else 1.0)
+                          top_k=1 if greedy else top_k, top_p=top_p if top_p > 0 else 1.0)
 
 
 def stop_sequences(words_list) -> list:
@@ -118,6 +128,10 @@ class Job:
         for r in range(self.batch):
             prompt = [int(t) for t in input_ids[r, :int(lengths[r])]]
             model.check_lengths(prompt, int(max_new[r]))
+            for tensor, (name, valid, allowed) in SAMPLING_RANGES.items():
+                value = scalar(tensor, r, None)
+                if value is not None and not valid(value):  # `not valid`: NaN is refused too
+                    raise RequestError(f"{name} must be {allowed}, got {value:g} (tensorrt_llm input {tensor})")
             sampling = sampling_config(
                 top_k=int(scalar("runtime_top_k", r, 0)), top_p=float(scalar("runtime_top_p", r, 0.0)),
                 temperature=float(scalar("temperature", r, 1.0)), max_new=int(max_new[r]),
