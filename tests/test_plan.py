@@ -274,6 +274,22 @@ def test_triton_parameters_agree_with_the_build():
     assert t.decoupled_mode is True and t.max_queue_size == 4 * b.max_batch_size
 
 
+@pytest.mark.parametrize("model, target", [("llama-3-8b", "rtx4090"), ("smollm2-135m", "cpu")])
+def test_the_queue_bound_is_stated_with_its_reason_in_the_plan_table(model, target):
+    from rich.console import Console
+
+    from pipeline.plan import render_plan
+
+    plan = plan_for(model, target=target)
+    t = plan.triton
+    assert f"({t.max_queue_size} requests)" in t.max_queue_size_reason and "shed" in t.max_queue_size_reason
+    console = Console(width=400, record=True)
+    for part in render_plan(plan):
+        console.print(part)
+    row = next(line for line in console.export_text().splitlines() if line.startswith("max_queue_size_reason"))
+    assert row.split(maxsplit=1)[1].rstrip() == t.max_queue_size_reason
+
+
 def test_cpu_plan_has_no_engine_and_cpu_batching():
     plan = plan_for("smollm2-135m", target="cpu")
     assert plan.engine is None and plan.build_config is None and plan.plugin_config is None
@@ -418,7 +434,9 @@ def test_a_plan_saved_before_the_backend_was_recorded_gets_its_targets(tmp_path,
 @pytest.mark.parametrize("target, backend, message", [
     ("cpu", "engine", "the engine backend does not serve cpu targets"),
     ("rtx4090", "reference", "the reference backend does not serve gpu targets"),
-    ("rtx4090", "pytorch", "unknown backend 'pytorch'; trtpipe knows engine, reference"),
+    ("cpu", "pytorch", "the pytorch backend does not serve cpu targets"),
+    ("rtx4090", "reference-llmapi", "the reference-llmapi backend does not serve gpu targets"),
+    ("rtx4090", "vllm", "unknown backend 'vllm'; trtpipe knows engine, reference, pytorch, reference-llmapi"),
 ])
 def test_a_backend_is_planned_only_for_the_targets_it_serves(target, backend, message):
     with pytest.raises(UserError, match=message):
@@ -427,9 +445,9 @@ def test_a_backend_is_planned_only_for_the_targets_it_serves(target, backend, me
 
 def test_a_plan_naming_an_unknown_backend_is_one_clear_message(tmp_path):
     data = plan_for().to_dict()
-    data["backend"] = "pytorch"
+    data["backend"] = "vllm"
     (tmp_path / "plan.json").write_text(json.dumps(data))
-    with pytest.raises(UserError, match="plan.json: unknown backend 'pytorch'"):
+    with pytest.raises(UserError, match="plan.json: unknown backend 'vllm'"):
         load_plan(tmp_path / "plan.json")
 
 
