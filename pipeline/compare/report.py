@@ -53,21 +53,23 @@ class CompareReport:
         a, b = self.builds["A"], self.builds["B"]
         lines = [f"# A/B comparison: {a['label']} vs {b['label']}", "", f"**Verdict: {self.verdict}**", "",
                  f"Prompts: {self.prompts['count']} ({self.prompts['source']}), greedy, "
-                 f"{self.prompts['max_tokens']} new tokens.", "", "| figure | A | B | change |", "|---|---|---|---|"]
+                 f"{self.prompts['max_tokens']} new tokens.", "",
+                 "| figure | A | B | change (%: B over A; x: B's speed-up or saving, above 1 is better) |",
+                 "|---|---|---|---|"]
         ppl_a, ppl_b = a["perplexity"]["perplexity"], b["perplexity"]["perplexity"]
         lines.append(f"| held-out perplexity | {ppl_a:.4f} | {ppl_b:.4f} | "
                      f"{self.changes['perplexity_increase_pct']:+.2f}% |")
         for key, saving in (("weights_bytes", "weights_saving"), ("planned_bytes_per_instance",
                                                                    "planned_per_instance_saving")):
             lines.append(f"| {key.replace('_', ' ')} | {a['memory'][key] / 2**20:.1f} MiB | "
-                         f"{b['memory'][key] / 2**20:.1f} MiB | x{self.changes[saving]:.3f} smaller |")
+                         f"{b['memory'][key] / 2**20:.1f} MiB | x{self.changes[saving]:.3f} |")
         if a["load"] and b["load"]:
             for metric in LATENCY_METRICS:
                 for q in QUANTILES:
                     va, vb = a["load"][metric][q], b["load"][metric][q]
                     change = self.changes[f"{metric[:-3]}_{q}_speedup"]
                     lines.append(f"| {metric[:-3]} {q} (ms) | {_num(va)} | {_num(vb)} | "
-                                 f"{'n/a' if change is None else f'x{change:.3f} faster'} |")
+                                 f"{'n/a' if change is None else f'x{change:.3f}'} |")
             lines.append(f"| output tokens/s (concurrency {a['load']['concurrency']}) | "
                          f"{a['load']['output_tokens_per_s']:.2f} | {b['load']['output_tokens_per_s']:.2f} | "
                          f"x{self.changes['throughput_speedup']:.3f} |")
@@ -126,6 +128,7 @@ def plot(report: CompareReport, path: Path) -> None:
     quality = {"perplexity change %": c["perplexity_increase_pct"],
                "token disagreement %": (1 - c["token_agreement"]) * 100, "1 - ROUGE-L %": (1 - c["rouge_l"]) * 100,
                "100 - BLEU": 100 - c["bleu"], "not exact %": (1 - c["exact_match"]) * 100}
+    quality = {k: round(v, 6) for k, v in quality.items()}   # identical builds: 0, not float noise
     speed = {"weights": c["weights_saving"], "memory / instance": c["planned_per_instance_saving"]}
     speed.update({key.removesuffix("_speedup").replace("_", " "): value for key, value in c.items()
                   if key.endswith("_speedup") and value is not None})
