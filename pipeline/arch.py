@@ -138,6 +138,16 @@ class ModelArch:
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         return self.vocab_size * self.hidden_size + self.num_hidden_layers * per_layer + self.hidden_size + lm_head
 
+    def to_hf_config(self, dtype: str) -> dict:
+        """A Hugging Face config.json of these numbers (from_hf_config's inverse), weights in `dtype`."""
+        return {"architectures": [self.architecture], "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_size, "max_position_embeddings": self.max_position_embeddings,
+                "rope_theta": self.rotary_base, "rope_scaling": self.rotary_scaling, "rms_norm_eps": self.norm_epsilon,
+                "hidden_act": self.hidden_act, "tie_word_embeddings": self.tie_word_embeddings, "torch_dtype": dtype,
+                **self.family.hf_fields(self)}
+
     def to_dict(self) -> dict:
         return asdict(self)
 

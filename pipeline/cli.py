@@ -214,11 +214,14 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--eval-samples", type=int, default=40, show_default=True,
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
 @device_option("the model runs")
+@click.option("--format", "formats", type=click.Choice(["trtllm", "both"]), default="trtllm", show_default=True,
+              help="both: also write OUT/hf, the same calibration as a Hugging Face FP8 checkpoint in modelopt's "
+                   "layout (the PyTorch backend, vLLM and SGLang load it).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field, samples, seq_len, seed, alpha,
-              percentile, weight_rounding, damp, exclude, eval_samples, device, force, quiet, as_json):
+              percentile, weight_rounding, damp, exclude, eval_samples, device, formats, force, quiet, as_json):
     """Calibrate the float CHECKPOINT into an FP8 or INT8-SmoothQuant TensorRT-LLM checkpoint.
 
     \b
@@ -226,6 +229,7 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8
       trtpipe calibrate out/ckpt -o out/ckpt-sq --precision int8-sq --alpha 0.8 --samples 64 --seq-len 256
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
+      trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8 --format both   # + out/ckpt-fp8/hf
     """
     from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 
@@ -233,7 +237,8 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
     defaulted = {"alpha": alpha, "weight_rounding": weight_rounding, "damp": damp}   # None: CalibrateOptions'
     options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
                                percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
-                               device=device, force=force, progress=not quiet and not as_json,
+                               device=device, hf_export=formats == "both", force=force,
+                               progress=not quiet and not as_json,
                                **{k: v for k, v in defaulted.items() if v is not None})
     result = calibrate_checkpoint(checkpoint, out, options)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

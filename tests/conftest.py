@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -77,6 +78,20 @@ def variant_factory(tmp_path_factory, variants: dict[str, dict]):
         return made[variant]
 
     return get
+
+
+def save_word_tokenizer(directory: Path) -> None:
+    """A word-level tokenizer of the tiny vocabulary (" w0".." w100", end and padding " w1"), saved as a
+    Hugging Face tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # byte-level words that carry their leading space, so tokens decoded one by one join up (streaming)
+    tokenizer = Tokenizer(models.WordLevel({f"\u0120w{i}": i for i in range(101)}, unk_token="\u0120w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "\u0120w1", "pad_token": "\u0120w1"}))
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from pipeline.errors import UserError
 from pipeline.model import ARCHITECTURES, FAMILIES, family_of
 from pipeline.presets import PRESETS
 from pipeline.sources import resolve_model
+from conftest import save_word_tokenizer
 from trtllm_rules import expected_rank
 
 
@@ -221,7 +222,7 @@ def test_calibrate_quantizes_qwen_and_the_runtime_serves_it(tiny_qwen, tmp_path,
 
     ckpt = convert(tiny_qwen(variant), tmp_path / "ckpt", dtype="float32", tp=2).path
     (ckpt / "tokenizer").mkdir(exist_ok=True)
-    _word_tokenizer(ckpt / "tokenizer")
+    save_word_tokenizer(ckpt / "tokenizer")
     result = CliRunner().invoke(main, ["calibrate", str(ckpt), "--precision", precision, "--kv-cache", kv,
                                        "--samples", "4", "--seq-len", "32", "--eval-samples", "0",
                                        "-o", str(tmp_path / "q")])
@@ -270,20 +271,6 @@ def test_qwen3_8b_fp8_plan_for_rtx4090_fits_and_counts_the_qk_norms():
     assert llama_like == 2 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 12288 + 2 * 4096)
 
 
-def _word_tokenizer(directory: Path) -> None:
-    """A word-level tokenizer of the tiny vocabulary (" w0".." w100", end and padding " w1"), saved as a
-    Hugging Face tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    # byte-level words that carry their leading space, so tokens decoded one by one join up (streaming)
-    tokenizer = Tokenizer(models.WordLevel({f"\u0120w{i}": i for i in range(101)}, unk_token="\u0120w0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "\u0120w1", "pad_token": "\u0120w1"}))
-
-
 # ------------------------------------------------------------------------------- the whole build, served
 
 
@@ -297,7 +284,7 @@ def test_tiny_qwen3_builds_deploys_and_validates_on_the_cpu_target(tiny_qwen, tm
         (model / f.name).write_bytes(f.read_bytes())
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    _word_tokenizer(model)
+    save_word_tokenizer(model)
     result = CliRunner().invoke(main, ["build", str(model), "--target", "cpu", "--precision", "fp8",
                                        "--samples", "4", "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output

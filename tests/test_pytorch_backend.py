@@ -20,7 +20,7 @@ from pipeline.errors import UserError
 from pipeline.plan import Overrides, Workload, load_plan, make_plan, resolve_model_info, save_plan
 from pipeline.targets import get_target
 from pipeline.tritonconfig import dtype_name, parse_pbtxt
-from test_families import _word_tokenizer
+from conftest import save_word_tokenizer
 
 def llama_plans(**workload):
     model = resolve_model_info("llama-3-8b")
@@ -139,7 +139,7 @@ def llmapi_cpu_repo(checkpoint, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llmapi-cpu")
     tokenizer = tmp / "tokenizer"
     tokenizer.mkdir()
-    _word_tokenizer(tokenizer)
+    save_word_tokenizer(tokenizer)
     plan = make_plan(resolve_model_info(str(checkpoint("gqa"))), get_target("cpu"), "fp32",
                      workload=Workload(input_len=8, output_len=8, max_context=64), backend="reference-llmapi")
     save_plan(plan, tmp / "plan.json")

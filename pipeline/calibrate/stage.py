@@ -22,6 +22,7 @@ from .amax import DEFAULT_PERCENTILE, METHODS
 from ..checkpoint import is_excluded
 from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
+from .hf_export import write_hf_checkpoint
 from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples
 from .rounding import DEFAULT_DAMP, ROUNDINGS
 from .report import TensorReport, most_sensitive, plot_histograms, write_report_json
@@ -37,6 +38,8 @@ DEFAULT_ALPHA = 0.8
 DEFAULT_ROUNDING = "gptq"
 EVAL_WINDOW = 512
 REPORT_DIR = "calibration"
+#: where --format both puts the Hugging Face FP8 checkpoint inside the calibrated checkpoint's directory
+HF_DIR = "hf"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class CalibrateOptions:
     damp: float = DEFAULT_DAMP
     eval_samples: int = 40
     device: str = "auto"
+    hf_export: bool = False       # also write the Hugging Face FP8 checkpoint (modelopt's layout) to OUT/hf
     force: bool = False
     progress: bool = True
 
@@ -64,7 +68,7 @@ class CalibrateOptions:
                 "alpha": self.alpha if self.precision == "int8-sq" else None, "percentile": self.percentile,
                 "exclude": list(self.exclude), "weight_rounding": self.weight_rounding,
                 "damp": self.damp if self.weight_rounding == "gptq" else None, "eval_samples": self.eval_samples,
-                "recipe": self.recipe.to_dict()}
+                "recipe": self.recipe.to_dict(), "hf_export": self.hf_export}
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
                           desc="calibration" if options.progress else None)
         config = calibrator.close()
         shutil.copytree(checkpoint / "tokenizer", tmp / "tokenizer")
+        if options.hf_export:
+            write_hf_checkpoint(checkpoint, tmp, tmp / HF_DIR)
         ppl = None
         if float_ppl is not None:
             quant_ppl = perplexity(LayerStream(tmp, device), heldout, window=EVAL_WINDOW,
@@ -177,6 +183,9 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
             raise UserError(f"--kv-cache {options.kv_cache} needs a quantized attention path, but --exclude "
                             f"leaves {len(plain)} attention layer(s) unquantized (e.g. {plain[0]}); "
                             "drop --kv-cache or the exclusion")
+    if options.hf_export and (options.precision != "fp8" or options.kv_cache not in (None, "fp8")):
+        raise UserError(f"--format both writes the Hugging Face FP8 layout (modelopt's): it needs --precision fp8 "
+                        f"and an fp8 or no --kv-cache (got {options.precision}, KV {options.kv_cache or 'none'})")
 
 
 def _dataset_inputs(recipe: CalibrationRecipe) -> list[Path]:

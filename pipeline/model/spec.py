@@ -77,6 +77,8 @@ class Family:
     checkpoint_features: Callable[[str, dict], dict]
     #: the family's own TensorRT-LLM config.json keys for an architecture
     checkpoint_fields: Callable[["ModelArch"], dict]
+    #: the family's own Hugging Face config.json keys (model_type, bias flags, ...), the inverse of hf_features
+    hf_fields: Callable[["ModelArch"], dict]
     #: (HF name, TensorRT-LLM name) of the model-level tensors
     embedding: tuple[str, str] = ("model.embed_tokens.weight", "transformer.vocab_embedding.weight")
     final_norm: tuple[str, str] = ("model.norm.weight", "transformer.ln_f.weight")

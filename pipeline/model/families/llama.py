@@ -52,6 +52,12 @@ def checkpoint_fields(arch) -> dict:
             "moe": dict(DENSE_MOE), **arch.extra}
 
 
+def hf_fields(arch) -> dict:
+    model_type = "mistral" if arch.architecture == "MistralForCausalLM" else "llama"
+    return {"model_type": model_type, "attention_bias": arch.qkv_bias, "mlp_bias": arch.mlp_bias,
+            **({"sliding_window": arch.sliding_window} if arch.sliding_window else {})}
+
+
 LLAMA = Family(
     name="llama",
     architectures=("LlamaForCausalLM", "MistralForCausalLM"),
@@ -61,4 +67,5 @@ LLAMA = Family(
     hf_features=hf_features,
     checkpoint_features=checkpoint_features,
     checkpoint_fields=checkpoint_fields,
+    hf_fields=hf_fields,
 )

@@ -50,6 +50,12 @@ def checkpoint_fields(arch) -> dict:
             "decoder_sparse_step": 1}
 
 
+def hf_fields(arch) -> dict:
+    qwen_type = QWEN_TYPES[arch.architecture]
+    extra = {"attention_bias": False} if qwen_type == "qwen3" else {}
+    return {"model_type": qwen_type, "use_sliding_window": False, **extra}
+
+
 QWEN = Family(
     name="qwen",
     architectures=tuple(QWEN_TYPES),
@@ -60,4 +66,5 @@ QWEN = Family(
     hf_features=hf_features,
     checkpoint_features=checkpoint_features,
     checkpoint_fields=checkpoint_fields,
+    hf_fields=hf_fields,
 )

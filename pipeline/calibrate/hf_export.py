@@ -1,0 +1,132 @@
+"""The calibrated model as a Hugging Face FP8 checkpoint for the servers that load one (TensorRT-LLM's
+PyTorch backend, vLLM, SGLang): nvidia-modelopt 0.37's unified HF export layout (`export_hf_checkpoint`),
+with the activation and KV-cache scales of the TensorRT-LLM checkpoint calibrate wrote.
+
+The layout, read off modelopt's export of the same model with FP8_DEFAULT_CFG + FP8_KV_CFG
+(tests/test_hf_export.py compares every tensor):
+- per Hugging Face linear (q/k/v/o, gate/up/down projections; not lm_head):
+  `weight` float8_e4m3fn = W / weight_scale rounded to nearest, `weight_scale` float32 scalar =
+  max|W| / 448 of that projection alone (the engine fuses q/k/v and gate/up and shares one scale; this
+  layout does not), `input_scale` float32 scalar = the activation scale of its input;
+- `self_attn.k_proj.k_scale` and `self_attn.v_proj.v_scale` float32 scalars = the KV-cache scales;
+- every other tensor unchanged in the model dtype; config.json gains `quantization_config`
+  (`quant_method: modelopt`), and `hf_quant_config.json` names the algorithms and the excluded modules.
+Weights are rounded to nearest even when the TensorRT-LLM checkpoint's were GPTQ-rounded: GPTQ's values
+belong to the engine's fused scales.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..checkpoint import is_excluded
+from ..errors import UserError
+from ..model.spec import HF_LAYER, dims
+from ..precisions import DTYPE_CODES, E4M3_MAX
+from ..runtime.checkpoint import CheckpointReader
+from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code, torch_dtype
+
+FLOAT8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+#: where modelopt's HF layout keeps the KV-cache scales: K's on k_proj, V's on v_proj
+KV_SCALES = {"k": "self_attn.k_proj", "v": "self_attn.v_proj"}
+WEIGHTS_FILE = "model.safetensors"
+MIN_SCALE = 1e-12
+
+
+def write_hf_checkpoint(float_dir: Path, quantized_dir: Path, out: Path) -> Path:
+    """Write the HF FP8 twin of the calibrated checkpoint in `quantized_dir` (made from `float_dir`) to `out`."""
+    fp, q = CheckpointReader(Path(float_dir)), CheckpointReader(Path(quantized_dir))
+    if q.cfg.quant_algo != "FP8" or q.cfg.kv_cache_quant_algo not in (None, "FP8"):
+        raise UserError(f"the Hugging Face export writes FP8 checkpoints with an FP8 or unquantized KV cache "
+                        f"(modelopt's layout); {quantized_dir} is {q.cfg.quant_algo or 'not quantized'} with KV "
+                        f"cache {q.cfg.kv_cache_quant_algo or 'unquantized'}")
+    out = Path(out)
+    out.mkdir(parents=True)
+    arch, dtype = fp.cfg.arch, fp.cfg.dtype
+    tensors = list(_tensors(fp, q))
+    specs = [TensorSpec(name, dtype_code(t.dtype), tuple(t.shape)) for name, t in tensors]
+    with SafetensorsWriter(out / WEIGHTS_FILE, specs, {"format": "pt"}) as writer:
+        for _, tensor in tensors:
+            writer.write(tensor)
+    ignore = ["lm_head", *_excluded_hf_modules(q)]
+    quant = {"quant_algo": "FP8", "kv_cache_quant_algo": q.cfg.kv_cache_quant_algo, "exclude_modules": ignore}
+    producer = {"name": "trtpipe", "version": __version__}
+    (out / "hf_quant_config.json").write_text(json.dumps({"producer": producer, "quantization": quant}, indent=4))
+    config = {**arch.to_hf_config(dtype), "quantization_config": _quantization_config(quant, producer)}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if (Path(quantized_dir) / "tokenizer").is_dir():
+        shutil.copytree(Path(quantized_dir) / "tokenizer", out, dirs_exist_ok=True)
+    return out
+
+
+def _tensors(fp: CheckpointReader, q: CheckpointReader):
+    """(HF name, tensor) of every tensor, a decoder layer at a time, in the model dtype unless quantized."""
+    arch, family = fp.cfg.arch, fp.cfg.family
+    model_dtype = torch_dtype(DTYPE_CODES[fp.cfg.dtype])
+    cast = lambda t: t.to(model_dtype)  # noqa: E731
+    yield family.embedding[0], cast(fp.embedding())
+    sizes = dims(arch)
+    for i in range(fp.num_layers):
+        float_layer, quant_layer = fp.layer(i), q.layer(i)
+        kv_scales = _kv_scales(q, i) if quant_layer.kv_quant is not None else {}
+        prefix = HF_LAYER.format(i)
+        for norm in family.layer_norms(arch):
+            yield prefix + norm.hf + ".weight", cast(float_layer.norms[norm.name])
+        for lin in family.linears:
+            weight, bias = float_layer.linears[lin.name].weight, float_layer.linears[lin.name].bias
+            act = quant_layer.linears[lin.name].act_quant
+            rows = [sizes[p.rows] for p in lin.parts]
+            for part, w, b in zip(lin.parts, weight.split(rows), bias.split(rows) if bias is not None else rows):
+                name = prefix + part.hf
+                if act is None:                       # excluded: left in the model dtype
+                    yield name + ".weight", cast(w)
+                else:
+                    scale = max(float(w.abs().max()) / E4M3_MAX, MIN_SCALE)
+                    yield name + ".weight", (w / scale).to(torch.float8_e4m3fn)
+                    yield name + ".weight_scale", torch.tensor(scale, dtype=torch.float32)
+                    yield name + ".input_scale", torch.tensor(act.scale, dtype=torch.float32)
+                if bias is not None:
+                    yield name + ".bias", cast(b)
+                if part.hf in kv_scales:
+                    key, value = kv_scales[part.hf]
+                    yield f"{name}.{key}", torch.tensor(value, dtype=torch.float32)
+    yield family.final_norm[0], cast(fp.final_norm())
+    if not arch.tie_word_embeddings:
+        yield family.lm_head[0], cast(fp.lm_head())
+
+
+def _kv_scales(q: CheckpointReader, layer: int) -> dict[str, tuple[str, float]]:
+    """HF module -> (tensor name, value) of layer `layer`'s K and V cache scales: the separate factors the
+    checkpoint holds (calibrate writes them), else the one it serves both with."""
+    rf = next(r for r in q.ranks if layer in r.position.layers)
+    prefix = f"transformer.layers.{layer - rf.layer_offset}.attention."
+    shared = float(rf.read(prefix + "kv_cache_scaling_factor").reshape(-1)[0])
+    scales = {}
+    for kind, module in KV_SCALES.items():
+        own = rf.maybe(prefix + f"{kind}_cache_scaling_factor")
+        scales[module] = (f"{kind}_scale", shared if own is None else float(own.reshape(-1)[0]))
+    return scales
+
+
+def _excluded_hf_modules(q: CheckpointReader) -> list[str]:
+    """The HF modules of the linears the calibrated checkpoint left unquantized (its --exclude)."""
+    family, excluded = q.cfg.family, []
+    for i in range(q.num_layers):
+        for lin in family.linears:
+            if is_excluded(f"transformer.layers.{i}.{lin.name}", q.cfg.exclude_modules):
+                excluded += [HF_LAYER.format(i) + part.hf for part in lin.parts]
+    return excluded
+
+
+def _quantization_config(quant: dict, producer: dict) -> dict:
+    """config.json's `quantization_config`, as modelopt writes it for FP8 (what vLLM's modelopt loader reads)."""
+    config = {"config_groups": {"group_0": {"input_activations": FLOAT8, "weights": FLOAT8, "targets": ["Linear"]}},
+              "ignore": quant["exclude_modules"], "quant_algo": "FP8"}
+    if quant["kv_cache_quant_algo"] == "FP8":
+        config["kv_cache_scheme"] = FLOAT8
+    return {**config, "producer": producer, "quant_method": "modelopt"}
