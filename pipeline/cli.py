@@ -440,9 +440,12 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
 @click.option("--dry-run", is_flag=True, help="Only write the trtllm-build command and its --build_config JSON.")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="trtllm-build --workers (parallel rank builds).")
+@click.option("--onnx", "onnx_dir", type=click.Path(path_type=Path), default=None,
+              help="An `export-onnx` directory: also write ENGINE/trtexec.sh, TensorRT's build of that graph with "
+                   "the plan's shapes (unverified: never run here).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_(checkpoint, plan_path, out, dry_run, workers, force, as_json):
+def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, force, as_json):
     """Build a TensorRT-LLM 1.2.1 engine from CHECKPOINT as PLAN says (GPU and TensorRT-LLM required).
 
     \b
@@ -458,7 +461,8 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, force, as_json):
     from .compile import compile_engine
     from .plan import load_plan
 
-    result = compile_engine(checkpoint, load_plan(plan_path), out, dry_run=dry_run, workers=workers, force=force)
+    result = compile_engine(checkpoint, load_plan(plan_path), out, dry_run=dry_run, workers=workers, force=force,
+                            onnx=onnx_dir)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return

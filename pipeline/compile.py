@@ -40,6 +40,7 @@ from pathlib import Path
 
 from .backends.base import ENGINE
 from .errors import UserError
+from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output
 from . import TRTLLM_VERSION as TENSORRT_LLM_VERSION
 from .plan import Plan, is_trtllm_checkpoint
@@ -202,9 +203,9 @@ def check_engine_config(engine_dir: Path, plan: Plan) -> None:
 
 
 def compile_engine(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
-                   force: bool = False) -> CompileResult:
+                   force: bool = False, onnx: Path | None = None) -> CompileResult:
     """`compile_checkpoint` for the command line: an engine that was not built is an error."""
-    result = compile_checkpoint(checkpoint, plan, out, dry_run=dry_run, workers=workers, force=force)
+    result = compile_checkpoint(checkpoint, plan, out, dry_run=dry_run, workers=workers, force=force, onnx=onnx)
     if result.status is CompileStatus.NOT_BUILT_HERE:
         raise UserError(f"{not_built_here_message(result, plan)}\n{result.shell_command}")
     if result.status is CompileStatus.FAILED:
@@ -220,8 +221,10 @@ def not_built_here_message(result: CompileResult, plan: Plan) -> str:
 
 
 def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
-                       force: bool = False) -> CompileResult:
-    """Write the command and build config into `out`, and build the engine when this machine can."""
+                       force: bool = False, onnx: Path | None = None) -> CompileResult:
+    """Write the command and build config into `out`, and build the engine when this machine can. With
+    `onnx` (an `export-onnx` directory) also write the classic TensorRT build of that graph, trtexec.sh:
+    written only, never run (no TensorRT here; unverified)."""
     if plan.backend != ENGINE or plan.build_config is None or plan.plugin_config is None:
         raise UserError(f"the plan's backend is {plan.backend} ({plan.target.name} target), which builds no "
                         "engine; deploy the checkpoint directly: trtpipe deploy --checkpoint CHECKPOINT --plan "
@@ -232,12 +235,14 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
     check_checkpoint_matches_plan(checkpoint, plan)
     config = build_config_json(plan)
     command = trtllm_build_command(plan, checkpoint, out, out / BUILD_CONFIG_FILE, workers)
+    trtexec = None if onnx is None else trtexec_for_export(plan, Path(onnx), str(out / "model.plan"))
     missing = None if dry_run else missing_build_requirements()
     status = (CompileStatus.DRY_RUN if dry_run else
               CompileStatus.NOT_BUILT_HERE if missing is not None else CompileStatus.BUILT)
     gpu = check_gpu_is_the_target(plan) if status is CompileStatus.BUILT else None
     inputs = fingerprint_inputs([checkpoint])
-    params = {"plan": plan.to_dict(), "command": command, "dry_run": status is not CompileStatus.BUILT}
+    params = {"plan": plan.to_dict(), "command": command, "dry_run": status is not CompileStatus.BUILT,
+              "trtexec": trtexec}
     previous = read_manifest(out) or {}
     replaceable = previous.get("stage") == "compile" and previous.get("dry_run") is True
     try:
@@ -248,6 +253,10 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
             (tmp / BUILD_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
             (tmp / COMMAND_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile: the exact TensorRT-LLM "
                                             f"{TENSORRT_LLM_VERSION} engine build.\nexec {shlex.join(command)}\n")
+            if trtexec is not None:
+                (tmp / TRTEXEC_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile --onnx: TensorRT's build of "
+                                                "the exported graph (unverified: never run by trtpipe).\n"
+                                                f"exec {shlex.join(trtexec)}\n")
             output.extra.update(build_with_trtllm(command, tmp, out, plan, gpu) if gpu is not None
                                 else {"dry_run": True})
     except EngineBuildFailed as exc:  # the partial output is gone; the result carries why

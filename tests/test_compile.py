@@ -364,3 +364,28 @@ def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
     bad = subprocess.run([str(hadolint), "-"], input="FROM ubuntu\nRUN pip install requests\n",
                          capture_output=True, text=True, check=False)
     assert bad.returncode != 0
+
+
+def test_compile_onnx_writes_trtexec_next_to_trtllm_build(fp16_checkpoint, gpu_plan, tmp_path):
+    """The classic TensorRT build of the exported graph: its shapes from the plan, its sizes from the export
+    (4 layers: 3 + 2 x 4 inputs per shape), written only (unverified: no TensorRT here)."""
+    from pipeline.onnx.export import export_onnx
+
+    export_onnx(fp16_checkpoint, tmp_path / "onnx")
+    plan_path = save_plan(gpu_plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out),
+                                       "--dry-run", "--onnx", str(tmp_path / "onnx")])
+    assert result.exit_code == 0, result.output
+    script = (out / "trtllm-build.sh").read_text(), (out / "trtexec.sh").read_text()
+    assert "unverified" in script[1]
+    argv = shlex.split(script[1].splitlines()[-1])[1:]
+    flags = dict(a.split("=", 1) for a in argv if "=" in a)
+    assert argv[0] == "trtexec" and flags["--onnx"] == str((tmp_path / "onnx" / "model.onnx").absolute())
+    batch = gpu_plan.optimization_profiles[0]["batch_size_beam_width"]
+    for k, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
+        shapes = dict(s.split(":") for s in flags[flag].split(","))
+        assert len(shapes) == 3 + 2 * 4 and shapes["input_ids"].startswith(f"{batch[k]}x")
+    bad = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o",
+                                    str(tmp_path / "e2"), "--dry-run", "--onnx", str(tmp_path)])
+    assert bad.exit_code == 2 and "no readable genai_config.json" in bad.output and not (tmp_path / "e2").exists()

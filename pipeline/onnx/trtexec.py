@@ -13,7 +13,14 @@ a decode step) and the cache over 0..max_seq_len - 1 past tokens (opt half of it
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from ..errors import UserError
 from ..plan.schema import Plan
+
+#: what `trtpipe compile --onnx` writes next to trtllm-build.sh
+TRTEXEC_FILE = "trtexec.sh"
 
 
 def dims(*values: int) -> str:
@@ -42,3 +49,21 @@ def trtexec_command(plan: Plan, onnx_model: str, engine: str, precision: str, la
     argv = ["trtexec", f"--onnx={onnx_model}", f"--saveEngine={engine}",
             f"--minShapes={specs['min']}", f"--optShapes={specs['opt']}", f"--maxShapes={specs['max']}"]
     return argv + ["--fp16"] + {"int8-sq": ["--int8"], "fp8": ["--fp8"]}.get(precision, [])
+
+
+def trtexec_for_export(plan: Plan, export_dir: Path, engine: str) -> list[str]:
+    """The trtexec command for an `export-onnx` directory, its shapes from the plan and the export's own
+    description (genai_config.json: layers, KV heads, head size, precision)."""
+    from .export import CONFIG_FILE, MODEL_FILE
+
+    config_path = Path(export_dir) / CONFIG_FILE
+    try:
+        config = json.loads(config_path.read_text())
+        decoder, precision = config["model"]["decoder"], config["trtpipe"]["precision"]
+        shape = decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"--onnx {export_dir}: no readable {CONFIG_FILE}; pass a directory `trtpipe export-onnx` "
+                        "wrote") from None
+    if plan.build_config is None or not plan.optimization_profiles:
+        raise UserError("--onnx needs an engine plan (its optimization profiles give trtexec's shapes)")
+    return trtexec_command(plan, str(Path(export_dir).absolute() / MODEL_FILE), engine, precision, *shape)
