@@ -688,9 +688,10 @@ def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, loa
                    "cluster pulls from.")
 @click.option("--replicas", default="1:4", show_default=True, metavar="MIN:MAX", help="Autoscaling bounds.")
 @click.option("--namespace", default="default", show_default=True, help="Namespace of every object.")
-@click.option("--repo-source", default=None, metavar="pvc|pvc:CLAIM",
+@click.option("--repo-source", default=None, metavar="pvc|pvc:CLAIM|artifact:URL",
               help="Where pods find the model repository: pvc (default) writes a new PersistentVolumeClaim to fill "
-                   "with the loader pod; pvc:CLAIM uses an existing, already filled claim.")
+                   "with the loader pod; pvc:CLAIM uses an existing, already filled claim; artifact:URL has every "
+                   "pod fetch a `trtpipe package` archive and `trtpipe unpack --target` it before Triton starts.")
 @click.option("--scale-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
               help="queue:compute ratio the autoscaler holds (default: from the plan's --p99-latency, else 1.0).")
 @click.option("--name", default=None, help="Name of every object (default: <model>-<target>).")

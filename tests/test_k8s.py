@@ -306,6 +306,7 @@ def test_triton_names_are_served_by_a_live_triton(live_metrics):
     (["--replicas", "two"], "MIN:MAX"),
     (["--replicas", "1:"], "MIN:MAX"),
     (["--repo-source", "s3://bucket/repo"], "--repo-source"),
+    (["--repo-source", "artifact:/srv/model.tar"], "artifact:URL"),
     (["--namespace", "Bad_NS"], "--namespace"),
     (["--name", "-x"], "--name"),
 ])
@@ -417,3 +418,26 @@ def test_bad_canary_flags_exit_2_and_write_nothing(builds, tmp_path, flags, mess
                                        "--canary-of", str(builds["cpu"]), *flags])
     assert result.exit_code == 2 and message in result.output, result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_packaged_artifact_is_fetched_verified_and_unpacked_by_every_pod(builds, tmp_path):
+    """--repo-source artifact:URL: no claim and no loader; an init container downloads the `trtpipe package`
+    archive, `trtpipe unpack` checks every hash and the target's GPU architecture before anything is
+    served, and model_repo/ and engine/ land where Triton and the engine-path ConfigMap expect them."""
+    url = "https://artifacts.example/llama-3-8b-rtx4090-fp8.tar"
+    options = K8sOptions(image="registry.example/trtpipe:0.1.0", repo_source=f"artifact:{url}")
+    out = write_k8s(builds["rtx4090"], tmp_path / "k8s", options).out
+    found = objects(out)
+    assert "PersistentVolumeClaim" not in found and not (out / "model-repo-loader.yaml").exists()
+    for version in K8S_VERSIONS:
+        assert kubernetes_validate.validate(found["Deployment"], version, strict=True)
+    spec = pod(out)
+    (fetch,) = spec["initContainers"]
+    assert {"name": "ARTIFACT_URL", "value": url} in fetch["env"] and url not in " ".join(fetch["command"])
+    script = fetch["command"][-1]
+    assert "trtpipe unpack /tmp/artifact.tar --target rtx4090 -o /trtpipe/.unpack" in script
+    assert script.index("trtpipe unpack") < script.index("mv /trtpipe/.unpack/* /trtpipe/")
+    volume = next(v for v in spec["volumes"] if v["name"] == "model-repo")
+    assert "emptyDir" in volume and "persistentVolumeClaim" not in volume
+    triton = spec["containers"][0]
+    assert any(a.startswith("--model-repository=/trtpipe/model_repo") for a in triton["command"])

@@ -58,9 +58,11 @@ class K8sResult:
     scale_ratio: float
 
     def summary(self) -> str:
+        fill = (f"the model repository goes onto its volume with {LOADER}" if LOADER in self.files
+                else "every pod fetches and verifies the artifact before Triton starts")
         return (f"wrote {len(self.files)} files to {self.out} for {self.name} (autoscaling at queue:compute "
                 f"{self.scale_ratio:g})\napply with `kubectl apply -k {self.out}` (see docs/kubernetes.md first: "
-                f"the model repository goes onto its volume with {LOADER})")
+                f"{fill})")
 
 
 def scale_ratio(src: DeploymentSource, flag: float | None) -> float:
@@ -113,7 +115,7 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
     ratio = scale_ratio(src, options.scale_ratio)
     m = monitoring_for(src, options.namespace, ratio)
     objects = render(src, options, replicas, source, ratio, m)
-    loader = k.loader_pod(src.name, source)
+    loader = k.loader_pod(src.name, source) if source.claim else None
     board = dashboard(m)
     canary = None
     if options.canary_of is not None:
@@ -128,9 +130,10 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
         kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                          "namespace": options.namespace, "resources": list(objects)}
         (tmp / KUSTOMIZATION).write_text(yaml.safe_dump(kustomization, sort_keys=False))
-        (tmp / LOADER).write_text(yaml.safe_dump({**loader, "metadata": {**loader["metadata"],
-                                                                         "namespace": options.namespace}},
-                                                 sort_keys=False))
+        if loader is not None:
+            (tmp / LOADER).write_text(yaml.safe_dump({**loader, "metadata": {**loader["metadata"],
+                                                                             "namespace": options.namespace}},
+                                                     sort_keys=False))
         (tmp / "grafana-dashboard.json").write_text(json.dumps(board, indent=2) + "\n")
         if canary is not None:
             from .canary import COMMANDS_FILE, ROUTE_FILE, commands, http_route

@@ -150,8 +150,9 @@ def gpu_scheduling(target: str) -> dict:
 
 
 def volumes(src: DeploymentSource, source: RepoSource, sizing: PodSizing) -> list[dict]:
-    found = [{"name": "model-repo", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}},
-             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(sizing.shm_bytes)}}]
+    repo = ({"name": "model-repo", "emptyDir": {"sizeLimit": quantity(volume_size(src))}} if source.artifact_url
+            else {"name": "model-repo", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
+    found = [repo, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(sizing.shm_bytes)}}]
     if src.engine_config is not None:
         found.append({"name": "engine-config", "configMap": {"name": f"{src.name}-engine-config"}})
     return found
@@ -161,6 +162,7 @@ def deployment(src: DeploymentSource, image: str, replicas: Replicas, source: Re
                sizing: PodSizing) -> dict:
     pod_spec = {
         "terminationGracePeriodSeconds": sizing.grace_s,
+        **({"initContainers": [artifact_fetcher(src, image, source.artifact_url)]} if source.artifact_url else {}),
         "containers": [container(src, image, sizing)],
         "volumes": volumes(src, source, sizing),
         **(gpu_scheduling(src.plan.target.name) if sizing.gpus else {}),
@@ -200,9 +202,28 @@ def disruption_budget(name: str) -> dict:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name)}}}
 
 
+def artifact_fetcher(src: DeploymentSource, image: str, url: str) -> dict:
+    """An init container that downloads the archive, has `trtpipe unpack` verify every file (and refuse an
+    artifact built for another GPU architecture or TensorRT-LLM version than the target's) and moves
+    model_repo/ and engine/ to where Triton reads them. A failed check fails the pod before Triton starts."""
+    staging = f"{VOLUME_ROOT}/.unpack"
+    script = ('python3 -c \'import os, urllib.request; urllib.request.urlretrieve(os.environ["ARTIFACT_URL"], '
+              '"/tmp/artifact.tar")\' && '
+              f'trtpipe unpack /tmp/artifact.tar --target {src.plan.target.name} -o {staging} && '
+              f'mv {staging}/* {VOLUME_ROOT}/ && rm -rf {staging} /tmp/artifact.tar')
+    return {"name": "fetch-artifact", "image": image, "command": ["sh", "-c", script],
+            "env": [{"name": "ARTIFACT_URL", "value": url}],
+            "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT}]}
+
+
+def volume_size(src: DeploymentSource) -> int:
+    """What the repository volume is sized to: the repository (and engine), a quarter over, at least 1 GiB."""
+    return max(GIB, round(src.volume_bytes * 1.25))
+
+
 def volume_claim(src: DeploymentSource, source: RepoSource) -> dict:
     """ReadWriteMany: every replica mounts it (read-only) on whichever node it lands, and the loader fills it."""
-    size = quantity(max(GIB, round(src.volume_bytes * 1.25)))
+    size = quantity(volume_size(src))
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata(source.claim),
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}}
 

@@ -33,10 +33,12 @@ class Replicas:
 
 @dataclass(frozen=True)
 class RepoSource:
-    """A PersistentVolumeClaim holding model_repo/ (and engine/): one to create, or an existing claim."""
+    """Where model_repo/ (and engine/) come from: a PersistentVolumeClaim (one to create, or an existing
+    claim), or a `trtpipe package` archive every pod fetches, verifies and unpacks before Triton starts."""
 
-    claim: str
+    claim: str | None
     create: bool
+    artifact_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,14 +66,18 @@ def parse_replicas(text: str) -> Replicas:
 
 
 def parse_repo_source(text: str | None, name: str) -> RepoSource:
-    """`pvc` (default): a new claim `<name>-model-repo`; `pvc:CLAIM`: an existing claim, left as it is."""
+    """`pvc` (default): a new claim `<name>-model-repo`; `pvc:CLAIM`: an existing claim, left as it is;
+    `artifact:URL`: a `trtpipe package` archive at an http(s) URL."""
     if text in (None, "pvc"):
         return RepoSource(claim=f"{name}-model-repo", create=True)
-    kind, _, claim = text.partition(":")
-    if kind != "pvc" or not DNS_LABEL.match(claim):
-        raise UserError(f"--repo-source must be `pvc` (a new PersistentVolumeClaim) or `pvc:CLAIM` (an existing "
-                        f"claim, a lowercase DNS name), got {text!r}")
-    return RepoSource(claim=claim, create=False)
+    kind, _, value = text.partition(":")
+    if kind == "artifact" and value.startswith(("https://", "http://")):
+        return RepoSource(claim=None, create=False, artifact_url=value)
+    if kind != "pvc" or not DNS_LABEL.match(value):
+        raise UserError(f"--repo-source must be `pvc` (a new PersistentVolumeClaim), `pvc:CLAIM` (an existing "
+                        f"claim, a lowercase DNS name) or `artifact:URL` (a `trtpipe package` archive at an "
+                        f"http(s) URL), got {text!r}")
+    return RepoSource(claim=value, create=False)
 
 
 def check_name(name: str, flag: str = "--name") -> str:
