@@ -525,10 +525,7 @@ def check(repo, engine, as_json):
     """
     from .check import check_repository
 
-    report = check_repository(repo, engine=engine)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
-    if not report.ok:
-        sys.exit(1)
+    report_verification(check_repository(repo, engine=engine), as_json)
 
 
 @main.command()

@@ -15,10 +15,15 @@ def read_config_json(directory: Path, not_found: str) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise UserError(not_found)
+    return read_json_object(path)
+
+
+def read_json_object(path: Path, prefix: str = "") -> dict:
+    """The JSON object in PATH; a UserError (after `prefix`) when it is not valid JSON or not an object."""
     try:
-        config = json.loads(path.read_text())
+        data = json.loads(Path(path).read_text())
     except ValueError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} must hold a JSON object")
-    return config
+        raise UserError(f"{prefix}{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{prefix}{path} must hold a JSON object")
+    return data

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, read_json_object
 
 #: The plan's model fields that name the model itself; dtype, quantization, paths and sharding do not.
 MODEL_IDENTITY_FIELDS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -59,7 +59,7 @@ def load_build(path: Path, side: str) -> BuildInfo:
     for part in ("build.json", "plan.json"):
         if not (path / part).is_file():
             raise UserError(f"build {side}: {path} has no {part}; {hint}")
-    plan = _read_json(path / "plan.json", side)
+    plan = read_json_object(path / "plan.json", f"build {side}: ")
     if not isinstance(plan.get("model"), dict) or "precision" not in plan or "memory" not in plan:
         raise UserError(f"build {side}: {path / 'plan.json'} is not a trtpipe plan (no model, precision or memory)")
     repo = path / "model_repo"
@@ -74,16 +74,6 @@ def load_build(path: Path, side: str) -> BuildInfo:
     if not tokenizer.is_dir():
         raise UserError(f"build {side}: {checkpoint} has no tokenizer/ directory")
     return BuildInfo(path, f"{plan['precision']} ({path.name})", plan, checkpoint, repo, tokenizer)
-
-
-def _read_json(path: Path, side: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UserError(f"build {side}: {path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"build {side}: {path} must hold a JSON object")
-    return data
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
