@@ -64,7 +64,8 @@ def test_round_trip_package_verify_unpack(cpu_build, archive, tmp_path):
     served = cpu_build / "model_repo" / "tensorrt_llm" / "1" / "checkpoint" / "rank0.safetensors"
     assert content["model_repo/tensorrt_llm/1/checkpoint/rank0.safetensors"] == served.read_bytes()
     assert (artifact["target"], artifact["sm"], artifact["tensorrt_llm_version"]) == ("cpu", None, "1.2.1")
-    assert artifact["validation"] == {"passed": True, "checks": 6}
+    report = json.loads(content["validation/report.json"])
+    assert artifact["validation"] == {"passed": True, "checks": len(report["checks"])} and len(report["checks"]) >= 6
     assert artifact["calibration"]["precision"] == "fp8" and artifact["calibration"]["recipe"]["samples"] == 8
     ckpt = cpu_build / "checkpoint"
     expected = hashlib.sha256()

@@ -34,7 +34,7 @@ def test_impossible_builds_stop_before_any_work(tmp_path, args, message):
 
 @pytest.mark.slow
 def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
-    """The README's main job (with a smaller calibration): every stage, 6/6 checks, then a no-op re-run."""
+    """The README's main job (with a smaller calibration): every stage, every check passed, then a no-op re-run."""
     out = tmp_path / "smollm2-cpu-fp8"
     result = build("smollm2-135m", "--target", "cpu", "--precision", "fp8", "-o", out, "--samples", "16", "--json")
     assert result.exit_code == 0, result.output
