@@ -529,9 +529,15 @@ def check(repo, engine, as_json):
 
 
 @main.command()
-@click.argument("repo", type=click.Path(path_type=Path))
+@click.argument("repo", type=click.Path(path_type=Path), required=False)
 @click.option("--url", default=None, help="HTTP URL of a running Triton server serving REPO (default: start the "
-              "embedded server on REPO).")
+              "embedded server on REPO), or with --api openai of an OpenAI-compatible server.")
+@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+              help="What --url speaks: Triton's (the repository's contract: engine ensemble or llmapi, told from "
+              "deploy's record) or the OpenAI-compatible API of trtllm-serve / vLLM (/v1/completions, "
+              "/v1/chat/completions, /v1/models, /health; REPO optional, for the golden reference).")
+@click.option("--model", "served_model", default=None, metavar="NAME",
+              help="With --api openai: the model name to request (default: the first /v1/models lists).")
 @click.option("--grpc-url", default=None,
               help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
 @click.option("--metrics-url", default=None, help="That server's Prometheus metrics endpoint, http://HOST:PORT "
@@ -550,8 +556,8 @@ def check(repo, engine, as_json):
               help="Seconds to wait for the server to be ready.")
 @device_option("the golden reference runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def validate(repo, url, grpc_url, metrics_url, skip_metrics, golden, load_test, concurrency, max_tokens, out, timeout,
-             device, as_json):
+def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, golden, load_test, concurrency,
+             max_tokens, out, timeout, device, as_json):
     """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests,
     metrics.
 
@@ -560,8 +566,10 @@ def validate(repo, url, grpc_url, metrics_url, skip_metrics, golden, load_test, 
     Examples:
       trtpipe validate out/smollm2/model_repo --golden smollm2-135m --load-test
       trtpipe validate model_repo --url http://gpu-box:8000
+      trtpipe validate --url http://gpu-box:8000 --api openai --golden smollm2-135m
     """
     from .validate import ValidateOptions, reference_for, render_report, validate_repository
+    from .validate.openai import validate_openai
 
     try:
         levels = tuple(int(c) for c in concurrency.split(","))
@@ -571,12 +579,23 @@ def validate(repo, url, grpc_url, metrics_url, skip_metrics, golden, load_test, 
         raise UserError("--metrics-url is for a server given by --url (the embedded server's metrics port is known)")
     if metrics_url and skip_metrics:
         raise UserError("--metrics-url and --skip-metrics contradict each other; pass one")
-    out = out or Path(repo).absolute().parent / "validation"
+    if api == "openai":
+        triton_only = [flag for flag, given in (("--grpc-url", grpc_url), ("--metrics-url", metrics_url),
+                                                ("--load-test", load_test)) if given]
+        if not url or triton_only:
+            raise UserError("--api openai needs --url (the OpenAI-compatible server) and takes none of "
+                            f"--grpc-url, --metrics-url, --load-test; got {'no --url' if not url else triton_only}")
+    elif served_model:
+        raise UserError("--model names the model of an OpenAI-compatible server: pass it with --api openai")
+    if repo is None and url is None:
+        raise UserError("give a model repository to serve, or --url of a running server")
+    out = out or (Path(repo).absolute().parent if repo else Path.cwd()) / "validation"
     options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test, concurrencies=levels,
                               max_tokens=max_tokens, metrics=not skip_metrics)
-    report = validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
-                                 ready_timeout=timeout,
-                                 progress=lambda step: click.echo(f"... {step}", err=True))
+    progress = lambda step: click.echo(f"... {step}", err=True)  # noqa: E731
+    report = (validate_openai(url, out, options, model=served_model, progress=progress) if api == "openai" else
+              validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
+                                  ready_timeout=timeout, progress=progress))
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render_report(report, out))
     sys.exit(0 if report.passed else 1)
 

@@ -159,18 +159,18 @@ def test_cpu_llmapi_repository_is_served_live(llmapi_cpu_repo):
         client = LlmapiClient(server.http_url)
         prompt = " w5 w6 w7"
         greedy = {"sampling_param_max_tokens": 6, "sampling_param_temperature": 0.0, "return_finish_reason": True}
-        first = client.generate(prompt, **greedy)
-        again = client.generate(prompt, **greedy)
+        first = client.request(prompt, **greedy)
+        again = client.request(prompt, **greedy)
         assert first == again and first["finish_reason"] in ("length", "stop")
         words = first["text_output"].split()
         assert 1 <= len(words) <= 6 and all(w.startswith("w") for w in words)
-        with_input = client.generate(prompt, sampling_param_exclude_input_from_output=False, **greedy)
+        with_input = client.request(prompt, sampling_param_exclude_input_from_output=False, **greedy)
         assert with_input["text_output"] == prompt + first["text_output"]
-        pieces = client.generate_stream(prompt, **greedy)
-        assert "".join(p["text_output"] for p in pieces) == first["text_output"]
-        assert len(pieces) >= 2 and pieces[-1]["finish_reason"] == first["finish_reason"]
+        streamed = client.generate_stream(prompt, **greedy)
+        assert streamed.error is None and streamed.text == first["text_output"]
+        assert len(streamed.pieces) >= 2 and streamed.finish_reason == first["finish_reason"]
         too_long = requests.post(f"{server.http_url}/v2/models/tensorrt_llm/generate", timeout=60,
                                  json={"text_input": prompt, "sampling_param_max_tokens": 500})
         assert too_long.status_code >= 400 and "exceed max_seq_len 64" in too_long.text
         seeded = {"sampling_param_top_p": 0.9, "sampling_param_seed": 3, "sampling_param_max_tokens": 4}
-        assert client.generate(prompt, **seeded) == client.generate(prompt, **seeded)
+        assert client.request(prompt, **seeded) == client.request(prompt, **seeded)

@@ -2,14 +2,15 @@
 
   models_ready     every model of the repository is loaded and READY
   config_matches   the configuration the server reports equals each config.pbtxt (every field it sets)
-  golden           greedy generation through `ensemble` equals a reference (`GoldenReference`)
-  streaming        with `stream` true, tokens arrive one response at a time over gRPC and join to the
-                   non-streamed text
+  golden           greedy generation equals a reference (`GoldenReference`)
+  streaming        streamed, tokens arrive one response at a time and join to the non-streamed text (the
+                   ensemble: `stream` true over gRPC)
   http_generate    /v2/models/ensemble/generate and generate_stream with the JSON NVIDIA's clients send
   bad_requests     malformed requests (and sampling values outside TensorRT-LLM's ranges) get error
                    responses, each sampling one naming its parameter, and the server stays healthy
 
-The load test, the optional last check, is in `load_test.py`.
+golden, streaming and bad_requests run on any contract's client (`Completions`: the ensemble's, the llmapi
+model's, an OpenAI-compatible server's). The load test, the optional last check, is in `load_test.py`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from ..server import TritonServer, list_repository_models
-from .client import ENSEMBLE, EnsembleClient, RequestFailed
+from .client import EnsembleClient, RequestFailed, StreamResult
 from .report import CheckResult, ValidateOptions
 
 
@@ -42,6 +43,26 @@ class GoldenReference(Protocol):
         """(tokens of `completion` that are the reference's greedy choice after the prompt and the
         completion so far, tokens of `completion`)."""
         ...
+
+
+class Completions(Protocol):
+    """What the shared checks (golden, streaming, bad_requests) need of a contract's client: `EnsembleClient`,
+    `llmapi.LlmapiClient`, `openai.OpenAIClient`."""
+
+    inputs: dict | frozenset  # the optional request fields it declares (bad requests setting others are not sent)
+    streaming_fix: str        # what to fix when the streaming check fails
+
+    def generate(self, prompt: str, max_tokens: int) -> str:
+        """The greedy completion (without the prompt); RequestFailed when the server refuses or fails."""
+        ...
+
+    def stream(self, prompt: str, max_tokens: int) -> StreamResult:
+        """The same request streamed, each piece timed; RequestFailed when it cannot be sent at all."""
+        ...
+
+    def post_generate(self, body: dict) -> requests.Response: ...
+
+    def healthy(self) -> bool: ...
 
 
 def check_models_ready(server: TritonServer, repo: Path | None) -> CheckResult:
@@ -121,7 +142,7 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
                        "it on this repository, or fix the fields the server rewrote")
 
 
-def golden_case(client: EnsembleClient, reference: GoldenReference, prompt: str, expected: str,
+def golden_case(client: Completions, reference: GoldenReference, prompt: str, expected: str,
                 max_tokens: int) -> tuple[dict, float]:
     """One prompt served and compared with the reference's completion: (its case in the report, its token
     agreement from 0 to 1)."""
@@ -143,7 +164,7 @@ def golden_case(client: EnsembleClient, reference: GoldenReference, prompt: str,
     return case, agree / total if total else 0.0
 
 
-def check_golden(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+def check_golden(client: Completions, options: ValidateOptions) -> CheckResult:
     reference = options.golden
     if reference is None:
         return CheckResult("golden", False, "no reference model to compare with",
@@ -173,16 +194,11 @@ def check_golden(client: EnsembleClient, options: ValidateOptions) -> CheckResul
                        "checkpoint conversion, the tokenizer (add_special_tokens) and end_id/stop handling")
 
 
-def check_streaming(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
-    if "stream" not in client.inputs:
-        return CheckResult("streaming", False, f"the `{ENSEMBLE}` model has no `stream` input",
-                           fix="deploy with streaming enabled (decoupled_mode true)")
+def check_streaming(client: Completions, options: ValidateOptions) -> CheckResult:
     problems, cases = [], []
     for prompt in options.prompts[:2]:
-        values = {"text_input": prompt, "max_tokens": options.max_tokens, "stream": True}
-        values.update({k: v for k, v in (("top_k", 1), ("exclude_input_in_output", True)) if k in client.inputs})
         try:
-            streamed = client.grpc_stream(values)
+            streamed = client.stream(prompt, options.max_tokens)
             whole = client.generate(prompt, options.max_tokens)
         except RequestFailed as exc:
             problems.append(f"{prompt!r}: {exc}")
@@ -200,8 +216,7 @@ def check_streaming(client: EnsembleClient, options: ValidateOptions) -> CheckRe
     detail = ("; ".join(f"{c['responses']} responses over {c['spread_s'] * 1000:.0f} ms, joined == non-streamed"
                         for c in cases) if passed else "; ".join(problems))
     return CheckResult("streaming", passed, detail, data={"cases": cases},
-                       fix="" if passed else "streaming needs decoupled transaction policy on tensorrt_llm (and BLS) "
-                       "and a postprocessing that detokenizes each response's new tokens")
+                       fix="" if passed else client.streaming_fix)
 
 
 def check_http_generate(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
@@ -233,11 +248,12 @@ class BadRequest:
     name: str
     body: dict
     via: str = "generate"  # or "grpc" (the HTTP infer endpoint refuses decoupled models for any request)
-    parameter: str | None = None  # an optional ensemble input it sets out of range: sent only when declared,
-    #                               and the error must name it
+    parameter: str | None = None  # an optional input it sets out of range: sent only when the client declares
+    #                               it, and the error must name it
 
 
 def bad_requests(prompt: str) -> list[BadRequest]:
+    """The ensemble contract's (NVIDIA's inflight_batcher_llm client JSON)."""
     return [
         BadRequest("empty text_input", {"text_input": "", "max_tokens": 8}),
         BadRequest("max_tokens 0", {"text_input": prompt, "max_tokens": 0}),
@@ -255,7 +271,7 @@ def bad_requests(prompt: str) -> list[BadRequest]:
     ]
 
 
-def send_bad_request(client: EnsembleClient, bad: BadRequest) -> tuple[bool, str]:
+def send_bad_request(client: Completions, bad: BadRequest) -> tuple[bool, str]:
     """(rejected, what came back) for one malformed request."""
     if bad.via == "grpc":
         try:
@@ -274,9 +290,11 @@ def send_bad_request(client: EnsembleClient, bad: BadRequest) -> tuple[bool, str
     return False, f"accepted with {response.status_code}: {response.text.strip()[:200]}"
 
 
-def check_bad_requests(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+def check_bad_requests(client: Completions, options: ValidateOptions,
+                       cases: list[BadRequest] | None = None) -> CheckResult:
+    """Send `cases` (default: the ensemble's `bad_requests`), then a good request."""
     outcomes, accepted, undeclared = [], [], []
-    for bad in bad_requests(options.prompts[0]):
+    for bad in bad_requests(options.prompts[0]) if cases is None else cases:
         if bad.parameter and bad.parameter not in client.inputs:
             undeclared.append(bad.name)
             continue
@@ -286,7 +304,7 @@ def check_bad_requests(client: EnsembleClient, options: ValidateOptions) -> Chec
         outcomes.append({"request": bad.name, "rejected": rejected, "answer": answer})
         if not rejected:
             accepted.append(f"{bad.name}: {answer}")
-    healthy = client.server.is_alive() and client.server.is_healthy()
+    healthy = client.healthy()
     try:
         still_serves = bool(client.generate(options.prompts[0], 4))
     except RequestFailed as exc:
@@ -296,9 +314,9 @@ def check_bad_requests(client: EnsembleClient, options: ValidateOptions) -> Chec
     detail = (f"all {len(outcomes)} bad requests rejected; server healthy and serving afterwards" if passed else
               "; ".join(accepted + ([] if healthy else ["the server is no longer healthy"])))
     if undeclared:
-        detail += f" (not sent, the ensemble declares no such input: {', '.join(undeclared)})"
+        detail += f" (not sent, the server declares no such input: {', '.join(undeclared)})"
     return CheckResult("bad_requests", passed, detail,
                        data={"outcomes": outcomes, "healthy_after": healthy, "not_sent": undeclared},
-                       fix="" if passed else "validate inputs in preprocessing / tensorrt_llm and answer with an "
-                       "error response naming the input and its allowed range (never crash the model or hang)")
+                       fix="" if passed else "validate every request field and answer with an error response "
+                       "naming the field and its allowed range (never crash the model or hang)")
 

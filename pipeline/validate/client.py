@@ -74,6 +74,7 @@ class StreamResult:
     error: str | None = None
     timed_out: bool = False
     overloaded: bool = False  # the server shed it (queue full): retry later, the request itself is fine
+    finish_reason: str | None = None  # where the contract reports one (llmapi, OpenAI): the last one sent
 
     @property
     def text(self) -> str:
@@ -102,6 +103,9 @@ class Overloaded(RequestFailed):
 
 class EnsembleClient:
     """Talks to the `ensemble` model the way NVIDIA's clients do (HTTP generate / generate_stream, gRPC stream)."""
+
+    streaming_fix = ("streaming needs decoupled transaction policy on tensorrt_llm (and BLS) and a postprocessing "
+                     "that detokenizes each response's new tokens")
 
     def __init__(self, server: TritonServer, timeout: float = REQUEST_TIMEOUT_S):
         self.server = server
@@ -203,7 +207,18 @@ class EnsembleClient:
             result.error = "generate_stream ended without any event"
         return result, response.status_code
 
+    def healthy(self) -> bool:
+        return self.server.is_alive() and self.server.is_healthy()
+
     # --- gRPC (the bidirectional stream NVIDIA's inflight_batcher_llm_client uses)
+
+    def stream(self, prompt: str, max_tokens: int) -> StreamResult:
+        """The streaming check's request: greedy, `stream` true, over the gRPC stream."""
+        if "stream" not in self.inputs:
+            raise RequestFailed(f"the `{ENSEMBLE}` model has no `stream` input (deploy with decoupled_mode true)")
+        values = {"text_input": prompt, "max_tokens": max_tokens, "stream": True}
+        values.update({k: v for k, v in (("top_k", 1), ("exclude_input_in_output", True)) if k in self.inputs})
+        return self.grpc_stream(values)
 
     def grpc_inputs(self, values: dict):
         """InferInputs with the ensemble's declared data types (with the batch dimension when it batches)."""

@@ -10,6 +10,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import requests
+
+from ..backends.base import INFLIGHT_BATCHER
+from ..backends.pytorch import LLMAPI
 from ..errors import UserError
 from ..outputs import atomic_output_dir
 from ..precisions import QUANT_ALGO
@@ -23,7 +27,9 @@ from .checks import (
     check_models_ready,
     check_streaming,
 )
-from .client import EnsembleClient
+from .client import ENSEMBLE, EnsembleClient
+from .llmapi import MODEL as LLMAPI_MODEL
+from .llmapi import LlmapiClient, llmapi_bad_requests
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
 from .report import CheckResult, ValidateOptions, ValidationReport
@@ -35,6 +41,8 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if not checks[0].passed:
         return checks
     checks.append(check_config_matches(server, repo))
+    if repository_layout(repo, server) == LLMAPI:
+        return checks + run_llmapi_checks(server, options, progress)
     client = EnsembleClient(server, options.request_timeout)
     before = counts_before(server.endpoints.metrics_url) if options.metrics else None
     steps = [("golden", check_golden), ("streaming", check_streaming), ("http_generate", check_http_generate),
@@ -49,6 +57,35 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))
     return checks
+
+
+def run_llmapi_checks(server: TritonServer, options: ValidateOptions,
+                      progress: Callable[[str], None]) -> list[CheckResult]:
+    """The shared checks through the llmapi contract (its own bad requests); no load test or metrics yet."""
+    if options.load_test:
+        raise UserError("--load-test drives the engine ensemble's contract only; drop it for an llmapi repository")
+    client = LlmapiClient(server.http_url, timeout=options.request_timeout)
+    steps = [("golden", check_golden), ("streaming", check_streaming),
+             ("bad_requests", lambda c, o: check_bad_requests(c, o, llmapi_bad_requests(o.prompts[0])))]
+    checks = []
+    for name, check in steps:
+        progress(name)
+        checks.append(check(client, options))
+    return checks
+
+
+def repository_layout(repo: Path | None, server: TritonServer) -> str:
+    """INFLIGHT_BATCHER or LLMAPI: the layout of the backend deploy recorded for REPO, else (a repository deploy
+    did not write, or none given) LLMAPI when the server has no `ensemble` model but a `tensorrt_llm` one."""
+    from ..backends import backend_for
+    from ..deploy import read_deployment
+
+    served = read_deployment(repo) if repo else None
+    if served is not None:
+        return backend_for(served.backend).layout
+    has = {name: requests.get(f"{server.http_url}/v2/models/{name}/config", timeout=30).status_code == 200
+           for name in (ENSEMBLE, LLMAPI_MODEL)}
+    return LLMAPI if has[LLMAPI_MODEL] and not has[ENSEMBLE] else INFLIGHT_BATCHER
 
 
 def validate_repository(repo: Path | None, out: Path, options: ValidateOptions | None = None, *,

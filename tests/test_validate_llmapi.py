@@ -1,0 +1,94 @@
+"""`trtpipe validate` on an llmapi-layout repository (the cpu target's `reference-llmapi` backend), live: one
+embedded Triton per module serves the deployed repository, and validate connects to it with --url.
+
+validate tells the layout from deploy's record (the backend's `layout`) and runs the shared checks through
+the llmapi contract (`text_input` + `sampling_param_*`, `streaming`): the good repository passes every
+check; a repository whose config.pbtxt differs from what the server serves fails config_matches only, and a
+golden reference of another model fails golden only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
+from pipeline.targets import get_target
+from conftest import save_word_tokenizer
+
+LLMAPI_CHECKS = ["models_ready", "config_matches", "golden", "streaming", "bad_requests"]
+
+
+def hf_with_tokenizer(source, out):
+    """The tiny Hugging Face model with the word tokenizer beside it: a golden reference for the repository."""
+    shutil.copytree(source, out)
+    save_word_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint, tiny_llama, tmp_path_factory):
+    """(repository, server URL, golden model directory, another model's directory)."""
+    from pipeline.server import embedded_server
+
+    tmp = tmp_path_factory.mktemp("validate-llmapi")
+    golden = hf_with_tokenizer(tiny_llama("gqa"), tmp / "golden")
+    plan = make_plan(resolve_model_info(str(checkpoint("gqa"))), get_target("cpu"), "fp32",
+                     workload=Workload(input_len=8, output_len=8, max_context=64), backend="reference-llmapi")
+    save_plan(plan, tmp / "plan.json")
+    repo = tmp / "repo"
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(checkpoint("gqa")), "--plan",
+                                       str(tmp / "plan.json"), "--tokenizer", str(golden), "-o", str(repo)])
+    assert result.exit_code == 0, result.output
+    with embedded_server(repo, ready_timeout=300) as server:
+        yield repo, server.http_url, golden, hf_with_tokenizer(tiny_llama("mha"), tmp / "other")
+
+
+def validate(repo, url, golden, out):
+    result = CliRunner().invoke(main, ["validate", str(repo), "--url", url, "--golden", str(golden),
+                                       "--max-tokens", "6", "--device", "cpu", "-o", str(out), "--json"])
+    return result, json.loads((out / "report.json").read_text())
+
+
+def by_name(report) -> dict:
+    return {check["name"]: check for check in report["checks"]}
+
+
+def test_llmapi_repository_passes_every_check(served, tmp_path):
+    repo, url, golden, _ = served
+    result, report = validate(repo, url, golden, tmp_path / "report")
+    assert result.exit_code == 0, result.output
+    checks = by_name(report)
+    assert list(checks) == LLMAPI_CHECKS and report["passed"]
+    cases = checks["golden"]["data"]["cases"]
+    assert all(c["identical"] and c["got"].strip() for c in cases)
+    assert all(c["responses"] >= 2 and c["joined"] == c["non_streamed"] for c in checks["streaming"]["data"]["cases"])
+    outcomes = checks["bad_requests"]["data"]["outcomes"]
+    assert len(outcomes) == 10 and all(o["rejected"] for o in outcomes)
+    named = {o["request"]: o["answer"] for o in outcomes}
+    assert "sampling_param_top_p" in named["top_p above 1"] and "exceed max_seq_len 64" in \
+        named["sampling_param_max_tokens far beyond the context"]
+
+
+def test_a_config_the_server_does_not_serve_fails_config_matches_only(served, tmp_path):
+    repo, url, golden, _ = served
+    broken = tmp_path / "repo"
+    shutil.copytree(repo, broken)
+    config = broken / "tensorrt_llm" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "sampling_param_top_k"', 'name: "sampling_param_topk"'))
+    result, report = validate(broken, url, golden, tmp_path / "report")
+    assert result.exit_code == 1
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert [c["name"] for c in failed] == ["config_matches"] and "sampling_param_topk" in failed[0]["detail"]
+
+
+def test_another_models_reference_fails_golden_only(served, tmp_path):
+    repo, url, _, other = served
+    result, report = validate(repo, url, other, tmp_path / "report")
+    assert result.exit_code == 1
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert [c["name"] for c in failed] == ["golden"] and "identical to" in failed[0]["detail"]
