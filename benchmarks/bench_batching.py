@@ -58,8 +58,10 @@ def merge_rounds(rounds: list[dict]) -> dict:
     return merged
 
 
-def measure_side_by_side(repos: dict[int, Path], rounds: int, requests_per_client: int, max_tokens: int) -> dict:
-    """Both repositories served at once and loaded in alternation, so machine noise hits both alike."""
+def measure_side_by_side(repos: dict, rounds: int, requests_per_client: int, max_tokens: int,
+                         label: str = "max_batch_size ") -> dict:
+    """Both repositories served at once and loaded in alternation, so machine noise hits both alike
+    (benchmarks/bench_cpu_runtime.py uses it too; `label` + a key of `repos` names each in the progress)."""
     with ExitStack() as stack:
         clients = {}
         for batch_size, repo in repos.items():
@@ -71,7 +73,7 @@ def measure_side_by_side(repos: dict[int, Path], rounds: int, requests_per_clien
             for batch_size, client in clients.items():
                 measured[batch_size].append(run_level(client, DEFAULT_PROMPTS, max_tokens, CONCURRENCY,
                                                       requests_per_client))
-                print(f"round {i + 1}/{rounds} max_batch_size {batch_size}: "
+                print(f"round {i + 1}/{rounds} {label}{batch_size}: "
                       f"{measured[batch_size][-1]['output_tokens_per_s']:.2f} tokens/s", flush=True)
     return {b: merge_rounds(r) for b, r in measured.items()}
 

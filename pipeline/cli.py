@@ -15,6 +15,7 @@ import click
 from . import __version__
 from .errors import UserError
 from .backends import BACKENDS as BACKEND_NAMES
+from .backends.reference import RUNTIMES
 from .precisions import PRECISIONS
 
 #: The image the Dockerfile builds (`docker build -t trtpipe:VERSION .`), for `trtpipe k8s`.
@@ -487,8 +488,11 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, force, as_j
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
               help="Directory with the tokenizer files (default: CHECKPOINT/tokenizer or ENGINE/tokenizer).")
 @click.option("--force", is_flag=True, help="Replace an existing repository made from other inputs.")
+@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default=None,
+              help="cpu target: what the tensorrt_llm Python model computes with (default: the plan's backend; "
+                   "onnxruntime exports the checkpoint to ONNX into the repository). Same repository contract.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def deploy(engine, checkpoint, plan_path, out, tokenizer, force, as_json):
+def deploy(engine, checkpoint, plan_path, out, tokenizer, force, runtime, as_json):
     """Write a Triton model repository (NVIDIA's inflight_batcher_llm layout) from a plan.
 
     \b
@@ -496,13 +500,14 @@ def deploy(engine, checkpoint, plan_path, out, tokenizer, force, as_json):
     (engine or reference) decides what tensorrt_llm runs.
     Examples:
       trtpipe deploy --checkpoint out/ckpt --plan out/plan.json -o out/model_repo          # cpu target
+      trtpipe deploy --checkpoint out/ckpt --plan out/plan.json --runtime onnxruntime -o out/model_repo
       trtpipe deploy --engine out/engine --plan out/plan.json --tokenizer ./Llama-3-8B -o out/model_repo
     """
     from .deploy import deploy_repository
     from .plan import load_plan
 
     result = deploy_repository(load_plan(plan_path), out, engine=engine, checkpoint=checkpoint, tokenizer=tokenizer,
-                               force=force)
+                               force=force, runtime=runtime)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
 
 

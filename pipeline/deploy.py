@@ -34,6 +34,7 @@ from . import TRTLLM_VERSION
 from .backends import backend_for
 from .backends.base import MODEL_SOURCES, shell_command
 from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
+from .backends.reference import with_runtime
 from .convert import TOKENIZER_FILES
 from .errors import UserError
 from .outputs import fingerprint_inputs, read_manifest, stage_output
@@ -114,9 +115,12 @@ class DeployResult:
 
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
-                      tokenizer: Path | None = None, force: bool = False) -> DeployResult:
-    """Write the model repository for `plan` at `out` (a no-op when `out` is up to date)."""
+                      tokenizer: Path | None = None, force: bool = False, runtime: str | None = None) -> DeployResult:
+    """Write the model repository for `plan` at `out` (a no-op when `out` is up to date); `runtime` (cpu target:
+    torch or onnxruntime, `backends.reference.RUNTIMES`) overrides the plan's."""
     out = Path(out)
+    if runtime is not None:
+        plan = with_runtime(plan, runtime)
     backend = backend_for(plan.backend)
     engine, checkpoint = backend.check_artifacts(engine, checkpoint)
     settings = settings_from_plan(plan, engine)

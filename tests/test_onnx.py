@@ -72,7 +72,27 @@ def test_float_export_equals_runtime_through_kv_cache_and_in_greedy_generation(f
     decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(ckpt)
     assert_matches_through_cache(decoder, ref, random_ids(101, 2, 14), prefill=9)
     prompt = random_ids(101, 1, 7, seed=3)[0].tolist()
-    assert decoder.generate_greedy(prompt, 12) == ref.generate([prompt], SamplingConfig(max_new_tokens=12))[0]
+    greedy = SamplingConfig(max_new_tokens=12)
+    assert decoder.generate([prompt], greedy) == ref.generate([prompt], greedy)
+
+
+def test_batched_generation_of_prompts_of_different_lengths_equals_the_runtime(checkpoint, tmp_path):
+    """Left-padded prefill, rows leaving the cache as they end (max tokens, end_id, a stop word), and seeded
+    sampling: the same tokens, streamed in the same order, as the torch runtime."""
+    ckpt = checkpoint("gqa")
+    export_onnx(ckpt, tmp_path / "onnx")
+    decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(ckpt)
+    prompts = [random_ids(101, 1, n, seed=n)[0].tolist() for n in (3, 11, 6, 8)]
+    free = ref.generate(prompts, SamplingConfig(max_new_tokens=10))
+    configs = [SamplingConfig(max_new_tokens=4), SamplingConfig(max_new_tokens=10, end_id=free[1][5]),
+               SamplingConfig(max_new_tokens=10, stop_words=[free[2][2:4]]),
+               SamplingConfig(max_new_tokens=10, top_k=20, temperature=0.7, seed=5)]
+    streams = ([], [])
+    got = decoder.generate(prompts, configs, on_token=lambda r, t: streams[0].append((r, t)))
+    want = ref.generate(prompts, configs, on_token=lambda r, t: streams[1].append((r, t)))
+    assert got == want and streams[0] == streams[1]
+    stop_at = next(i + 2 for i in range(9) if free[2][i:i + 2] == free[2][2:4])
+    assert [len(out) for out in got[:3]] == [4, free[1].index(free[1][5]), stop_at]
 
 
 def test_io_names_and_genai_config_follow_onnxruntime_genai(checkpoint, tmp_path):
@@ -213,7 +233,8 @@ def test_smollm2_export_equals_runtime(smollm2_checkpoint, tmp_path):
     decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(smollm2_checkpoint)
     assert_matches_through_cache(decoder, ref, random_ids(49152, 1, 24), prefill=16)
     prompt = random_ids(49152, 1, 10, seed=1)[0].tolist()
-    assert decoder.generate_greedy(prompt, 16) == ref.generate([prompt], SamplingConfig(max_new_tokens=16))[0]
+    greedy = SamplingConfig(max_new_tokens=16)
+    assert decoder.generate([prompt], greedy) == ref.generate([prompt], greedy)
 
 
 def test_trtexec_command_shapes_come_from_the_plan():

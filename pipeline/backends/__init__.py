@@ -5,6 +5,7 @@ validate dispatch on that name through `backend_for`, never on the target. One m
 
 - `engine`: a TensorRT-LLM 1.2.1 engine (trtllm-build) in Triton's `tensorrtllm` backend (GPU targets);
 - `reference`: trtpipe's reference runtime serving the checkpoint from a Triton Python model (the cpu target);
+  `reference-onnx`: the same model computing with ONNX Runtime over the checkpoint's ONNX export;
 - `pytorch`: TensorRT-LLM's LLM API serving the Hugging Face model with no compile step (GPU targets), in
   Triton's llmapi layout or trtllm-serve; `reference-llmapi`: the same llmapi contract on the cpu target.
 
@@ -20,8 +21,10 @@ from .engine import BACKEND as _ENGINE
 from .pytorch import BACKEND as _PYTORCH
 from .pytorch import REFERENCE_BACKEND as _REFERENCE_LLMAPI
 from .reference import BACKEND as _REFERENCE
+from .reference import ONNX_BACKEND as _REFERENCE_ONNX
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (_ENGINE, _REFERENCE, _PYTORCH, _REFERENCE_LLMAPI)}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (_ENGINE, _REFERENCE, _PYTORCH, _REFERENCE_LLMAPI,
+                                                    _REFERENCE_ONNX)}
 #: The backend a target kind gets when the plan request names none.
 DEFAULT_BACKEND = {"gpu": ENGINE, "cpu": REFERENCE}
 

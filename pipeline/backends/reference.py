@@ -7,12 +7,18 @@ Python-backend `tensorrt_llm` model (the cpu target; no engine, nothing to build
   (`checkpoint/`, hard links when possible) and the runtime package (`pipeline/`, exactly the modules
   `pipeline.runtime` imports), so the server's Python needs torch, safetensors, numpy and transformers
   but not trtpipe itself.
+
+`reference-onnx` is the same repository with the onnxruntime runtime: deploy exports the checkpoint
+(`trtpipe export-onnx`) into `REPO/tensorrt_llm/1/onnx` and copies pipeline/onnx/runner.py beside the
+runtime, and the same model.py generates with `OrtDecoder` (ONNX Runtime) instead of `ReferenceModel`;
+`trtpipe deploy --runtime onnxruntime` picks it for a reference plan.
 """
 
 from __future__ import annotations
 
 import ast
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
@@ -38,6 +44,12 @@ QUEUE_DELAY_US = 1000
 #: The `tensorrt_llm` model's source, copied into REPO/tensorrt_llm/1/.
 MODEL_SOURCE = MODEL_SOURCES / "tensorrt_llm" / "1" / "model.py"
 CHECKPOINT_DIR = "checkpoint"
+REFERENCE_ONNX = "reference-onnx"
+ONNX_DIR = "onnx"
+#: The tensorrt_llm model's `runtime` parameter -> the backend that deploys it (deploy --runtime).
+RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
+#: What the onnxruntime runtime imports besides pipeline/runtime (copied into the repository).
+ORT_RUNNER = PACKAGE_DIR / "onnx" / "runner.py"
 
 
 class ReferenceBackend:
@@ -92,7 +104,39 @@ class ReferenceBackend:
         copy_runtime(runtime_closure(), version_dir)
 
 
+class ReferenceOnnxBackend(ReferenceBackend):
+    name = REFERENCE_ONNX
+    summary = "no engine: ONNX Runtime serves the checkpoint's ONNX export from a Triton Python model"
+
+    def plan(self, request: PlanRequest) -> Plan:
+        return with_runtime(plan_reference(request), "onnxruntime")
+
+    def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
+        return [MODEL_SOURCE, *runtime_closure((ORT_RUNNER,)), checkpoint]
+
+    def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
+        parameters = {key: value for key, value in super().model_parameters(plan, engine).items()
+                      if key != "checkpoint_dir"}
+        return {**parameters, "runtime": "onnxruntime", "onnx_dir": ONNX_DIR}
+
+    def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
+        from ..onnx.export import export_onnx
+
+        shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
+        export_onnx(checkpoint, version_dir / ONNX_DIR)
+        copy_runtime(runtime_closure((ORT_RUNNER,)), version_dir)
+
+
 BACKEND = ReferenceBackend()
+ONNX_BACKEND = ReferenceOnnxBackend()
+
+
+def with_runtime(plan: Plan, runtime: str) -> Plan:
+    """`plan` (the cpu target's) served with `runtime` (a key of RUNTIMES): its backend for that runtime."""
+    if plan.backend not in RUNTIMES.values():
+        raise UserError(f"--runtime {runtime} applies to the cpu target's reference runtime; this plan's backend is "
+                        f"{plan.backend!r} (plan for --target cpu)")
+    return replace(plan, backend=RUNTIMES[runtime])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,12 +220,13 @@ def copy_checkpoint(checkpoint: Path, dest: Path) -> None:
             shutil.copyfile(f, dest / f.name)
 
 
-def runtime_closure() -> list[Path]:
-    """`pipeline/__init__.py`, `pipeline/runtime/**.py` and every pipeline module they import, transitively."""
+def runtime_closure(roots: tuple[Path, ...] = ()) -> list[Path]:
+    """`pipeline/__init__.py`, `pipeline/runtime/**.py`, `roots` and every pipeline module they import,
+    transitively."""
     runtime = PACKAGE_DIR / "runtime"
     if not (runtime / "__init__.py").is_file():
         raise UserError("trtpipe's reference runtime (pipeline/runtime) is missing; the reference backend needs it")
-    todo = [PACKAGE_DIR / "__init__.py", *sorted(runtime.rglob("*.py"))]
+    todo = [PACKAGE_DIR / "__init__.py", *sorted(runtime.rglob("*.py")), *roots]
     seen: set[Path] = set()
     while todo:
         path = todo.pop()

@@ -20,10 +20,10 @@ from ..checkpoint import CheckpointConfig
 from ..errors import UserError
 from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.checkpoint import CheckpointReader
+from . import CONFIG_FILE, DATA_FILE, MODEL_FILE
 from .graph import BATCH, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph
 from .quantize import quantized_weights
 
-MODEL_FILE, DATA_FILE, CONFIG_FILE = "model.onnx", "model.onnx.data", "genai_config.json"
 PRECISIONS = ("auto", "fp32", "fp16", "int8-sq", "fp8")
 #: the checkpoint quantization each precision exports
 QUANT_OF = {"fp32": None, "fp16": None, "int8-sq": "W8A8_SQ_PER_CHANNEL", "fp8": "FP8"}

@@ -1,8 +1,13 @@
-"""An exported decoder run with ONNX Runtime (CPU): one step over the KV cache, prefill logits, greedy generation.
+"""An exported decoder run with ONNX Runtime (CPU): one step over the KV cache, prefill logits, generation.
 
 `OrtDecoder.forward(input_ids [B, T]) -> logits [B, T, vocab]` (torch, from position 0) is the
 `LogitsModel` perplexity expects; `step` feeds new tokens after a cache of any length and returns the
-cache to feed next, which is how ONNX Runtime runs the graph in a decode loop.
+cache to feed next, which is how ONNX Runtime runs the graph in a decode loop. `generate` is the
+reference runtime's (`ReferenceModel.generate`, the loop of pipeline/runtime/generate.py): the prompts
+are prefilled together, left-padded into one cache (padding masked by `attention_mask`, every row's
+`position_ids` its own), then decoded one token per row per step; a finished row leaves the cache.
+Only `pipeline.runtime` and this package's names are imported, so the cpu target's Triton model can
+copy it (`trtpipe deploy` with the onnxruntime runtime) and needs onnxruntime, not onnx.
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from .export import CONFIG_FILE, MODEL_FILE
-from .graph import past_names, present_names
+from ..runtime.generate import TokenCallback, check_requests, generate
+from ..runtime.sampling import SamplingConfig
+from . import CONFIG_FILE
 
 
 @dataclass
@@ -29,51 +36,85 @@ class Cache:
     def length(self) -> int:
         return self.mask.shape[1]
 
+    def select(self, rows: list[int]) -> Cache:
+        return Cache({name: t[rows] for name, t in self.tensors.items()}, self.mask[rows])
+
 
 class OrtDecoder:
     def __init__(self, directory: Path, threads: int | None = None):
         import onnxruntime as ort
 
         directory = Path(directory)
-        decoder = json.loads((directory / CONFIG_FILE).read_text())["model"]["decoder"]
+        model = json.loads((directory / CONFIG_FILE).read_text())["model"]
+        decoder = model["decoder"]
+        self.vocab_size, self.max_position_embeddings = model["vocab_size"], model["context_length"]
         self.layers, self.kv_heads = decoder["num_hidden_layers"], decoder["num_key_value_heads"]
         self.head_size = decoder["head_size"]
+        inputs, outputs = decoder["inputs"], decoder["outputs"]
+        #: (past key, present key) and (past value, present value) names of every layer
+        self.cache_names = [(inputs[f"past_{kind}_names"] % i, outputs[f"present_{kind}_names"] % i)
+                            for i in range(self.layers) for kind in ("key", "value")]
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(directory / MODEL_FILE), opts, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(directory / decoder["filename"]), opts,
+                                            providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def empty_cache(self, batch: int) -> Cache:
         shape = (batch, self.kv_heads, 0, self.head_size)
-        tensors = {n: np.zeros(shape, np.float32) for i in range(self.layers) for n in past_names(i)}
+        tensors = {past: np.zeros(shape, np.float32) for past, _ in self.cache_names}
         return Cache(tensors, np.zeros((batch, 0), np.int64))
 
-    def step(self, input_ids: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
-        """Logits [B, T, vocab] of T new tokens per sequence after the cache, and the grown cache."""
+    def step(self, input_ids: np.ndarray, cache: Cache, positions: np.ndarray | None = None,
+             mask: np.ndarray | None = None) -> tuple[np.ndarray, Cache]:
+        """Logits [B, T, vocab] of T new tokens per sequence after the cache, and the grown cache. `positions`
+        (default: right after the cache) and `mask` (default: all ones) describe the new tokens."""
         b, t = input_ids.shape
-        mask = np.concatenate([cache.mask, np.ones((b, t), np.int64)], axis=1)
-        positions = np.broadcast_to(np.arange(cache.length, cache.length + t, dtype=np.int64), (b, t))
+        if positions is None:
+            positions = np.arange(cache.length, cache.length + t, dtype=np.int64)
+        mask = np.concatenate([cache.mask, np.ones((b, t), np.int64) if mask is None else mask], axis=1)
         feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": mask,
-                 "position_ids": np.ascontiguousarray(positions), **cache.tensors}
+                 "position_ids": np.ascontiguousarray(np.broadcast_to(positions, (b, t)), np.int64), **cache.tensors}
         results = dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
-        present = {past: results[now] for i in range(self.layers)
-                   for past, now in zip(past_names(i), present_names(i))}
-        return results["logits"], Cache(present, mask)
+        return results["logits"], Cache({past: results[now] for past, now in self.cache_names}, mask)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = np.asarray(torch.as_tensor(input_ids))
         logits, _ = self.step(ids, self.empty_cache(ids.shape[0]))
         return torch.from_numpy(logits)
 
-    def generate_greedy(self, prompt: list[int], max_new_tokens: int, end_id: int | None = None) -> list[int]:
-        logits, cache = self.step(np.array([prompt]), self.empty_cache(1))
-        out: list[int] = []
-        while len(out) < max_new_tokens:
-            token = int(np.argmax(logits[0, -1]))
-            if token == end_id:
-                break
-            out.append(token)
-            if len(out) < max_new_tokens:
-                logits, cache = self.step(np.array([[token]]), cache)
-        return out
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
+                 on_token: TokenCallback | None = None) -> list[list[int]]:
+        """New tokens of every prompt, as `ReferenceModel.generate` makes them."""
+        configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
+        return generate(OrtBatch(self, prompts), configs, on_token)
+
+
+class OrtBatch:
+    """OrtDecoder's `Decoder` (pipeline/runtime/generate.py): the live rows' prompts in one left-padded cache."""
+
+    def __init__(self, decoder: OrtDecoder, prompts: Sequence[Sequence[int]]):
+        self.decoder, self.prompts = decoder, prompts
+        self.rows: list[int] = []         # the prompt of each cache row
+        self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [rows, 1] the position of each row's next token
+        self.cache = decoder.empty_cache(0)
+
+    def prefill(self, rows: list[int]) -> torch.Tensor:
+        width = max(len(self.prompts[r]) for r in rows)
+        ids, positions, mask = (np.zeros((len(rows), width), np.int64) for _ in range(3))
+        for i, r in enumerate(rows):
+            n = len(self.prompts[r])
+            ids[i, width - n:], positions[i, width - n:], mask[i, width - n:] = self.prompts[r], np.arange(n), 1
+        logits, self.cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask)
+        self.rows, self.next = rows, positions[:, -1:] + 1
+        return torch.from_numpy(logits[:, -1])
+
+    def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
+        if rows != self.rows:
+            index = {r: i for i, r in enumerate(self.rows)}
+            keep = [index[r] for r in rows]
+            self.rows, self.next, self.cache = rows, self.next[keep], self.cache.select(keep)
+        logits, self.cache = self.decoder.step(np.array(tokens, np.int64)[:, None], self.cache, self.next)
+        self.next = self.next + 1
+        return torch.from_numpy(logits[:, -1])

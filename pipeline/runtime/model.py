@@ -25,12 +25,12 @@ from ..errors import UserError
 from ..checkpoint import CheckpointConfig
 from .checkpoint import Layer, Linear, ModelWeights, load_checkpoint
 from .rope import RotaryTable
-from .sampling import SamplingConfig, TokenSelector
+from .generate import TokenCallback, check_requests, generate
+from .sampling import SamplingConfig
 
 Observer = Callable[[str, torch.Tensor], None]
 #: the GatedMLP linears that read the same input and can run as one GEMM
 FUSED_MLP = ("mlp.fc", "mlp.gate")
-TokenCallback = Callable[[int, int], None]
 
 
 class KVCache:
@@ -136,62 +136,33 @@ class ReferenceModel:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
                  on_token: TokenCallback | None = None) -> list[list[int]]:
         """New tokens of every prompt. Requests share batched decode steps but never each other's cache rows."""
-        configs = self._per_request(prompts, sampling)
-        n = len(prompts)
-        if n == 0:
-            return []
-        capacity = max(len(p) + c.max_new_tokens for p, c in zip(prompts, configs))
-        cache = self._cache(n, capacity)
-        selectors = [TokenSelector(c) for c in configs]
-        outputs: list[list[int]] = [[] for _ in range(n)]
-        last_logits = torch.empty(n, self.cfg.arch.vocab_size)
-        for r, prompt in enumerate(prompts):
-            if configs[r].max_new_tokens:
-                ids = torch.tensor([list(prompt)])
-                hidden = self._hidden(ids, torch.arange(ids.shape[1])[None], cache, torch.tensor([r]), None)
-                last_logits[r] = self._logits(hidden[0, -1])
-        active = [r for r in range(n) if configs[r].max_new_tokens]
-        while active:
-            fed = []
-            for r in active:
-                token = selectors[r](last_logits[r])
-                if self._accept(r, token, configs[r], outputs[r], on_token):
-                    fed.append(r)
-            active = fed
-            if not active:
-                break
-            rows = None if active == list(range(n)) else torch.tensor(active)
-            tokens = torch.tensor([[outputs[r][-1]] for r in active])
-            positions = torch.tensor([[len(prompts[r]) + len(outputs[r]) - 1] for r in active])
-            hidden = self._hidden(tokens, positions, cache, rows, None)
-            last_logits[active] = self._logits(hidden[:, 0])
-        return outputs
+        configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
+        return generate(CacheDecoder(self, prompts, configs), configs, on_token) if prompts else []
 
-    @staticmethod
-    def _accept(r: int, token: int, cfg: SamplingConfig, out: list[int], on_token: TokenCallback | None) -> bool:
-        """Record a new token; True when the request continues. end_id ends it without being output."""
-        if cfg.end_id is not None and token == cfg.end_id:
-            return False
-        out.append(token)
-        if on_token is not None:
-            on_token(r, token)
-        if len(out) >= cfg.max_new_tokens:
-            return False
-        return not any(len(out) >= len(s) and out[-len(s):] == list(s) for s in cfg.stop_words)
 
-    def _per_request(self, prompts, sampling) -> list[SamplingConfig]:
-        configs = [sampling] * len(prompts) if isinstance(sampling, SamplingConfig) else list(sampling)
-        if len(configs) != len(prompts):
-            raise UserError(f"got {len(configs)} sampling configs for {len(prompts)} prompts")
-        for r, (prompt, cfg) in enumerate(zip(prompts, configs)):
-            if len(prompt) == 0:
-                raise UserError(f"prompt {r} is empty; every request needs at least one input token")
-            self._check_tokens(torch.tensor(list(prompt)))
-            total = len(prompt) + cfg.max_new_tokens
-            if total > self.cfg.arch.max_position_embeddings:
-                raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
-                                f"max_position_embeddings {self.cfg.arch.max_position_embeddings}")
-        return configs
+class CacheDecoder:
+    """The reference runtime's `Decoder` (pipeline/runtime/generate.py): one preallocated cache row per prompt."""
+
+    def __init__(self, model: ReferenceModel, prompts: Sequence[Sequence[int]], configs: list[SamplingConfig]):
+        self.model, self.prompts = model, prompts
+        self.cache = model._cache(len(prompts), max(len(p) + c.max_new_tokens for p, c in zip(prompts, configs)))
+        self.lengths = [len(p) for p in prompts]   # the position of each row's next token
+
+    def prefill(self, rows: list[int]) -> torch.Tensor:
+        logits = torch.empty(len(rows), self.model.vocab_size)
+        for i, r in enumerate(rows):
+            ids = torch.tensor([list(self.prompts[r])])
+            hidden = self.model._hidden(ids, torch.arange(ids.shape[1])[None], self.cache, torch.tensor([r]), None)
+            logits[i] = self.model._logits(hidden[0, -1])
+        return logits
+
+    def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
+        cache_rows = None if rows == list(range(len(self.prompts))) else torch.tensor(rows)
+        positions = torch.tensor([[self.lengths[r]] for r in rows])
+        for r in rows:
+            self.lengths[r] += 1
+        hidden = self.model._hidden(torch.tensor([[t] for t in tokens]), positions, self.cache, cache_rows, None)
+        return self.model._logits(hidden[:, 0])
 
 
 def make_step(cfg: CheckpointConfig, rotary: RotaryTable, positions: torch.Tensor, rows: torch.Tensor | None,

@@ -2,7 +2,10 @@
 
 The model runs the TensorRT-LLM checkpoint in `checkpoint/` (beside this file) with `pipeline.runtime`,
 copied into this directory by `trtpipe deploy`, so the server's Python needs torch, safetensors and
-numpy but not trtpipe. Every request Triton's dynamic batcher hands to one `execute` call is generated
+numpy but not trtpipe. With the parameter `runtime` = onnxruntime (backend reference-onnx) it runs the
+checkpoint's ONNX export in `onnx/` with ONNX Runtime (`pipeline.onnx.runner.OrtDecoder`, also copied;
+onnxruntime is then needed too); the generation loop and sampling are the same (pipeline/runtime/generate.py).
+Every request Triton's dynamic batcher hands to one `execute` call is generated
 together (the rows of all requests share batched decode steps). In decoupled mode a streaming request
 gets one response per new token, the last one flagged final; otherwise one response holds the prompt
 and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does.
@@ -197,7 +200,12 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
+        if parameter(config, "runtime", "torch") == "onnxruntime":
+            from pipeline.onnx.runner import OrtDecoder
+
+            self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"))
+        else:
+            self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
         limit = int(parameter(config, "max_seq_len", "0"))
         self.max_seq_len = min(limit, self.model.max_position_embeddings) if limit > 0 else \
             self.model.max_position_embeddings

@@ -1,0 +1,62 @@
+"""The cpu target's two runtimes on SmolLM2: output tokens/s at concurrency 8, ONNX Runtime vs torch, side by side.
+
+The same checkpoint and plan deployed twice — `--runtime onnxruntime` (backend reference-onnx: the ONNX
+export served by ONNX Runtime) and `--runtime torch` (the reference runtime) — both served by embedded
+Triton servers at once and loaded in alternating rounds by 8 concurrent streaming clients (the load
+generator of `trtpipe validate --load-test`, through bench_batching's `measure_side_by_side`). Goal: >= 2x.
+
+    .venv/bin/python benchmarks/bench_cpu_runtime.py [--checkpoint DIR] [--rounds 2] [--requests-per-client 2]
+
+Without --checkpoint SmolLM2 is converted to a float32 checkpoint (cached in --workdir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench_batching import CONCURRENCY, lookup, measure_side_by_side, smollm2_checkpoint
+
+from pipeline.deploy import deploy_repository
+from pipeline.plan import make_plan, resolve_model_info
+from pipeline.targets import get_target
+
+RUNTIMES = ("onnxruntime", "torch")
+GOAL = 2.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-cpu-runtime"))
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating measurements of each runtime")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.checkpoint or smollm2_checkpoint(args.workdir)
+    plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32")
+    repos = {runtime: deploy_repository(plan, args.workdir / f"repo-{runtime}", checkpoint=checkpoint,
+                                        runtime=runtime).path for runtime in RUNTIMES}
+    results = measure_side_by_side(repos, args.rounds, args.requests_per_client, args.max_tokens, label="")
+
+    print(f"\n{checkpoint.name} on the cpu target, concurrency {CONCURRENCY}, {args.rounds} rounds x "
+          f"{args.requests_per_client} requests/client, {args.max_tokens} tokens each (percentiles: worst round)")
+    print(f"{'':24}{'onnxruntime':>14}{'torch':>14}{'ratio':>8}")
+    rows = [("output tokens/s", "output_tokens_per_s", "{:.2f}"),
+            ("request latency p50 ms", "latency_ms.p50", "{:.0f}"),
+            ("TTFT p50 ms", "ttft_ms.p50", "{:.0f}"), ("ITL p50 ms", "itl_ms.p50", "{:.0f}"),
+            ("requests failed", "failed", "{}"), ("requests shed", "shed", "{}")]
+    for label, key, fmt in rows:
+        values = [lookup(results[r], key) for r in RUNTIMES]
+        ratio = f"{values[0] / values[1]:.2f}x" if key == "output_tokens_per_s" and values[1] else ""
+        print(f"{label:24}{fmt.format(values[0]):>14}{fmt.format(values[1]):>14}{ratio:>8}")
+    speedup = results["onnxruntime"]["output_tokens_per_s"] / results["torch"]["output_tokens_per_s"]
+    print(f"\nonnxruntime / torch: {speedup:.2f}x (goal >= {GOAL:g}x: {'met' if speedup >= GOAL else 'NOT met'})")
+    (args.workdir / "bench_cpu_runtime.json").write_text(json.dumps(results, indent=2))
+    print(f"raw numbers: {args.workdir / 'bench_cpu_runtime.json'}")
+
+
+if __name__ == "__main__":
+    main()

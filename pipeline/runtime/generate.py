@@ -1,0 +1,72 @@
+"""The generation loop every runtime shares: sampling, end_id, stop words and streaming callbacks.
+
+A runtime provides a `Decoder` for one batch of prompts: `prefill(rows)` computes the prompts of those
+rows and returns the logits of each prompt's last token, `decode(rows, tokens)` feeds one new token per
+row after everything that row has seen and returns the next logits. `generate` picks tokens with
+`TokenSelector` (pipeline/runtime/sampling.py) and decides when each request ends, so the torch reference
+runtime (pipeline/runtime/model.py) and ONNX Runtime (pipeline/onnx/runner.py) generate alike.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..errors import UserError
+from .sampling import SamplingConfig, TokenSelector
+
+TokenCallback = Callable[[int, int], None]
+
+
+class Decoder(Protocol):
+    def prefill(self, rows: list[int]) -> torch.Tensor:
+        """float32 [len(rows), vocab]: the logits after each row's prompt."""
+
+    def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
+        """float32 [len(rows), vocab]: the logits after feeding `tokens[i]` to row `rows[i]`."""
+
+
+def check_requests(prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
+                   vocab_size: int, max_positions: int) -> list[SamplingConfig]:
+    """One SamplingConfig per prompt; UserError for an empty prompt, an id outside the vocabulary or a
+    request longer than the model's positions."""
+    configs = [sampling] * len(prompts) if isinstance(sampling, SamplingConfig) else list(sampling)
+    if len(configs) != len(prompts):
+        raise UserError(f"got {len(configs)} sampling configs for {len(prompts)} prompts")
+    for r, (prompt, cfg) in enumerate(zip(prompts, configs)):
+        if len(prompt) == 0:
+            raise UserError(f"prompt {r} is empty; every request needs at least one input token")
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise UserError(f"token ids must be in [0, {vocab_size}) (got {min(prompt)}..{max(prompt)})")
+        total = len(prompt) + cfg.max_new_tokens
+        if total > max_positions:
+            raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
+                            f"max_position_embeddings {max_positions}")
+    return configs
+
+
+def generate(decoder: Decoder, configs: list[SamplingConfig], on_token: TokenCallback | None) -> list[list[int]]:
+    """New tokens of every row. Rows share batched decode steps; a finished row leaves the batch."""
+    selectors = [TokenSelector(c) for c in configs]
+    outputs: list[list[int]] = [[] for _ in configs]
+    active = [r for r, c in enumerate(configs) if c.max_new_tokens]
+    logits = decoder.prefill(active) if active else None
+    while active:
+        fed = [r for i, r in enumerate(active) if accept(r, selectors[r](logits[i]), configs[r], outputs[r], on_token)]
+        active = fed
+        if active:
+            logits = decoder.decode(active, [outputs[r][-1] for r in active])
+    return outputs
+
+
+def accept(r: int, token: int, cfg: SamplingConfig, out: list[int], on_token: TokenCallback | None) -> bool:
+    """Record a new token; True when the request continues. end_id ends it without being output."""
+    if cfg.end_id is not None and token == cfg.end_id:
+        return False
+    out.append(token)
+    if on_token is not None:
+        on_token(r, token)
+    if len(out) >= cfg.max_new_tokens:
+        return False
+    return not any(len(out) >= len(s) and out[-len(s):] == list(s) for s in cfg.stop_words)

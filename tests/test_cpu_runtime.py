@@ -1,0 +1,78 @@
+"""The cpu target's onnxruntime runtime (`trtpipe deploy --runtime onnxruntime`, backend reference-onnx): the
+same five-model repository, its tensorrt_llm model computing with ONNX Runtime, validated like the torch one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import save_word_tokenizer
+
+from pipeline.cli import main
+from pipeline.convert import convert_model
+from pipeline.plan import make_plan, resolve_model_info
+from pipeline.sources import resolve_model
+from pipeline.targets import get_target
+from pipeline.validate import ValidateOptions, parse_config, reference_for, validate_repository
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama, tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Llama HF directory with a word tokenizer, its float32 checkpoint and cpu plan.json."""
+    root = tmp_path_factory.mktemp("cpu-runtime")
+    model = root / "model"
+    shutil.copytree(tiny_llama("gqa"), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))  # the plan's context
+    save_word_tokenizer(model)
+    ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
+    plan = make_plan(resolve_model_info(str(model)), get_target("cpu"), "fp32")
+    (root / "plan.json").write_text(json.dumps(plan.to_dict()))
+    return ckpt, root / "plan.json"
+
+
+def deploy(tiny, out: Path, *args: str):
+    ckpt, plan = tiny
+    return CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan), "-o", str(out),
+                                     *args])
+
+
+def test_deploy_runtime_onnxruntime_exports_into_the_repository_with_the_same_contract(tiny, tmp_path):
+    assert deploy(tiny, tmp_path / "torch").exit_code == 0
+    result = deploy(tiny, tmp_path / "ort", "--runtime", "onnxruntime")
+    assert result.exit_code == 0, result.output
+    assert "ONNX Runtime" in result.output
+    version = tmp_path / "ort" / "tensorrt_llm" / "1"
+    assert (version / "onnx" / "model.onnx").is_file() and (version / "pipeline" / "onnx" / "runner.py").is_file()
+    assert not (version / "checkpoint").exists()
+    ort, torch = (parse_config(tmp_path / r / "tensorrt_llm" / "config.pbtxt") for r in ("ort", "torch"))
+    assert ort.parameters["runtime"].string_value == "onnxruntime"
+    assert ort.input == torch.input and ort.output == torch.output
+    for model in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        assert (tmp_path / "ort" / model / "config.pbtxt").read_text() == \
+            (tmp_path / "torch" / model / "config.pbtxt").read_text()
+    manifest = json.loads((tmp_path / "ort" / "manifest.json").read_text())
+    assert manifest["deployment"]["backend"] == "reference-onnx"
+
+
+def test_runtime_is_refused_for_a_gpu_plan(tiny, tmp_path):
+    gpu = make_plan(resolve_model_info("smollm2-135m"), get_target("l40s"), "fp16")
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu.to_dict()))
+    result = deploy((tiny[0], tmp_path / "gpu.json"), tmp_path / "repo", "--runtime", "onnxruntime")
+    assert result.exit_code == 2
+    assert "--runtime onnxruntime applies to the cpu target's reference runtime" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_validate_passes_on_both_runtimes(tiny, tmp_path, runtime):
+    assert deploy(tiny, tmp_path / "repo", "--runtime", runtime).exit_code == 0
+    report = validate_repository(tmp_path / "repo", tmp_path / "validation", ValidateOptions(
+        golden=reference_for(tmp_path / "repo", None), max_tokens=8, request_timeout=60))
+    failed = {c.name: c.detail for c in report.checks if not c.passed}
+    assert not failed, failed
+    golden = next(c for c in report.checks if c.name == "golden")
+    assert golden.data["mean_token_agreement"] == 1.0
