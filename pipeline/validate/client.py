@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import requests
@@ -190,10 +191,7 @@ class EnsembleClient:
                 if response.status_code != 200:
                     result.error = f"generate_stream returned {response.status_code}: {response.text.strip()[:300]}"
                     return result, response.status_code
-                for line in response.iter_lines():
-                    if not line.startswith(b"data:"):
-                        continue
-                    event = json.loads(line[5:])
+                for event in generate_stream_events(response):
                     if "error" in event:
                         result.error = str(event["error"])
                         return result, response.status_code
@@ -209,6 +207,7 @@ class EnsembleClient:
 
     def healthy(self) -> bool:
         return self.server.is_alive() and self.server.is_healthy()
+
 
     # --- gRPC (the bidirectional stream NVIDIA's inflight_batcher_llm_client uses)
 
@@ -275,3 +274,10 @@ class EnsembleClient:
         result.overloaded = result.error is not None and is_overload(None, result.error)
         self.count(result.error, answered)
         return result
+
+
+def generate_stream_events(response) -> Iterator[dict]:
+    """The JSON events of a Triton generate_stream answer: its server-sent `data:` lines."""
+    for line in response.iter_lines():
+        if line.startswith(b"data:"):
+            yield json.loads(line[5:])

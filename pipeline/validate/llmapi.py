@@ -10,14 +10,13 @@ events) and bad_requests (`llmapi_bad_requests`) on it through `LlmapiClient`.
 
 from __future__ import annotations
 
-import json
 import time
 
 import requests
 
 from ..errors import UserError
 from .checks import BadRequest
-from .client import REQUEST_TIMEOUT_S, RequestFailed, StreamResult
+from .client import REQUEST_TIMEOUT_S, RequestFailed, StreamResult, generate_stream_events
 
 MODEL = "tensorrt_llm"
 OUTPUTS = ("text_output", "finish_reason")
@@ -79,10 +78,7 @@ class LlmapiClient:
                 if response.status_code != 200:
                     result.error = f"generate_stream answered {response.status_code}: {response.text[:300]}"
                     return result
-                for line in response.iter_lines():
-                    if not line.startswith(b"data:"):
-                        continue
-                    event = json.loads(line[5:])
+                for event in generate_stream_events(response):
                     if "error" in event:
                         result.error = str(event["error"])
                         return result
