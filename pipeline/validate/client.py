@@ -208,7 +208,6 @@ class EnsembleClient:
     def healthy(self) -> bool:
         return self.server.is_alive() and self.server.is_healthy()
 
-
     # --- gRPC (the bidirectional stream NVIDIA's inflight_batcher_llm_client uses)
 
     def stream(self, prompt: str, max_tokens: int) -> StreamResult:
