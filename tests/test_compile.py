@@ -360,6 +360,10 @@ def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
     hadolint = Path(sys.executable).parent / "hadolint"
     result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+    # the image's own self-check (the last RUN line's Python) holds for this package
+    (check,) = re.findall(r'python3 -c "([^"]+)"', text)
+    ran = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr
     # and the linter does reject a bad Dockerfile (so a clean result means something)
     bad = subprocess.run([str(hadolint), "-"], input="FROM ubuntu\nRUN pip install requests\n",
                          capture_output=True, text=True, check=False)
