@@ -78,16 +78,22 @@ def measure_side_by_side(repos: dict, rounds: int, requests_per_client: int, max
     return {b: merge_rounds(r) for b, r in measured.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def side_by_side_arguments(description: str, workdir: str) -> tuple[argparse.Namespace, Path]:
+    """The options every side-by-side serving benchmark takes, parsed, and the checkpoint it serves (SmolLM2
+    converted into the work directory unless --checkpoint names one)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--checkpoint", type=Path, default=None)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-batching"))
+    parser.add_argument("--workdir", type=Path, default=Path(workdir))
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2, help="alternating measurements of each variant")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    checkpoint = args.checkpoint or smollm2_checkpoint(args.workdir)
+    return args, args.checkpoint or smollm2_checkpoint(args.workdir)
+
+
+def main() -> None:
+    args, checkpoint = side_by_side_arguments(__doc__.splitlines()[0], "/tmp/trtpipe-bench-batching")
     plan = save_plan(make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32"),
                      args.workdir / "plan.json")
 

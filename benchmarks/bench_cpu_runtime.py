@@ -12,11 +12,9 @@ Without --checkpoint SmolLM2 is converted to a float32 checkpoint (cached in --w
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
-from bench_batching import CONCURRENCY, lookup, measure_side_by_side, smollm2_checkpoint
+from bench_batching import CONCURRENCY, lookup, measure_side_by_side, side_by_side_arguments
 
 from pipeline.deploy import deploy_repository
 from pipeline.plan import make_plan, resolve_model_info
@@ -27,15 +25,7 @@ GOAL = 2.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", type=Path, default=None)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-cpu-runtime"))
-    parser.add_argument("--requests-per-client", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2, help="alternating measurements of each runtime")
-    args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    checkpoint = args.checkpoint or smollm2_checkpoint(args.workdir)
+    args, checkpoint = side_by_side_arguments(__doc__.splitlines()[0], "/tmp/trtpipe-bench-cpu-runtime")
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32")
     repos = {runtime: deploy_repository(plan, args.workdir / f"repo-{runtime}", checkpoint=checkpoint,
                                         runtime=runtime).path for runtime in RUNTIMES}
