@@ -78,6 +78,20 @@ def measure_side_by_side(repos: dict, rounds: int, requests_per_client: int, max
     return {b: merge_rounds(r) for b, r in measured.items()}
 
 
+def print_side_by_side(results: dict, variants: dict, width: int) -> None:
+    """One row per figure, the two variants (result key -> column title) side by side, tokens/s as a ratio."""
+    (a, a_title), (b, b_title) = variants.items()
+    print(f"{'':24}{a_title:>{width}}{b_title:>{width}}{'ratio':>8}")
+    rows = [("output tokens/s", "output_tokens_per_s", "{:.2f}"),
+            ("request latency p50 ms", "latency_ms.p50", "{:.0f}"),
+            ("TTFT p50 ms", "ttft_ms.p50", "{:.0f}"), ("ITL p50 ms", "itl_ms.p50", "{:.0f}"),
+            ("requests failed", "failed", "{}"), ("requests shed", "shed", "{}")]
+    for label, key, fmt in rows:
+        values = [lookup(results[v], key) for v in (a, b)]
+        ratio = f"{values[0] / values[1]:.2f}x" if key == "output_tokens_per_s" and values[1] else ""
+        print(f"{label:24}{fmt.format(values[0]):>{width}}{fmt.format(values[1]):>{width}}{ratio:>8}")
+
+
 def side_by_side_arguments(description: str, workdir: str) -> tuple[argparse.Namespace, Path]:
     """The options every side-by-side serving benchmark takes, parsed, and the checkpoint it serves (SmolLM2
     converted into the work directory unless --checkpoint names one)."""
@@ -106,15 +120,7 @@ def main() -> None:
 
     print(f"\nSmolLM2 cpu target, concurrency {CONCURRENCY}, {args.rounds} rounds x {args.requests_per_client} "
           f"requests/client, {args.max_tokens} tokens each (percentiles: worst round)")
-    print(f"{'':24}{'max_batch_size 8':>18}{'max_batch_size 1':>18}{'ratio':>8}")
-    rows = [("output tokens/s", "output_tokens_per_s", "{:.2f}"),
-            ("request latency p50 ms", "latency_ms.p50", "{:.0f}"),
-            ("TTFT p50 ms", "ttft_ms.p50", "{:.0f}"), ("ITL p50 ms", "itl_ms.p50", "{:.0f}"),
-            ("requests failed", "failed", "{}"), ("requests shed", "shed", "{}")]
-    for label, key, fmt in rows:
-        values = [lookup(results[b], key) for b in (8, 1)]
-        ratio = f"{values[0] / values[1]:.2f}x" if key == "output_tokens_per_s" and values[1] else ""
-        print(f"{label:24}{fmt.format(values[0]):>18}{fmt.format(values[1]):>18}{ratio:>8}")
+    print_side_by_side(results, {8: "max_batch_size 8", 1: "max_batch_size 1"}, width=18)
     (args.workdir / "bench_batching.json").write_text(json.dumps(results, indent=2))
     print(f"\nraw numbers: {args.workdir / 'bench_batching.json'}")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from bench_batching import CONCURRENCY, lookup, measure_side_by_side, side_by_side_arguments
+from bench_batching import CONCURRENCY, measure_side_by_side, print_side_by_side, side_by_side_arguments
 
 from pipeline.deploy import deploy_repository
 from pipeline.plan import make_plan, resolve_model_info
@@ -33,15 +33,7 @@ def main() -> None:
 
     print(f"\n{checkpoint.name} on the cpu target, concurrency {CONCURRENCY}, {args.rounds} rounds x "
           f"{args.requests_per_client} requests/client, {args.max_tokens} tokens each (percentiles: worst round)")
-    print(f"{'':24}{'onnxruntime':>14}{'torch':>14}{'ratio':>8}")
-    rows = [("output tokens/s", "output_tokens_per_s", "{:.2f}"),
-            ("request latency p50 ms", "latency_ms.p50", "{:.0f}"),
-            ("TTFT p50 ms", "ttft_ms.p50", "{:.0f}"), ("ITL p50 ms", "itl_ms.p50", "{:.0f}"),
-            ("requests failed", "failed", "{}"), ("requests shed", "shed", "{}")]
-    for label, key, fmt in rows:
-        values = [lookup(results[r], key) for r in RUNTIMES]
-        ratio = f"{values[0] / values[1]:.2f}x" if key == "output_tokens_per_s" and values[1] else ""
-        print(f"{label:24}{fmt.format(values[0]):>14}{fmt.format(values[1]):>14}{ratio:>8}")
+    print_side_by_side(results, {r: r for r in RUNTIMES}, width=14)
     speedup = results["onnxruntime"]["output_tokens_per_s"] / results["torch"]["output_tokens_per_s"]
     print(f"\nonnxruntime / torch: {speedup:.2f}x (goal >= {GOAL:g}x: {'met' if speedup >= GOAL else 'NOT met'})")
     (args.workdir / "bench_cpu_runtime.json").write_text(json.dumps(results, indent=2))
