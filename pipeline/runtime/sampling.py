@@ -40,6 +40,15 @@ class SamplingConfig:
         return self.top_k == 1
 
 
+def trtllm_sampling(top_k: int, top_p: float, temperature: float, **config) -> SamplingConfig:
+    """TensorRT-LLM's sampling semantics as a SamplingConfig: top_k 1, temperature 0, or top_k 0 with top_p 0
+    (the executor's defaults when a request sets neither) mean greedy; a temperature or top_p of 0 is not
+    applied otherwise. `config`: the other SamplingConfig fields."""
+    greedy = top_k == 1 or (top_k == 0 and top_p == 0) or temperature == 0
+    return SamplingConfig(temperature=temperature if temperature > 0 else 1.0, top_k=1 if greedy else top_k,
+                          top_p=top_p if top_p > 0 else 1.0, **config)
+
+
 class TokenSelector:
     """Chooses the next token of one request from its float32 logits [vocab]."""
 

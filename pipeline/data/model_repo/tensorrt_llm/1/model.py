@@ -24,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
 from pipeline.runtime import ReferenceModel, SamplingConfig  # noqa: E402
+from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: Per-request inputs the reference runtime cannot honour, with the value that means "not used".
@@ -52,15 +53,6 @@ def parameter(config: dict, key: str, default: str) -> str:
 
 def tensors_of(request) -> dict:
     return {t.name(): t.as_numpy() for t in request.inputs()}
-
-
-def sampling_config(top_k: int, top_p: float, temperature: float, max_new: int, end_id, seed, stop_words):
-    """TensorRT-LLM's sampling semantics: top_k 0 and top_p 0 (the defaults) or temperature 0 mean greedy.
-    The values are in SAMPLING_RANGES (top_p 0 only as the default when the request sets none)."""
-    greedy = top_k == 1 or (top_k == 0 and top_p == 0) or temperature == 0
-    return SamplingConfig(max_new_tokens=max_new, end_id=end_id, seed=seed, stop_words=stop_words,
-                          temperature=temperature if temperature > 0 else 1.0,
-                          top_k=1 if greedy else top_k, top_p=top_p if top_p > 0 else 1.0)
 
 
 def stop_sequences(words_list) -> list:
@@ -135,9 +127,9 @@ class Job:
                 value = scalar(tensor, r, None)
                 if value is not None and not valid(value):  # `not valid`: NaN is refused too
                     raise RequestError(f"{name} must be {allowed}, got {value:g} (tensorrt_llm input {tensor})")
-            sampling = sampling_config(
+            sampling = trtllm_sampling(   # values in SAMPLING_RANGES (top_p 0 only as the unset default)
                 top_k=int(scalar("runtime_top_k", r, 0)), top_p=float(scalar("runtime_top_p", r, 0.0)),
-                temperature=float(scalar("temperature", r, 1.0)), max_new=int(max_new[r]),
+                temperature=float(scalar("temperature", r, 1.0)), max_new_tokens=int(max_new[r]),
                 end_id=scalar("end_id", r, None), seed=scalar("seed", r, None),
                 stop_words=stop_sequences(stops[r]) if stops is not None else [])
             self.rows.append(Row(self, r, prompt, sampling))

@@ -19,7 +19,8 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
-from pipeline.runtime import ReferenceModel, SamplingConfig  # noqa: E402
+from pipeline.runtime import ReferenceModel  # noqa: E402
+from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: LLM API SamplingParams' default max_tokens
@@ -64,11 +65,9 @@ class TritonPythonModel:
         if not temperature >= 0 or top_k < 0 or not 0 < top_p <= 1:
             raise RequestError("sampling_param_temperature must be >= 0, sampling_param_top_k >= 0 and "
                                f"sampling_param_top_p in (0, 1]; got {temperature:g}, {top_k}, {top_p:g}")
-        greedy = temperature == 0 or top_k == 1
-        sampling = SamplingConfig(max_new_tokens=max_tokens, end_id=self.tokenizer.eos_token_id,
-                                  seed=scalar(inputs, "sampling_param_seed", None),
-                                  temperature=temperature if temperature > 0 else 1.0,
-                                  top_k=1 if greedy else top_k, top_p=top_p)
+        sampling = trtllm_sampling(top_k, top_p, temperature, max_new_tokens=max_tokens,
+                                   end_id=self.tokenizer.eos_token_id,
+                                   seed=scalar(inputs, "sampling_param_seed", None))
         options = {"stream": bool(scalar(inputs, "streaming", False)),
                    "exclude_input": bool(scalar(inputs, "sampling_param_exclude_input_from_output", True)),
                    "finish_reason": bool(scalar(inputs, "return_finish_reason", False))}
