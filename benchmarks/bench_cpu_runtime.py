@@ -28,7 +28,7 @@ def main() -> None:
     args, checkpoint = side_by_side_arguments(__doc__.splitlines()[0], "/tmp/trtpipe-bench-cpu-runtime")
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32")
     repos = {runtime: deploy_repository(plan, args.workdir / f"repo-{runtime}", checkpoint=checkpoint,
-                                        runtime=runtime).path for runtime in RUNTIMES}
+                                        runtime=runtime, force=True).path for runtime in RUNTIMES}
     results = measure_side_by_side(repos, args.rounds, args.requests_per_client, args.max_tokens, label="")
 
     print(f"\n{checkpoint.name} on the cpu target, concurrency {CONCURRENCY}, {args.rounds} rounds x "
