@@ -749,6 +749,54 @@ def k8s(build_or_repo, out, image, replicas, namespace, repo_source, scale_ratio
 
 
 @main.command()
+@click.argument("build_or_repo", metavar="BUILD_OR_REPO", type=click.Path(path_type=Path))
+@click.option("--slo", required=True, metavar="CLAUSES",
+              help='Bounds every trial is judged by, e.g. "ttft_p99<=500ms,itl_p99<=50ms": ttft/itl/latency at '
+                   "p50/p90/p99 (<=, with us/ms/s), output_tokens_per_s (>=).")
+@click.option("--trials", type=click.IntRange(1), default=8, show_default=True,
+              help="Trials to serve in the study (a resumed study runs up to this many in all).")
+@click.option("--concurrency", default="1,4,8", show_default=True, help="The load's concurrency sweep.")
+@click.option("--requests-per-client", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(2, 4096), default=32, show_default=True,
+              help="Tokens generated per request.")
+@click.option("--prompts", default=None, metavar="FILE|RECIPE",
+              help="heldout (default: held-out calibration-corpus documents), validate, or a file of prompts.")
+@click.option("--num-prompts", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--load-generator", type=click.Choice(["builtin", "aiperf"]), default="builtin", show_default=True)
+@click.option("--url", default=None, help="A running Triton with --model-control-mode=explicit serving the "
+              "repository: each trial's configs are loaded into it (GPU targets need it).")
+@click.option("--rebuild", is_flag=True, help="GPU: also search the build's max_batch_size, max_num_tokens and "
+              "multiple_profiles, compiling each trial's engine.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for each server.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Study directory (default: BUILD/tune, or tune/ beside REPO); study.db resumes there.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def tune(build_or_repo, out, as_json, trials, url, rebuild, seed, timeout, **load):
+    """Search batching and serving parameters for the most output tokens/s within an SLO, by measurement.
+
+    \b
+    Each trial renders a candidate repository (the plan with the trial's values), serves it and runs the same
+    load; Optuna's TPE (seeded, resumable in OUT/study.db) starts from the plan's configuration and the
+    roofline's, never serves what the planner's memory model refuses, and prunes trials whose first load
+    level already breaks the SLO. OUT/result/ gets trials.json/csv, tradeoff.png, importances.png and, when a
+    trial meets the SLO, overlay.json, plan.json and model_repo/. Exit 1 when no trial meets the SLO.
+    Examples:
+      trtpipe tune out/smollm2 --slo "ttft_p99<=2s,itl_p99<=300ms" --trials 6
+      trtpipe tune out/llama3 --slo "ttft_p99<=500ms,itl_p99<=50ms" --url http://gpu-box:8000
+    """
+    from .tune import tune as run_tune
+    from .tune import tune_options
+    from .tune.stage import result_json
+
+    options = tune_options(trials=trials, url=url, rebuild=rebuild, out=out, seed=seed, ready_timeout=timeout,
+                           progress=not as_json, **load)
+    result = run_tune(build_or_repo, options, say=lambda message: click.echo(message, err=as_json))
+    click.echo(result_json(result) if as_json else result.render())
+    sys.exit(0 if result.met else 1)
+
+
+@main.command()
 @click.option("--target", default="rtx4090", show_default=True, help="The GPU target this box should be "
               "(`trtpipe targets`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")

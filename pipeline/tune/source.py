@@ -1,0 +1,99 @@
+"""What `trtpipe tune` starts from: a build directory or a model repository, its plan and what it serves.
+
+- a build directory (`trtpipe build -o OUT`): OUT/plan.json, OUT/model_repo/, the checkpoint it serves
+  (OUT/checkpoint-<precision>/ or OUT/checkpoint/); the study lives in OUT/tune/;
+- a model repository written by `trtpipe deploy`: its plan is in manifest.json (deploy's params), the
+  reference backend's checkpoint is the copy in tensorrt_llm/1/checkpoint, an engine is the
+  tensorrt_llm model's gpt_model_path; the study lives beside it (REPO/../tune).
+
+Only NVIDIA's inflight_batcher_llm layout (the engine and the cpu target's reference backends) is tuned:
+the llmapi layout's batching belongs to the LLM API, not to Triton's configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..backends import backend_for
+from ..backends.base import INFLIGHT_BATCHER
+from ..errors import UserError
+from ..outputs import read_manifest
+from ..plan import Plan, load_plan
+from ..tritonconfig import parse_pbtxt
+
+TUNE_DIR = "tune"
+
+
+@dataclass(frozen=True)
+class TuneSource:
+    """The deployment a study tunes: its plan and the inputs `deploy_repository` needs to render a candidate."""
+
+    path: Path                  # what the user named
+    plan: Plan
+    repo: Path
+    checkpoint: Path | None     # what a reference backend serves; what --rebuild compiles
+    engine: Path | None         # the engine backend's engine directory
+    tokenizer: Path
+    default_out: Path           # where the study and its results go unless -o says otherwise
+
+    @property
+    def engine_backend(self) -> bool:
+        return self.plan.build_config is not None
+
+
+def read_source(path: Path) -> TuneSource:
+    path = Path(path).expanduser().resolve()
+    if (path / "plan.json").is_file() and (path / "model_repo").is_dir():
+        plan, repo, out = load_plan(path / "plan.json"), path / "model_repo", path / TUNE_DIR
+        checkpoint = built_checkpoint(path, plan.precision)
+    elif (path / "manifest.json").is_file() and any(path.glob("*/config.pbtxt")):
+        plan, repo, out = plan_from_repository(path), path, path.parent / TUNE_DIR
+        served = repo / "tensorrt_llm" / "1" / "checkpoint"
+        checkpoint = served if served.is_dir() else None
+    else:
+        raise UserError(f"{path} is neither a build directory (plan.json and model_repo/, from `trtpipe build`) nor "
+                        "a model repository written by `trtpipe deploy` (manifest.json)")
+    backend = backend_for(plan.backend)
+    if backend.layout != INFLIGHT_BATCHER:
+        raise UserError(f"{path} is a {plan.backend} deployment (the {backend.layout} layout): its batching is the "
+                        "LLM API's, not Triton's; trtpipe tune tunes the engine and reference backends")
+    engine = engine_path(repo) if plan.build_config is not None else None
+    if plan.build_config is None and checkpoint is None:
+        raise UserError(f"{repo} has no tensorrt_llm/1/checkpoint to serve (an onnxruntime repository keeps only the "
+                        "export): pass the build directory instead")
+    tokenizer = repo / "preprocessing" / "1" / "tokenizer"
+    if not tokenizer.is_dir():
+        raise UserError(f"{repo} has no preprocessing/1/tokenizer; re-run `trtpipe deploy`")
+    return TuneSource(path, plan, repo, checkpoint, engine, tokenizer, out)
+
+
+def built_checkpoint(build: Path, precision: str) -> Path | None:
+    for candidate in (build / f"checkpoint-{precision}", build / "checkpoint"):
+        if any(candidate.glob("rank*.safetensors")):
+            return candidate
+    return None
+
+
+def plan_from_repository(repo: Path) -> Plan:
+    manifest = read_manifest(repo) or {}
+    params = manifest.get("params") or {}
+    if manifest.get("stage") != "deploy" or not isinstance(params.get("plan"), dict):
+        raise UserError(f"{repo}/manifest.json is not a `trtpipe deploy` manifest with its plan; pass the build "
+                        "directory or re-run `trtpipe deploy`")
+    try:
+        plan = Plan.from_dict(params["plan"])
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{repo}/manifest.json: malformed plan ({type(exc).__name__}: {exc}); re-run "
+                        "`trtpipe deploy`") from None
+    backend_for(plan.backend)
+    return plan
+
+
+def engine_path(repo: Path) -> Path:
+    """The tensorrt_llm model's gpt_model_path: the engine the repository serves."""
+    config = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    value = config.parameters["gpt_model_path"].string_value if "gpt_model_path" in config.parameters else ""
+    if not value or value.startswith("${"):
+        raise UserError(f"{repo}/tensorrt_llm/config.pbtxt names no engine (gpt_model_path); re-run `trtpipe deploy`")
+    return Path(value)

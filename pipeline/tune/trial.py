@@ -1,0 +1,214 @@
+"""One trial: render the candidate's repository, serve it, run the fixed load, stop early when the SLO breaks.
+
+- render: `deploy_repository` for the candidate's plan (the overlay, `space.candidate_plan`), then the
+  instance counts, which the plan does not hold, set on the ModelConfig messages deploy wrote (parsed with
+  the real schema, never edited as text) and recorded in the repository's manifest;
+- serve: the embedded Triton server on the candidate repository, or, with `--url`, the running server's
+  models reloaded with the candidate's configs through Triton's model-control API
+  (`POST /v2/repository/models/NAME/load` with the config as JSON: needs `--model-control-mode=explicit`);
+- load: the concurrency levels in ascending order, each `run_level` (validate's load generator) or
+  `run_aiperf` (`--load-generator aiperf`, pipeline/validate/aiperf.py); after each level `should_stop` may end
+  the trial (the study stops at the first level that breaks the SLO: more clients only wait longer).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import requests
+
+from ..backends import backend_for
+from ..deploy import deploy_repository
+from ..errors import UserError
+from ..outputs import MANIFEST, describe_outputs, read_manifest
+from ..plan import Plan
+from ..server import connect, embedded_server, wait_until_ready
+from ..tritonconfig import parse_pbtxt, to_pbtxt
+from ..validate import EnsembleClient, run_level
+from .source import TuneSource
+from .space import Candidate, Instances
+
+LOAD_GENERATORS = ("builtin", "aiperf")
+#: Models reloaded through model control, composing models before the ensemble and BLS that call them.
+RELOAD_ORDER = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
+REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """The fixed load every trial gets: prompts, tokens per request, concurrency sweep (ascending)."""
+
+    prompts: tuple[str, ...]
+    prompts_from: str
+    max_tokens: int
+    concurrencies: tuple[int, ...]
+    requests_per_client: int
+    generator: str = "builtin"
+
+    def identity(self) -> dict:
+        """What makes two studies' measurements comparable (the prompts themselves, not where they came from)."""
+        return {k: v for k, v in asdict(self).items() if k != "prompts_from"}
+
+
+def parse_concurrencies(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(sorted({int(c) for c in text.split(",")}))
+    except ValueError:
+        raise UserError(f"--concurrency must be comma-separated whole numbers, got {text!r}") from None
+    if not levels or levels[0] < 1:
+        raise UserError(f"--concurrency levels must be at least 1, got {text!r}")
+    return levels
+
+
+def check_load_generator(name: str) -> None:
+    if name not in LOAD_GENERATORS:
+        raise UserError(f"--load-generator must be one of {', '.join(LOAD_GENERATORS)}, not {name!r}")
+    if name == "aiperf" and importlib.util.find_spec("pipeline.validate.aiperf") is None:
+        raise UserError("--load-generator aiperf needs pipeline/validate/aiperf.py (run_aiperf), which this trtpipe "
+                        "does not have; use --load-generator builtin")
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render_candidate(source: TuneSource, plan: Plan, candidate: Candidate, out: Path,
+                     engine: Path | None) -> Path:
+    """The candidate's model repository at `out` (replaced if it exists)."""
+    deploy_repository(plan, out, engine=engine, checkpoint=source.checkpoint, tokenizer=source.tokenizer, force=True)
+    set_instance_counts(out, candidate.instances)
+    return out
+
+
+def set_instance_counts(repo: Path, instances: Instances) -> None:
+    """Each model's instance_group count, on its ModelConfig; the manifest records them and its output hashes."""
+    counts = asdict(instances)
+    if all(count == 1 for count in counts.values()):
+        return   # what deploy wrote
+    for model, count in counts.items():
+        path = repo / model / "config.pbtxt"
+        config = parse_pbtxt(path.read_text())
+        if not config.instance_group:
+            config.instance_group.add(count=count)
+        for group in config.instance_group:
+            group.count = count
+        path.write_text(to_pbtxt(config))
+    manifest = read_manifest(repo) or {}
+    manifest["params"] = {**manifest.get("params", {}), "instances": counts}   # deploy's own check sees the change
+    manifest["outputs"] = describe_outputs(repo)
+    (repo / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Serving
+
+
+@contextmanager
+def serving(repo: Path, url: str | None, log_path: Path, ready_timeout: float) -> Iterator[EnsembleClient]:
+    """A client of the candidate repository served: by the embedded server, or by the server at `url` with its
+    models reloaded from the candidate's configs."""
+    if url is None:
+        with embedded_server(repo, log_path=log_path, ready_timeout=ready_timeout) as server:
+            yield EnsembleClient(server, timeout=REQUEST_TIMEOUT_S)
+        return
+    with connect(url, ready_timeout=ready_timeout) as server:
+        reload_models(server.http_url, repo)
+        wait_until_ready(server, ready_timeout)
+        yield EnsembleClient(server, timeout=REQUEST_TIMEOUT_S)
+
+
+def reload_models(http_url: str, repo: Path) -> None:
+    """Load every model of `repo` on the server with the repository's config (model control, explicit mode)."""
+    from google.protobuf import json_format
+
+    for name in RELOAD_ORDER:
+        config = parse_pbtxt((repo / name / "config.pbtxt").read_text())
+        body = {"parameters": {"config": json_format.MessageToJson(config, preserving_proto_field_name=True)}}
+        response = requests.post(f"{http_url}/v2/repository/models/{name}/load", json=body, timeout=REQUEST_TIMEOUT_S)
+        if response.status_code == 200:
+            continue
+        message = response.text.strip()
+        if "not allowed" in message or "explicit" in message or response.status_code in (404, 405):
+            raise UserError(f"the server at {http_url} does not let trtpipe reload models ({response.status_code}: "
+                            f"{message}); start tritonserver with --model-control-mode=explicit (and --load-model=*) "
+                            "so each trial's configuration can be loaded")
+        raise RuntimeError(f"{http_url} refused the trial's config of {name} ({response.status_code}: {message})")
+
+
+# ----------------------------------------------------------------------------------------------
+# The load
+
+
+def run_load_level(client: EnsembleClient, load: LoadSpec, concurrency: int) -> dict:
+    """One concurrency level with the chosen generator: a record with run_level's keys."""
+    if load.generator == "aiperf":
+        from ..validate.aiperf import run_aiperf
+
+        return run_aiperf(client, load.prompts, load.max_tokens, concurrency, load.requests_per_client)
+    return run_level(client, load.prompts, load.max_tokens, concurrency, load.requests_per_client)
+
+
+def measure(client: EnsembleClient, load: LoadSpec, should_stop: Callable[[dict], bool]) -> list[dict]:
+    """The sweep, ascending, until a level makes `should_stop` true (that level is kept)."""
+    client.generate(load.prompts[0], 2)   # warm-up: the first request's costs are not the configuration's
+    levels = []
+    for concurrency in load.concurrencies:
+        levels.append(run_load_level(client, load, concurrency))
+        if should_stop(levels[-1]):
+            break
+    return levels
+
+
+@dataclass(frozen=True)
+class TrialRunner:
+    """Renders, serves and loads candidates of `source` under `work` (one directory per trial)."""
+
+    source: TuneSource
+    load: LoadSpec
+    work: Path
+    url: str | None = None
+    ready_timeout: float = 600.0
+
+    def run(self, number: int, candidate: Candidate, plan: Plan, should_stop: Callable[[dict], bool]) -> list[dict]:
+        trial_dir = self.work / f"trial-{number}"
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        trial_dir.mkdir(parents=True)
+        engine = self.engine_for(plan, trial_dir)
+        repo = render_candidate(self.source, plan, candidate, trial_dir / "model_repo", engine)
+        try:
+            with serving(repo, self.url, trial_dir / "tritonserver.log", self.ready_timeout) as client:
+                return measure(client, self.load, should_stop)
+        finally:
+            shutil.rmtree(repo, ignore_errors=True)   # the log stays; the winner is rendered again
+
+    def engine_for(self, plan: Plan, trial_dir: Path) -> Path | None:
+        """The engine the candidate serves: the deployment's, or with --rebuild one compiled for it."""
+        if plan.build_config is None:
+            return None
+        if plan.build_config == self.source.plan.build_config:
+            return self.source.engine
+        from ..compile import compile_engine
+
+        engine = trial_dir / "engine"
+        compile_engine(self.source.checkpoint, plan, engine, force=True)
+        return engine
+
+
+def check_can_serve(source: TuneSource, url: str | None, rebuild: bool) -> None:
+    """Refuse, before any trial, what this machine cannot measure."""
+    backend = backend_for(source.plan.backend)
+    if url is None and not backend.serves_embedded:
+        raise UserError(
+            f"serving trials of this {source.plan.backend} deployment ({source.plan.target.name}) needs the GPU "
+            "server: Triton with the tensorrtllm backend, started on the repository with --model-control-mode=explicit "
+            "--load-model=*, on the GPU box; pass its --url (e.g. http://gpu-box:8000). Nothing was measured: this "
+            "machine cannot run TensorRT-LLM engines")
+    if rebuild and source.checkpoint is None:
+        raise UserError("--rebuild compiles each candidate from the checkpoint: pass the build directory "
+                        "(it holds checkpoint/), not the model repository")
