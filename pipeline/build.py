@@ -1,18 +1,26 @@
 """`trtpipe build`: every stage in order, each skipped when its manifest shows unchanged inputs.
 
     OUT/checkpoint/               convert
-    OUT/checkpoint-<precision>/   calibrate (fp8, int8-sq)
+    OUT/checkpoint-<precision>/   calibrate (fp8, int8-sq; with hf/ for the pytorch backend)
+    OUT/hf/                       export (the pytorch backend at fp16/bf16: the checkpoint as a HF model)
     OUT/plan.json                 plan
     OUT/engine/                   compile (the engine backend; --dry-run or no GPU: the command and build config)
     OUT/model_repo/               deploy
-    OUT/validation/               validate (the embedded Triton for the reference backend, or --url)
+    OUT/validation/               validate (the embedded Triton for the reference backends, or --url)
     OUT/build.json                the summary: where everything is, sizes, times, the verdict
 
-The plan's backend (pipeline.backends) decides what is built between plan and deploy and whether the
-embedded server can validate. An engine backend's repository is deployed only for an engine that was
-built (or, with --dry-run, as the preview it asks for). When the engine is not built the build stops after
-compile, writes build.json and says why: trtllm-build failed (exit 1, with its last lines), or this machine
-has no GPU / TensorRT-LLM 1.2.x (exit 2: the command is written; --dry-run is the way to ask for only that).
+The backend (--backend, else the target's default; pipeline.backends) decides what is built between plan
+and deploy, which checkpoint is deployed and whether the embedded server can validate. An engine backend's
+repository is deployed only for an engine that was built (or, with --dry-run, as the preview it asks for).
+When the engine is not built the build stops after compile, writes build.json and says why: trtllm-build
+failed (exit 1, with its last lines), or this machine has no GPU / TensorRT-LLM 1.2.x (exit 2: the command
+is written; --dry-run is the way to ask for only that).
+
+The pytorch backend (TensorRT-LLM's LLM API) has no compile stage: it serves a Hugging Face model, the
+Hugging Face twin of the build's checkpoint (calibrate --format both for fp8, the `export` stage for
+fp16/bf16, so a GGUF source is served dequantized in the plan's dtype), planned from the source model.
+Nothing it builds needs a GPU, so it deploys on any machine; serving it needs a GPU and TensorRT-LLM, so
+without --url nothing is served or validated and the verdict says so.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import TRTLLM_VERSION
+from .backends.base import HF_CHECKPOINT
 from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
 from .outputs import portable
@@ -52,6 +62,7 @@ class BuildOptions:
     pp: int = 1
     workload: Workload | None = None          # None: the plan's default workload
     calibration_dataset: str | None = None    # a calibration recipe name or dataset (None: the default recipe)
+    backend: str | None = None                # None: the target's default (engine on GPUs, reference on cpu)
 
 
 @dataclass
@@ -106,17 +117,18 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     Each stage's result goes to the next in memory; what is written (plan.json, the directories) is for
     people and for skipping unchanged stages on the next run.
     """
-    from .backends import backend_for
-    from .convert import convert_model
+    from .backends import backend_serving
     from .deploy import deploy_repository
-    from .plan import load_plan, make_plan, resolve_model_info, save_plan
+    from .plan import load_plan, make_plan, save_plan
     from .sources import resolve_model
     from .targets import get_target
 
-    target = get_target(options.target)  # an unknown target fails before any work
+    target = get_target(options.target)  # an unknown target or a backend that cannot serve it fails before any work
+    backend = backend_serving(options.backend, target)
     source = resolve_model(options.model, options.model_dir)
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
+    summary.options["backend"] = backend.name
 
     def record(stage: str, path: Path, started: float, skipped: bool, detail: str = "", status: str = "") -> None:
         status = status or ("skipped" if skipped else "done")
@@ -128,28 +140,16 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
     preview = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
-                        workload=options.workload)
-    backend = backend_for(preview.backend)
+                        workload=options.workload, backend=backend.name)
+    hf = backend.checkpoint_format == HF_CHECKPOINT
 
-    started = time.monotonic()
     dtype = backend.checkpoint_dtype(preview)
-    converted = convert_model(source, out / "checkpoint", dtype=dtype, tp=options.tp, pp=options.pp, force=True,
-                              progress=options.progress)
-    record("convert", converted.path, started, converted.skipped, f"{dtype}")
-    checkpoint = converted.path
-
-    if options.precision in QUANTIZED:
-        started = time.monotonic()
-        calibrated = run_calibration(checkpoint, out / f"checkpoint-{options.precision}", options)
-        checkpoint = calibrated.path
-        ppl = calibrated.perplexity
-        detail = f"method {calibrated.method}" + (
-            f", perplexity {ppl['float']:.2f} -> {ppl['quantized']:.2f}" if ppl else "")
-        record("calibrate", checkpoint, started, calibrated.skipped, detail)
+    made = make_checkpoints(source, out, dtype, hf, options, record)
+    checkpoint, served = made.checkpoint, made.served
 
     started = time.monotonic()
     plan_path = out / "plan.json"
-    plan = make_plan(resolve_model_info(str(checkpoint)), target, options.precision, options.kv_cache,
+    plan = make_plan(plan_model(hf, checkpoint, options), target, options.precision, options.kv_cache,
                      tp=options.tp, workload=options.workload, backend=backend.name)
     unchanged = plan_path.is_file() and load_plan(plan_path).to_dict() == plan.to_dict()
     if not unchanged:
@@ -180,13 +180,11 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 
     started = time.monotonic()
     repo = out / "model_repo"
-    deployed = deploy_repository(plan, repo, engine=engine, checkpoint=checkpoint, force=True)
-    record("deploy", repo, started, deployed.skipped, f"{deployed.target} target")
+    deployed = deploy_repository(plan, repo, engine=engine, checkpoint=served, force=True)
+    record("deploy", repo, started, deployed.skipped, f"{deployed.target} target, {backend.name} backend")
 
     if options.dry_run or (not backend.serves_embedded and options.url is None):
-        summary.verdict = ("not validated: dry run" if options.dry_run else
-                           "not validated: serve the repository on the GPU machine and run "
-                           f"`trtpipe validate {repo} --url URL`")
+        summary.verdict = "not validated: dry run" if options.dry_run else not_served_verdict(backend, repo)
     else:
         from .validate import golden_reference
 
@@ -197,15 +195,70 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     return summary
 
 
-def run_calibration(checkpoint: Path, out: Path, options: BuildOptions):
+@dataclass(frozen=True)
+class Checkpoints:
+    """What convert, calibrate and export made: the TensorRT-LLM checkpoint (planned, compiled, served by the
+    reference runtime) and the directory deploy serves (that checkpoint, or its Hugging Face twin)."""
+
+    checkpoint: Path
+    served: Path
+
+
+def make_checkpoints(source, out: Path, dtype: str, hf: bool, options: BuildOptions, record) -> Checkpoints:
+    """convert, then calibrate (quantized precisions, with the Hugging Face FP8 export when `hf`), or export
+    the float checkpoint as a Hugging Face model (`hf` at fp16/bf16/fp32)."""
+    from .calibrate.hf_export import export_float_checkpoint
+    from .calibrate.stage import HF_DIR
+    from .convert import convert_model
+
+    started = time.monotonic()
+    converted = convert_model(source, out / "checkpoint", dtype=dtype, tp=options.tp, pp=options.pp, force=True,
+                              progress=options.progress)
+    record("convert", converted.path, started, converted.skipped, f"{dtype}")
+    if options.precision in QUANTIZED:
+        started = time.monotonic()
+        calibrated = run_calibration(converted.path, out / f"checkpoint-{options.precision}", options, hf_export=hf)
+        ppl = calibrated.perplexity
+        detail = f"method {calibrated.method}" + (
+            f", perplexity {ppl['float']:.2f} -> {ppl['quantized']:.2f}" if ppl else "")
+        detail += f"; the Hugging Face FP8 checkpoint in {HF_DIR}/" if hf else ""
+        record("calibrate", calibrated.path, started, calibrated.skipped, detail)
+        return Checkpoints(calibrated.path, calibrated.path / HF_DIR if hf else calibrated.path)
+    if not hf:
+        return Checkpoints(converted.path, converted.path)
+    started = time.monotonic()
+    exported = export_float_checkpoint(converted.path, out / "hf", force=True)
+    record("export", exported.path, started, exported.skipped, f"{dtype} Hugging Face model")
+    return Checkpoints(converted.path, exported.path)
+
+
+def plan_model(hf: bool, checkpoint: Path, options: BuildOptions):
+    """What the plan is made from: the checkpoint the engine or reference runtime serves; for a backend that
+    serves the Hugging Face model (pytorch), the source model (the plan and the golden reference name it)."""
+    from .plan import resolve_model_info
+
+    return resolve_model_info(options.model, options.model_dir) if hf else resolve_model_info(str(checkpoint))
+
+
+def not_served_verdict(backend, repo: Path) -> str:
+    """The verdict of a build whose repository this machine cannot serve, saying what did not run."""
+    verdict = f"not validated: serve the repository on the GPU machine and run `trtpipe validate {repo} --url URL`"
+    if backend.checkpoint_format == HF_CHECKPOINT:
+        verdict += (f" (nothing was served here: the {backend.name} backend needs a GPU and TensorRT-LLM "
+                    f"{TRTLLM_VERSION}'s LLM API, in NVIDIA's Triton container: tritonserver on {repo.name}/ or "
+                    f"{repo.name}/trtllm-serve.sh)")
+    return verdict
+
+
+def run_calibration(checkpoint: Path, out: Path, options: BuildOptions, hf_export: bool = False):
     from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 
     recipe = resolve_recipe(options.calibration_dataset, samples=options.calibration_samples)
     kv = options.kv_cache if options.kv_cache in ("fp8", "int8") else None
     return calibrate_checkpoint(checkpoint, out, CalibrateOptions(precision=options.precision, recipe=recipe,
                                                                   kv_cache=kv, eval_samples=BUILD_EVAL_SAMPLES,
-                                                                  device=options.device, force=True,
-                                                                  progress=options.progress))
+                                                                  device=options.device, hf_export=hf_export,
+                                                                  force=True, progress=options.progress))
 
 
 def run_validation(repo: Path, out: Path, golden, options: BuildOptions, record) -> tuple[bool, str]:

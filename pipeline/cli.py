@@ -117,18 +117,22 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True)
 @click.option("--kv-cache", type=click.Choice(["auto", "fp16", "fp8", "int8"]), default="auto", show_default=True)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
-              help="Build directory (default: out/<model>-<target>-<precision>).")
+              help="Build directory (default: out/<model>-<target>-<precision>[-<backend>]).")
 @click.option("--dry-run", is_flag=True, help="Do everything that needs no GPU; print the engine build command.")
 @click.option("--url", default=None, help="Validate on this running Triton server instead of the embedded one.")
 @click.option("--load-test", is_flag=True, help="Add the bounded load test to validation.")
 @click.option("--samples", type=int, default=None, help="Calibration samples (default: the recipe's).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @device_option("calibration and the golden reference run")
+@click.option("--backend", type=click.Choice(sorted(BACKEND_NAMES)), default=None,
+              help="What serves the model: engine (default on GPUs; compiled by trtllm-build) or pytorch "
+                   "(TensorRT-LLM LLM API on the Hugging Face checkpoint, no compile); reference (default on cpu), "
+                   "reference-llmapi or reference-onnx on the cpu target.")
 @click.option("--k8s", "k8s_manifests", is_flag=True,
               help="Also write Kubernetes manifests, alerts and a dashboard to OUT/k8s (see `trtpipe k8s`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
-          device, k8s_manifests, as_json):
+          device, backend, k8s_manifests, as_json):
     """Run every stage: convert, calibrate, plan, compile, deploy, validate.
 
     \b
@@ -137,6 +141,7 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
     Examples:
       trtpipe build smollm2-135m --target cpu --precision fp8 -o out/smollm2
       trtpipe build llama-3-8b --target rtx4090 --precision fp8 --dry-run
+      trtpipe build llama-3-8b --target rtx4090 --precision fp8 --backend pytorch
       trtpipe build --matrix trtpipe.toml --only smollm2-cpu-fp8
     """
     from .build import BuildOptions, build as run_build
@@ -144,6 +149,8 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
     if matrix_path is not None:
         if k8s_manifests:
             raise UserError("--k8s writes one build's manifests: run `trtpipe k8s BUILD` for each matrix build")
+        if backend is not None:
+            raise UserError("--backend chooses one build's backend; a matrix build takes its matrix's settings")
         return build_matrix(model, matrix_path, only, out, as_json, dry_run=dry_run, url=url, load_test=load_test,
                             model_dir=model_dir, device=device, progress=not as_json)
     if model is None:
@@ -151,10 +158,10 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
     if only:
         raise UserError("--only selects builds of a matrix: give --matrix FILE with it")
     safe_name = Path(model).name.replace(".gguf", "")
-    out = out or Path("out") / f"{safe_name}-{target}-{precision}"
+    out = out or Path("out") / (f"{safe_name}-{target}-{precision}" + (f"-{backend}" if backend else ""))
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
                            dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
-                           calibration_samples=samples, device=device, progress=not as_json)
+                           calibration_samples=samples, device=device, progress=not as_json, backend=backend)
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:

@@ -41,4 +41,19 @@ def default_backend(target: Target) -> str:
     return DEFAULT_BACKEND[target.kind]
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "ENGINE", "REFERENCE", "Backend", "backend_for", "default_backend"]
+def backend_serving(name: str | None, target: Target) -> Backend:
+    """The backend called `name` (None: the target's default) if it serves `target`; UserError naming the
+    backends that do, and the one among them with the same repository layout (request contract)."""
+    backend = backend_for(name or default_backend(target))
+    if target.kind in backend.target_kinds:
+        return backend
+    serving = [b for b in BACKENDS.values() if target.kind in b.target_kinds]
+    same = [b.name for b in serving if b.layout == backend.layout]
+    hint = f" ({same[0]} serves the same {backend.layout} request contract there)" if same else ""
+    raise UserError(f"the {backend.name} backend does not serve {target.kind} targets such as {target.name} "
+                    f"({backend.summary}); for {target.name} use --backend "
+                    f"{' | '.join(b.name for b in serving)}{hint}")
+
+
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "ENGINE", "REFERENCE", "Backend", "backend_for", "backend_serving",
+           "default_backend"]

@@ -6,7 +6,8 @@ plan names it (`plan.backend`) and every stage after planning dispatches on that
 
 - plan: the backend's planner turns a checked request (`PlanRequest`) into a `Plan`;
 - build: `build_artifact` makes what the backend serves besides the checkpoint (the engine backend
-  compiles an engine; the reference backend builds nothing);
+  compiles an engine; the reference backend builds nothing); `checkpoint_format` says which checkpoint
+  `trtpipe build` deploys (the pytorch backend: the Hugging Face one);
 - deploy: `check_artifacts`, `repository_inputs`, `model_parameters` and `write_model` give the
   `tensorrt_llm` model its backend, parameters and files; the other four models are the same for all;
 - serve: `serve_command` is how Triton is started for the repository (one process, or one per GPU rank).
@@ -28,6 +29,10 @@ ENGINE = "engine"
 REFERENCE = "reference"
 #: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
 INFLIGHT_BATCHER = "inflight_batcher_llm"
+#: What a backend serves (besides an engine): the TensorRT-LLM checkpoint convert/calibrate write, or its
+#: Hugging Face twin (calibrate --format both; the float checkpoint exported back for fp16/bf16).
+TRTLLM_CHECKPOINT = "trtllm"
+HF_CHECKPOINT = "hf"
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: The Python model sources shipped with trtpipe as package data (data/model_repo/<model>/1/model.py).
@@ -49,6 +54,7 @@ class Backend(Protocol):
     serves_embedded: bool            # trtpipe's embedded Triton server (this machine) can serve it
     memory_scope: str                # whose memory the plan budgets: "per GPU" | "host"
     layout: str                      # the repository: INFLIGHT_BATCHER (five models) | "llmapi" (pytorch.py)
+    checkpoint_format: str           # deploy's --checkpoint: TRTLLM_CHECKPOINT | HF_CHECKPOINT
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

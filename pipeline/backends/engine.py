@@ -40,7 +40,7 @@ from ..plan.trtllm import (
     quantization,
 )
 from ..targets import FP8_MIN_SM, Target
-from .base import ENGINE, INFLIGHT_BATCHER, MODEL_REPOSITORY, parameter_string, tritonserver_args
+from .base import ENGINE, INFLIGHT_BATCHER, MODEL_REPOSITORY, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
@@ -83,6 +83,7 @@ class EngineBackend:
     serves_embedded = False   # needs a GPU and the tensorrtllm backend: --url
     memory_scope = "per GPU"
     layout = INFLIGHT_BATCHER
+    checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
 
     def plan(self, request: PlanRequest) -> Plan:

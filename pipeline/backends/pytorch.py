@@ -4,11 +4,15 @@
   reserve and KV cache for the same batch), expressed as the LLM API's settings (`TorchLlmArgs` keys:
   max_batch_size, max_num_tokens, max_seq_len, kv_cache_config, cuda_graph_config, enable_chunked_prefill)
   in `plan.llm_api`;
-- build: nothing (the LLM API loads the checkpoint when the server starts);
+- build: no compile stage (the LLM API loads the checkpoint when the server starts); `trtpipe build` deploys
+  the Hugging Face twin of its checkpoint (`checkpoint_format` "hf": calibrate's --format both export for
+  fp8, the float checkpoint exported back for fp16/bf16, so a GGUF source is served dequantized);
 - deploy: Triton's `llmapi` layout: one `tensorrt_llm` Python model whose `1/model.yaml` holds the
   LLM() arguments and whose config.pbtxt declares the llmapi request contract (`LLMAPI_INPUTS` ->
   `LLMAPI_OUTPUTS`), and beside it at the repository root the same settings as a `trtllm-serve`
-  `--extra_llm_api_options` YAML with its launch script.
+  `--extra_llm_api_options` YAML with its launch script. A Hugging Face directory given to deploy is
+  copied (hard links where the file system allows) into `1/model/`, and model.yaml and the script name it
+  relative to the repository, so the repository names nothing of the machine it was written on.
 
 `reference-llmapi` is the same contract on the cpu target: trtpipe's reference runtime serves the
 TensorRT-LLM checkpoint from data/model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
@@ -32,7 +36,8 @@ from ..errors import UserError
 from ..plan.policy import PlanRequest
 from ..plan.schema import Plan
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
-from .base import MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, tritonserver_args
+from .base import (HF_CHECKPOINT, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, TRTLLM_CHECKPOINT,
+                   tritonserver_args)
 from .engine import plan_engine
 from .reference import CHECKPOINT_DIR, copy_checkpoint, copy_runtime, plan_reference, runtime_closure
 
@@ -43,6 +48,10 @@ LLMAPI = "llmapi"
 LLMAPI_MODELS = ("tensorrt_llm",)
 MODEL_YAML = "model.yaml"
 EXTRA_OPTIONS = "extra_llm_api_options.yaml"
+#: The served Hugging Face model inside the version directory (model.yaml's `model` when deploy copied it).
+SERVED_MODEL_DIR = "model"
+#: Files of a Hugging Face model directory the LLM API reads besides its weights and tokenizer files.
+HF_MODEL_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 LAUNCH_SCRIPT = "trtllm-serve.sh"
 #: The cpu flavour's model source, copied into REPO/tensorrt_llm/1/.
 LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / "tensorrt_llm" / "1" / "model.py"
@@ -78,6 +87,7 @@ class PytorchBackend:
     serves_embedded = False         # needs a GPU and TensorRT-LLM: --url
     memory_scope = "per GPU"
     layout = LLMAPI
+    checkpoint_format = HF_CHECKPOINT
     summary = (f"no engine: TensorRT-LLM {TRTLLM_VERSION}'s LLM API (PyTorch backend) serves the Hugging Face "
                "model (Triton llmapi model, or trtllm-serve)")
 
@@ -104,17 +114,26 @@ class PytorchBackend:
 
         if is_trtllm_checkpoint(checkpoint):
             raise UserError(f"--checkpoint {checkpoint} is a TensorRT-LLM checkpoint; the pytorch backend loads "
-                            "Hugging Face checkpoints: pass the Hugging Face model directory")
+                            "Hugging Face checkpoints: pass the Hugging Face model directory (calibrate "
+                            "--format both writes one to OUT/hf)")
+        if not any(checkpoint.glob("*.safetensors")):
+            raise UserError(f"--checkpoint {checkpoint} has no *.safetensors weights; pass a Hugging Face model "
+                            "directory with safetensors weights")
+        if not any((checkpoint / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            raise UserError(f"--checkpoint {checkpoint} has no tokenizer files (tokenizer.json / "
+                            "tokenizer_config.json); the LLM API tokenizes with the model directory's tokenizer")
         return None, checkpoint
 
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
-        return [checkpoint / "config.json"] if checkpoint else []
+        return served_files(checkpoint) if checkpoint else []
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return {}
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
-        """Nothing besides model.yaml: NVIDIA's llmapi model.py ships with TensorRT-LLM (docs/pytorch-backend.md)."""
+        """The served Hugging Face model in `1/model/` (model.yaml written by `write_llmapi_repository`)."""
+        if checkpoint is not None:
+            copy_served_model(checkpoint, version_dir / SERVED_MODEL_DIR)
 
     def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
                       extra_args: tuple[str, ...] = ()) -> list[str]:
@@ -130,6 +149,7 @@ class ReferenceLlmapiBackend:
     serves_embedded = True
     memory_scope = "host"
     layout = LLMAPI
+    checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
 
     def plan(self, request: PlanRequest) -> Plan:
@@ -266,13 +286,14 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
     if plan.backend == PYTORCH:
         from ..presets import served_model_id
 
-        model = str(checkpoint) if checkpoint else served_model_id(plan.model)
+        model = SERVED_MODEL_DIR if checkpoint else served_model_id(plan.model)
+        served = f"tensorrt_llm/1/{SERVED_MODEL_DIR}" if checkpoint else model
         (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(plan.llm_api["options"], sort_keys=False))
         script = repo / LAUNCH_SCRIPT
         script.write_text("\n".join(["#!/bin/sh", f"# TensorRT-LLM {TRTLLM_VERSION}: the plan's settings in "
                                      f"{EXTRA_OPTIONS} (beside this script)", "set -e",
                                      'cd "$(dirname "$0")"',
-                                     "exec " + shlex.join(trtllm_serve_command(model)), ""]))
+                                     "exec " + shlex.join(trtllm_serve_command(served)), ""]))
         script.chmod(0o755)
     else:
         from ..deploy import copy_tokenizer
@@ -280,6 +301,24 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
         model = CHECKPOINT_DIR
         copy_tokenizer(tokenizer, version_dir / "tokenizer")
     (version_dir / MODEL_YAML).write_text(yaml.safe_dump(model_yaml(plan, model), sort_keys=False))
+
+
+def served_files(checkpoint: Path) -> list[Path]:
+    """The files of a Hugging Face model directory the LLM API loads: config, weights, tokenizer."""
+    from ..convert import TOKENIZER_FILES
+
+    named = [checkpoint / name for name in (*HF_MODEL_FILES, *TOKENIZER_FILES) if (checkpoint / name).is_file()]
+    return named + sorted(checkpoint.glob("*.safetensors"))
+
+
+def copy_served_model(checkpoint: Path, dest: Path) -> None:
+    """`served_files` of `checkpoint` into `dest`; hard links where the file system allows (weights are big)."""
+    dest.mkdir(parents=True)
+    for f in served_files(checkpoint):
+        try:
+            (dest / f.name).hardlink_to(f)
+        except OSError:
+            shutil.copyfile(f, dest / f.name)
 
 
 def trtllm_serve_command(model: str) -> list[str]:

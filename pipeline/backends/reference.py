@@ -34,8 +34,8 @@ from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, parameter_string,
-                   tritonserver_args)
+from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, TRTLLM_CHECKPOINT,
+                   parameter_string, tritonserver_args)
 
 TRITON_BACKEND = "python"
 #: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
@@ -60,6 +60,7 @@ class ReferenceBackend:
     serves_embedded = True
     memory_scope = "host"
     layout = INFLIGHT_BATCHER
+    checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 
     def plan(self, request: PlanRequest) -> Plan:

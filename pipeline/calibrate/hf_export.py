@@ -13,12 +13,17 @@ The layout, read off modelopt's export of the same model with FP8_DEFAULT_CFG + 
   (`quant_method: modelopt`), and `hf_quant_config.json` names the algorithms and the excluded modules.
 Weights are rounded to nearest even when the TensorRT-LLM checkpoint's were GPTQ-rounded: GPTQ's values
 belong to the engine's fused scales.
+
+Without a quantized checkpoint (`quantized_dir` None) the float checkpoint is written back as a plain Hugging
+Face model in its own dtype (no quantization configs): what `trtpipe build --backend pytorch` serves for
+fp16/bf16, whatever the source was (a Hugging Face directory, a hub id, or a GGUF file dequantized on load).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,36 +40,65 @@ FLOAT8 = {"dynamic": False, "num_bits": 8, "type": "float"}
 #: where modelopt's HF layout keeps the KV-cache scales: K's on k_proj, V's on v_proj
 KV_SCALES = {"k": "self_attn.k_proj", "v": "self_attn.v_proj"}
 WEIGHTS_FILE = "model.safetensors"
+EXPORT_STAGE = "export-hf"
 MIN_SCALE = 1e-12
 
 
-def write_hf_checkpoint(float_dir: Path, quantized_dir: Path, out: Path) -> Path:
-    """Write the HF FP8 twin of the calibrated checkpoint in `quantized_dir` (made from `float_dir`) to `out`."""
-    fp, q = CheckpointReader(Path(float_dir)), CheckpointReader(Path(quantized_dir))
-    if q.cfg.quant_algo != "FP8" or q.cfg.kv_cache_quant_algo not in (None, "FP8"):
+def write_hf_checkpoint(float_dir: Path, quantized_dir: Path | None, out: Path) -> Path:
+    """Write the HF FP8 twin of the calibrated checkpoint in `quantized_dir` (made from `float_dir`) to `out`;
+    with no `quantized_dir`, the float checkpoint as a plain Hugging Face model."""
+    fp = CheckpointReader(Path(float_dir))
+    q = CheckpointReader(Path(quantized_dir)) if quantized_dir is not None else None
+    if q is not None and (q.cfg.quant_algo != "FP8" or q.cfg.kv_cache_quant_algo not in (None, "FP8")):
         raise UserError(f"the Hugging Face export writes FP8 checkpoints with an FP8 or unquantized KV cache "
                         f"(modelopt's layout); {quantized_dir} is {q.cfg.quant_algo or 'not quantized'} with KV "
                         f"cache {q.cfg.kv_cache_quant_algo or 'unquantized'}")
     out = Path(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     arch, dtype = fp.cfg.arch, fp.cfg.dtype
     tensors = list(_tensors(fp, q))
     specs = [TensorSpec(name, dtype_code(t.dtype), tuple(t.shape)) for name, t in tensors]
     with SafetensorsWriter(out / WEIGHTS_FILE, specs, {"format": "pt"}) as writer:
         for _, tensor in tensors:
             writer.write(tensor)
-    ignore = ["lm_head", *_excluded_hf_modules(q)]
-    quant = {"quant_algo": "FP8", "kv_cache_quant_algo": q.cfg.kv_cache_quant_algo, "exclude_modules": ignore}
-    producer = {"name": "trtpipe", "version": __version__}
-    (out / "hf_quant_config.json").write_text(json.dumps({"producer": producer, "quantization": quant}, indent=4))
-    config = {**arch.to_hf_config(dtype), "quantization_config": _quantization_config(quant, producer)}
+    config = arch.to_hf_config(dtype)
+    if q is not None:
+        ignore = ["lm_head", *_excluded_hf_modules(q)]
+        quant = {"quant_algo": "FP8", "kv_cache_quant_algo": q.cfg.kv_cache_quant_algo, "exclude_modules": ignore}
+        producer = {"name": "trtpipe", "version": __version__}
+        (out / "hf_quant_config.json").write_text(json.dumps({"producer": producer, "quantization": quant},
+                                                             indent=4))
+        config["quantization_config"] = _quantization_config(quant, producer)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if (Path(quantized_dir) / "tokenizer").is_dir():
-        shutil.copytree(Path(quantized_dir) / "tokenizer", out, dirs_exist_ok=True)
+    tokenizer = Path(quantized_dir if quantized_dir is not None else float_dir) / "tokenizer"
+    if tokenizer.is_dir():
+        shutil.copytree(tokenizer, out, dirs_exist_ok=True)
     return out
 
 
-def _tensors(fp: CheckpointReader, q: CheckpointReader):
+@dataclass(frozen=True)
+class HfExport:
+    """The float checkpoint exported as a Hugging Face model directory (`export_float_checkpoint`)."""
+
+    path: Path
+    skipped: bool       # up to date: the same checkpoint was exported there before
+
+
+def export_float_checkpoint(checkpoint: Path, out: Path, *, force: bool = False) -> HfExport:
+    """The float TensorRT-LLM `checkpoint` as a Hugging Face model at `out`, as a stage (manifest, atomic,
+    skipped when the checkpoint is unchanged)."""
+    from ..outputs import fingerprint_inputs, stage_output
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    with stage_output(out, EXPORT_STAGE, fingerprint_inputs([checkpoint]), {"format": "hf"},
+                      force=force) as output:
+        if output.up_to_date:
+            return HfExport(out, True)
+        write_hf_checkpoint(checkpoint, None, output.dir)
+    return HfExport(out, False)
+
+
+def _tensors(fp: CheckpointReader, q: CheckpointReader | None):
     """(HF name, tensor) of every tensor, a decoder layer at a time, in the model dtype unless quantized."""
     arch, family = fp.cfg.arch, fp.cfg.family
     model_dtype = torch_dtype(DTYPE_CODES[fp.cfg.dtype])
@@ -72,18 +106,19 @@ def _tensors(fp: CheckpointReader, q: CheckpointReader):
     yield family.embedding[0], cast(fp.embedding())
     sizes = dims(arch)
     for i in range(fp.num_layers):
-        float_layer, quant_layer = fp.layer(i), q.layer(i)
-        kv_scales = _kv_scales(q, i) if quant_layer.kv_quant is not None else {}
+        float_layer = fp.layer(i)
+        quant_layer = q.layer(i) if q is not None else None
+        kv_scales = _kv_scales(q, i) if quant_layer is not None and quant_layer.kv_quant is not None else {}
         prefix = HF_LAYER.format(i)
         for norm in family.layer_norms(arch):
             yield prefix + norm.hf + ".weight", cast(float_layer.norms[norm.name])
         for lin in family.linears:
             weight, bias = float_layer.linears[lin.name].weight, float_layer.linears[lin.name].bias
-            act = quant_layer.linears[lin.name].act_quant
+            act = quant_layer.linears[lin.name].act_quant if quant_layer is not None else None
             rows = [sizes[p.rows] for p in lin.parts]
             for part, w, b in zip(lin.parts, weight.split(rows), bias.split(rows) if bias is not None else rows):
                 name = prefix + part.hf
-                if act is None:                       # excluded: left in the model dtype
+                if act is None:                       # excluded or a float export: model dtype
                     yield name + ".weight", cast(w)
                 else:
                     scale = max(float(w.abs().max()) / E4M3_MAX, MIN_SCALE)
