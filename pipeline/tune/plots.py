@@ -74,9 +74,11 @@ def param_importances(study) -> tuple[dict[str, float], str]:
     if len(complete) < 2:
         return {}, f"{len(complete)} completed trial(s): importances need at least 2"
     try:
-        return dict(optuna.importance.get_param_importances(study)), "PedAnovaImportanceEvaluator (Optuna's default)"
+        importances = dict(optuna.importance.get_param_importances(study))
     except (RuntimeError, ValueError) as exc:
         return {}, f"Optuna could not compute importances: {exc}"
+    return importances, (f"Optuna's default evaluator (PED-ANOVA) over {len(complete)} completed trials"
+                         + (": indicative only" if len(complete) < 10 else ""))
 
 
 def plot_importances(importances: dict[str, float], note: str, path: Path) -> None:

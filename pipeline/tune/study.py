@@ -2,7 +2,7 @@
 planner as the constraint, trials pruned when their first load level already breaks the SLO.
 
 - Objective: the output tokens/s of the trial's best load level that meets the SLO (maximized); a constraint
-  value (`violation`, <= 0 feasible) tells TPE which trials meet it (`constraints_func`).
+  value (`violation`, <= 0 feasible: `Trial.set_constraint`) tells TPE which trials meet it.
 - A candidate the planner refuses (`space.Infeasible`) is never served: it is told to the study as pruned
   with the reason, and does not count against --trials.
 - A trial stops at the first level that breaks a latency bound (or loses a request); when that is its first
@@ -73,11 +73,7 @@ def open_study(db: Path, key: dict, seed: int):
 def sampler(optuna, seed: int, done: int):
     """Seeded TPE; the seed moves on with the trials already in the study, so a resumed run does not draw
     the first run's random candidates again."""
-    return optuna.samplers.TPESampler(seed=seed + done, n_startup_trials=4, constraints_func=trial_constraint)
-
-
-def trial_constraint(trial) -> list[float]:
-    return [float(trial.user_attrs.get("violation", NEVER_RUN))]
+    return optuna.samplers.TPESampler(seed=seed + done, n_startup_trials=4)
 
 
 def check_key(recorded: dict, key: dict, db: Path) -> None:
@@ -191,8 +187,11 @@ def serve_trial(trial, candidate: Candidate, plan: Plan, slo: Slo, run_trial: Ru
 
 
 def mark(trial, **attrs) -> None:
+    """User attributes for the report; the violation is also the trial's constraint (TPE's feasibility)."""
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+    if "violation" in attrs:
+        trial.set_constraint("slo_violation", attrs["violation"])
 
 
 def served(study) -> int:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import shutil
@@ -31,6 +32,7 @@ from ..plan import Plan
 from ..server import connect, embedded_server, wait_until_ready
 from ..tritonconfig import parse_pbtxt, to_pbtxt
 from ..validate import EnsembleClient, run_level
+from ..validate.checks import check_config_matches
 from .source import TuneSource
 from .space import Candidate, Instances
 
@@ -53,7 +55,10 @@ class LoadSpec:
 
     def identity(self) -> dict:
         """What makes two studies' measurements comparable (the prompts themselves, not where they came from)."""
-        return {k: v for k, v in asdict(self).items() if k != "prompts_from"}
+        prompts = hashlib.sha256(json.dumps(self.prompts).encode()).hexdigest()[:16]
+        return {"prompts": len(self.prompts), "prompts_sha256": prompts, "max_tokens": self.max_tokens,
+                "concurrencies": list(self.concurrencies), "requests_per_client": self.requests_per_client,
+                "generator": self.generator}
 
 
 def parse_concurrencies(text: str) -> tuple[int, ...]:
@@ -112,7 +117,7 @@ def set_instance_counts(repo: Path, instances: Instances) -> None:
 @contextmanager
 def serving(repo: Path, url: str | None, log_path: Path, ready_timeout: float) -> Iterator[EnsembleClient]:
     """A client of the candidate repository served: by the embedded server, or by the server at `url` with its
-    models reloaded from the candidate's configs."""
+    models reloaded from the candidate's configs (and checked to be what it then serves)."""
     if url is None:
         with embedded_server(repo, log_path=log_path, ready_timeout=ready_timeout) as server:
             yield EnsembleClient(server, timeout=REQUEST_TIMEOUT_S)
@@ -120,14 +125,27 @@ def serving(repo: Path, url: str | None, log_path: Path, ready_timeout: float) -
     with connect(url, ready_timeout=ready_timeout) as server:
         reload_models(server.http_url, repo)
         wait_until_ready(server, ready_timeout)
+        served = check_config_matches(server, repo)
+        if not served.passed:
+            raise RuntimeError(f"{server.http_url} does not serve the trial's configs after reloading: {served.detail}")
         yield EnsembleClient(server, timeout=REQUEST_TIMEOUT_S)
+
+
+def reload_order(http_url: str, repo: Path) -> tuple[str, ...]:
+    """Triton refuses an ensemble whose max_batch_size exceeds a composing model's: when the batch shrinks the
+    ensemble (and BLS) go first, when it grows the composing models do."""
+    response = requests.get(f"{http_url}/v2/models/ensemble/config", timeout=30)
+    current = response.json().get("max_batch_size", 0) if response.status_code == 200 else 0
+    wanted = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text()).max_batch_size
+    callers, composing = ("ensemble", "tensorrt_llm_bls"), ("preprocessing", "tensorrt_llm", "postprocessing")
+    return callers + composing if wanted < current else composing + callers
 
 
 def reload_models(http_url: str, repo: Path) -> None:
     """Load every model of `repo` on the server with the repository's config (model control, explicit mode)."""
     from google.protobuf import json_format
 
-    for name in RELOAD_ORDER:
+    for name in reload_order(http_url, repo):
         config = parse_pbtxt((repo / name / "config.pbtxt").read_text())
         body = {"parameters": {"config": json_format.MessageToJson(config, preserving_proto_field_name=True)}}
         response = requests.post(f"{http_url}/v2/repository/models/{name}/load", json=body, timeout=REQUEST_TIMEOUT_S)
