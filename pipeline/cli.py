@@ -267,12 +267,14 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
     """Perplexity of CHECKPOINT with the reference runtime, one decoder layer in memory at a time.
 
     \b
-    CHECKPOINT is a TensorRT-LLM checkpoint directory; a Hugging Face directory, preset, GGUF file or
+    CHECKPOINT is a TensorRT-LLM checkpoint directory or a Hugging Face FP8 checkpoint (modelopt's layout,
+    `calibrate --format both` writes one to OUT/hf); a float Hugging Face directory, preset, GGUF file or
     hub id is evaluated with transformers instead, to compare a model before and after conversion.
     Examples:
       trtpipe eval out/ckpt
       trtpipe eval smollm2-135m --json
       trtpipe eval out/ckpt-fp8 --dataset notes.txt
+      trtpipe eval out/ckpt-fp8/hf
     """
     from .evaluate import evaluate
 

@@ -28,7 +28,7 @@ from .arch import ModelArch
 from .checkpoint import CheckpointConfig
 from .errors import UserError
 from .model.layout import Rank, padded_vocab, shard
-from .model.spec import HF_LAYER, ROW, TRT_LAYER, LinearSpec, dims
+from .model.spec import HF_LAYER, ROW, TRT_LAYER, LinearSpec, dims, hf_tensor_shapes
 from .precisions import DTYPE_CODES
 from .outputs import fingerprint_inputs, stage_output
 from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec, torch_dtype
@@ -104,30 +104,10 @@ def return_freed_tensor_memory() -> None:
         pass
 
 
-def expected_source_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Hugging Face model of this family and these dimensions must have, with its shape."""
-    family, sizes = arch.family, dims(arch)
-    h = arch.hidden_size
-    shapes = {family.embedding[0]: (arch.vocab_size, h), family.final_norm[0]: (h,)}
-    if not arch.tie_word_embeddings:
-        shapes[family.lm_head[0]] = (arch.vocab_size, h)
-    for layer in range(arch.num_hidden_layers):
-        p = HF_LAYER.format(layer)
-        for norm in family.layer_norms(arch):
-            shapes[p + norm.hf + ".weight"] = (sizes[norm.size],)
-        for lin in family.linears:
-            for part in lin.parts:
-                rows = sizes[part.rows]
-                shapes[p + part.hf + ".weight"] = (rows, sizes[lin.inputs])
-                if family.has_bias(lin, arch):
-                    shapes[p + part.hf + ".bias"] = (rows,)
-    return shapes
-
-
 def check_source_tensors(weights: LazyWeights, arch: ModelArch, where: Path) -> None:
     """Every expected tensor present with the shape config.json implies, and nothing the family does not
     use (a bias or norm the converter would silently drop), before any work is done."""
-    expected = expected_source_shapes(arch)
+    expected = hf_tensor_shapes(arch)
     present = weights.names()
     missing = sorted(set(expected) - present)
     if missing:

@@ -1,4 +1,5 @@
-"""`trtpipe eval`: perplexity of a TensorRT-LLM checkpoint (reference runtime) or of a Hugging Face model.
+"""`trtpipe eval`: perplexity of a TensorRT-LLM checkpoint or a Hugging Face FP8 checkpoint (reference runtime),
+or of a Hugging Face model (transformers).
 
 Both paths tokenize the same text with the same tokenizer and score it with the same windowing
 (`pipeline.runtime.perplexity`), so `trtpipe eval MODEL` and `trtpipe eval CHECKPOINT` compare a model
@@ -90,13 +91,19 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 
 def open_model(spec: str, tokenizer: Path | None, device: str = "auto"):
-    """("checkpoint" | "huggingface", a model `perplexity` scores, the tokenizer directory)."""
+    """("checkpoint" | "huggingface", a model `perplexity` scores, the tokenizer directory).
+
+    A quantized Hugging Face checkpoint (modelopt's FP8 layout, `calibrate --format both`) is scored by the
+    reference runtime as the checkpoint it is; a float one by transformers."""
+    from .runtime.hf_checkpoint import is_quantized_hf_checkpoint
+
     path = Path(spec).expanduser()
-    if path.is_dir() and is_checkpoint_dir(path):
+    hf_quantized = path.is_dir() and is_quantized_hf_checkpoint(path)
+    if path.is_dir() and (is_checkpoint_dir(path) or hf_quantized):
         from .runtime import LayerStream, resolve_device
 
         model = LayerStream(path, resolve_device(device))
-        tok_dir = tokenizer or path / "tokenizer"
+        tok_dir = tokenizer or (path if hf_quantized else path / "tokenizer")
         if not (tok_dir / "tokenizer_config.json").is_file() and not (tok_dir / "tokenizer.json").is_file():
             raise UserError(f"no tokenizer in {tok_dir}; pass --tokenizer with the Hugging Face model directory "
                             "the checkpoint was converted from")

@@ -222,6 +222,9 @@ class LazyWeights:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._where[name].shape(name)
 
+    def dtype_code(self, name: str) -> str:
+        return self._where[name].dtype_code(name)
+
     def rows(self, name: str, rows: tuple[int, int] | None = None) -> SourceRows:
         """Where the tensor, or the given range of its rows, lies on disk (nothing is read)."""
         return self._where[name].rows(name, rows)

@@ -34,11 +34,10 @@ from ..errors import UserError
 from ..model.spec import HF_LAYER, dims
 from ..precisions import DTYPE_CODES, E4M3_MAX
 from ..runtime.checkpoint import CheckpointReader
+from ..runtime.hf_checkpoint import KV_SCALES
 from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code, torch_dtype
 
 FLOAT8 = {"dynamic": False, "num_bits": 8, "type": "float"}
-#: where modelopt's HF layout keeps the KV-cache scales: K's on k_proj, V's on v_proj
-KV_SCALES = {"k": "self_attn.k_proj", "v": "self_attn.v_proj"}
 WEIGHTS_FILE = "model.safetensors"
 EXPORT_STAGE = "export-hf"
 MIN_SCALE = 1e-12

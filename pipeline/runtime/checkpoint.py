@@ -110,14 +110,22 @@ class CheckpointReader:
         return torch.cat([part.float() for part in _vocab_shards(self._stages[-1], "lm_head.weight", start, stop)])
 
     def merge_all(self) -> ModelWeights:
-        embedding = self.embedding()
-        return ModelWeights(embedding, [self.layer(i) for i in range(self.num_layers)], self.final_norm(),
-                            embedding if self.tied_lm_head else self.lm_head())
+        return merge_pieces(self)
+
+
+def merge_pieces(reader) -> ModelWeights:
+    """Every piece of a reader (`CheckpointReader`, or `HfCheckpointReader` for a Hugging Face checkpoint)."""
+    embedding = reader.embedding()
+    return ModelWeights(embedding, [reader.layer(i) for i in range(reader.num_layers)], reader.final_norm(),
+                        embedding if reader.tied_lm_head else reader.lm_head())
 
 
 def load_checkpoint(ckpt_dir: Path) -> tuple[CheckpointConfig, ModelWeights]:
-    """Read, validate and merge a checkpoint; UserError (naming every problem) if it is not runnable."""
-    reader = CheckpointReader(ckpt_dir)
+    """Read, validate and merge a checkpoint (TensorRT-LLM's, or a Hugging Face model directory:
+    `hf_checkpoint.open_checkpoint`); UserError (naming every problem) if it is not runnable."""
+    from .hf_checkpoint import open_checkpoint
+
+    reader = open_checkpoint(ckpt_dir)
     return reader.cfg, reader.merge_all()
 
 
@@ -171,9 +179,13 @@ def expected_linear(cfg: CheckpointConfig, local: str, module: str, has_bias: bo
 
 
 def check_rank(rf: RankFile, expected: dict[str, Expect]) -> list[str]:
+    return check_tensors(rf.path.name, rf.file, expected)
+
+
+def check_tensors(where: str, tensors, expected: dict[str, Expect]) -> list[str]:
+    """Problems of the tensors `tensors` holds (names(), shape(name), dtype_code(name)) against `expected`."""
     problems = []
-    present = rf.names()
-    where = rf.path.name
+    present = tensors.names()
     for name in sorted(set(expected) - present):
         if expected[name].required:
             problems.append(f"{where}: missing tensor {name}")
@@ -181,24 +193,23 @@ def check_rank(rf: RankFile, expected: dict[str, Expect]) -> list[str]:
         problems.append(f"{where}: unexpected tensor {name}")
     for name in sorted(present & set(expected)):
         exp = expected[name]
-        shape = rf.file.shape(name)
-        dtype = torch_dtype(rf.file.dtype_code(name))
+        shape = tensors.shape(name)
+        dtype = torch_dtype(tensors.dtype_code(name))
         ok_shape = shape == exp.shape or (exp.shape == SCALAR and shape in ((), (1,)))
         if not ok_shape:
             problems.append(f"{where}: tensor {name} has shape {list(shape)}, expected {list(exp.shape)}")
         if dtype not in exp.dtypes:
             allowed = "/".join(str(d).removeprefix("torch.") for d in exp.dtypes)
-            problems.append(f"{where}: tensor {name} has dtype {rf.file.dtype_code(name)}, expected {allowed}")
+            problems.append(f"{where}: tensor {name} has dtype {tensors.dtype_code(name)}, expected {allowed}")
     return problems
 
 
-def report(ckpt_dir: Path, problems: list[str]) -> None:
+def report(ckpt_dir: Path, problems: list[str], what: str = "checkpoint {} does not match its config.json") -> None:
     if not problems:
         return
     shown = problems[:MAX_PROBLEMS]
     more = f"\n  ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
-    raise UserError(f"checkpoint {ckpt_dir} does not match its config.json "
-                    f"({len(problems)} problem(s)):\n  " + "\n  ".join(shown) + more)
+    raise UserError(what.format(ckpt_dir) + f" ({len(problems)} problem(s)):\n  " + "\n  ".join(shown) + more)
 
 
 # ---------------------------------------------------------------- merging

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import UserError
-from .checkpoint import CheckpointReader, Layer, Linear
+from .checkpoint import Layer, Linear
+from .hf_checkpoint import open_checkpoint
 from .model import FUSED_MLP, Observer, decoder_layer, fuse_fc_gate, make_step, rms_norm
 from .rope import RotaryTable
 
@@ -55,10 +56,11 @@ class TokenScores:
 
 
 class LayerStream:
-    """A TensorRT-LLM checkpoint executed a decoder layer at a time on `device`."""
+    """A checkpoint (TensorRT-LLM's, or a Hugging Face one: `open_checkpoint`) executed a decoder layer at a
+    time on `device`."""
 
     def __init__(self, ckpt_dir: str | Path, device: torch.device | str = "cpu"):
-        self.reader = CheckpointReader(Path(ckpt_dir))
+        self.reader = open_checkpoint(Path(ckpt_dir))
         self.cfg = self.reader.cfg
         self.device = torch.device(device)
         self.rotary = RotaryTable(self.cfg.arch)

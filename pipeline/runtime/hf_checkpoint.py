@@ -1,0 +1,268 @@
+"""Read a Hugging Face checkpoint — FP8 in nvidia-modelopt's unified layout (what `calibrate --format both`
+and modelopt's `export_hf_checkpoint` write), or float — as the reference runtime's merged pieces.
+
+The tensor names come from the family's spec (`pipeline.model.spec`: `hf_tensor_shapes`, each LinearSpec's
+Hugging Face parts); nothing here names a tensor of its own except modelopt's scale suffixes. The layout:
+- per quantized linear part (q/k/v/o, gate/up/down projections): `weight` float8_e4m3fn, `weight_scale`
+  and `input_scale` float32 scalars; excluded modules (`hf_quant_config.json` exclude_modules, or
+  config.json `quantization_config.ignore`) keep a float `weight`;
+- `self_attn.k_proj.k_scale` and `self_attn.v_proj.v_scale`: the FP8 KV-cache scales;
+- quantization from `hf_quant_config.json` (quant_algo, kv_cache_quant_algo, exclude_modules), else from
+  config.json's `quantization_config` (quant_method "modelopt"); both, when present, must agree.
+
+It is executed as TensorRT-LLM's PyTorch backend loads it (tensorrt_llm/_torch/modules/linear.py,
+`FP8QDQLinearMethod.rescale_fused_weights`): the parts the server runs as one GEMM (q/k/v; gate/up, the
+spec's `fused_with` pair) share the largest `weight_scale` of the group, each part's FP8 weight being
+dequantized in the model dtype with its own scale and quantized again with the shared one, and the
+group's input is quantized with its largest `input_scale`. The engine's checkpoint holds q/k/v with one
+scale already, so the two agree exactly except on the parts whose own scale was smaller than the group's
+(their weights are rounded twice; docs/pytorch-backend.md). The KV cache is quantized with the larger of
+k_scale and v_scale, as the engine's `kv_cache_scaling_factor`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..arch import ModelArch
+from ..checkpoint import CheckpointConfig, is_excluded
+from ..errors import UserError, read_config_json
+from ..model.spec import HF_LAYER, LinearSpec, Part, hf_tensor_shapes
+from ..precisions import DTYPE_CODES
+from ..safetensors_stream import LazyWeights, torch_dtype
+from .checkpoint import FLOATS, SCALAR, CheckpointReader, Expect, Layer, Linear, check_tensors, merge_pieces, report
+from .config import check_supported
+from .quant import TensorQuant
+
+#: where modelopt's HF layout keeps the KV-cache scales: K's on k_proj, V's on v_proj
+KV_SCALES = {"k": "self_attn.k_proj", "v": "self_attn.v_proj"}
+QUANT_CONFIG = "hf_quant_config.json"
+FP8 = "FP8"
+
+
+@dataclass(frozen=True)
+class HfQuantization:
+    """What a Hugging Face checkpoint says of its quantization (nothing: a float model)."""
+
+    quant_algo: str | None = None               # "FP8" or None
+    kv_cache_quant_algo: str | None = None      # "FP8" or None
+    exclude: tuple[str, ...] = ()               # modules left in the model dtype (modelopt's patterns)
+
+    def quantizes(self, module: str) -> bool:
+        return self.quant_algo == FP8 and not is_excluded(module, self.exclude)
+
+
+@dataclass(frozen=True)
+class ReadPart:
+    """One Hugging Face linear part as read: its weight as stored and, when FP8, its scales."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    weight_scale: float | None = None
+    input_scale: float | None = None
+
+
+def is_hf_checkpoint(directory: Path) -> bool:
+    """A Hugging Face model directory: config.json naming `architectures`, with safetensors weights."""
+    config = Path(directory) / "config.json"
+    if not config.is_file() or not any(Path(directory).glob("*.safetensors")):
+        return False
+    try:
+        return "architectures" in json.loads(config.read_text())
+    except ValueError:
+        return False
+
+
+def is_quantized_hf_checkpoint(directory: Path) -> bool:
+    """A Hugging Face checkpoint with a quantization record (hf_quant_config.json or quantization_config)."""
+    if not is_hf_checkpoint(directory):
+        return False
+    config = json.loads((Path(directory) / "config.json").read_text())
+    return (Path(directory) / QUANT_CONFIG).is_file() or bool(config.get("quantization_config"))
+
+
+def open_checkpoint(path: Path):
+    """The reader for a checkpoint directory: `HfCheckpointReader` for a Hugging Face model, else TensorRT-LLM's."""
+    return HfCheckpointReader(path) if is_hf_checkpoint(path) else CheckpointReader(path)
+
+
+def read_hf_quantization(directory: Path, config: dict) -> HfQuantization:
+    """The quantization of a Hugging Face checkpoint; UserError for one the reference runtime cannot execute."""
+    where = Path(directory) / "config.json"
+    qc = config.get("quantization_config")
+    from_config = None
+    if qc:
+        if not isinstance(qc, dict) or qc.get("quant_method") != "modelopt":
+            method = qc.get("quant_method") if isinstance(qc, dict) else qc
+            raise UserError(f"{where}: quantization_config.quant_method {method!r} is not supported by the reference "
+                            "runtime (only nvidia-modelopt's FP8 layout: `trtpipe calibrate --format both`)")
+        kv = FP8 if qc.get("kv_cache_scheme") else None
+        from_config = HfQuantization(qc.get("quant_algo"), kv, tuple(qc.get("ignore") or ()))
+    quant = from_config or HfQuantization()
+    record = Path(directory) / QUANT_CONFIG
+    if record.is_file():
+        try:
+            q = json.loads(record.read_text())["quantization"]
+            quant = HfQuantization(q.get("quant_algo"), q.get("kv_cache_quant_algo"),
+                                   tuple(q.get("exclude_modules") or ()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"{record} is not modelopt's quantization record ({type(exc).__name__}: {exc}); "
+                            "export the checkpoint again") from None
+        if from_config and (from_config.quant_algo, from_config.kv_cache_quant_algo) != (
+                quant.quant_algo, quant.kv_cache_quant_algo):
+            raise UserError(f"{record} says {quant.quant_algo} with KV cache {quant.kv_cache_quant_algo} but "
+                            f"{where} says {from_config.quant_algo} with KV cache {from_config.kv_cache_quant_algo}")
+    if quant.quant_algo not in (None, FP8) or quant.kv_cache_quant_algo not in (None, FP8):
+        raise UserError(f"{directory}: quant_algo {quant.quant_algo!r} with KV cache {quant.kv_cache_quant_algo!r} "
+                        "is not supported by the reference runtime for Hugging Face checkpoints (FP8 weights and "
+                        "activations, FP8 or unquantized KV cache)")
+    return quant
+
+
+def fused_groups(linears: tuple[LinearSpec, ...]) -> list[tuple[LinearSpec, ...]]:
+    """The linears the server runs as one GEMM: each alone, or with its `fused_with` partner (gate/up)."""
+    by_name = {lin.name: lin for lin in linears}
+    groups, seen = [], set()
+    for lin in linears:
+        if lin.name in seen:
+            continue
+        group = (lin, by_name[lin.fused_with]) if lin.fused_with else (lin,)
+        seen.update(g.name for g in group)
+        groups.append(group)
+    return groups
+
+
+class HfCheckpointReader:
+    """A validated Hugging Face checkpoint whose merged float32 pieces are read on demand (as `CheckpointReader`)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory)
+        config = read_config_json(self.path, f"{self.path} has no config.json; it is not a Hugging Face model")
+        where = str(self.path / "config.json")
+        arch = ModelArch.from_hf_config(config, where)
+        self.quant = read_hf_quantization(self.path, config)
+        self.cfg = CheckpointConfig.new(arch, arch.dtype).with_quantization(
+            {"quant_algo": self.quant.quant_algo, "kv_cache_quant_algo": self.quant.kv_cache_quant_algo,
+             "exclude_modules": list(self.quant.exclude)})
+        check_supported(self.cfg, where)
+        self.weights = LazyWeights(self.path)
+        self._names = self.weights.names()
+        what = "Hugging Face checkpoint {} does not match its config.json / " + QUANT_CONFIG
+        report(self.path, check_tensors(self.path.name, self.weights, self.expected()), what)
+        report(self.path, self.bad_scales(), what)
+        self.model_dtype = torch_dtype(DTYPE_CODES[self.cfg.dtype])
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.arch.num_hidden_layers
+
+    # -------------------------------------------------------------------------------- validation
+
+    def expected(self) -> dict[str, Expect]:
+        """Every tensor the checkpoint must (or may) hold: the family's Hugging Face tensors, FP8 where quantized,
+        with modelopt's scales."""
+        arch, family = self.cfg.arch, self.cfg.family
+        fp8 = (torch.float8_e4m3fn,)
+        out = {name: Expect(shape, FLOATS) for name, shape in hf_tensor_shapes(arch).items()}
+        if arch.tie_word_embeddings:   # a saved copy of the tied table is allowed
+            out[family.lm_head[0]] = Expect((arch.vocab_size, arch.hidden_size), FLOATS, required=False)
+        for module in self.quantized_modules():
+            out[module + ".weight"] = Expect(out[module + ".weight"].shape, fp8)
+            out[module + ".weight_scale"] = Expect(SCALAR, FLOATS)
+            out[module + ".input_scale"] = Expect(SCALAR, FLOATS)
+        if self.quant.kv_cache_quant_algo == FP8:
+            for i in range(self.num_layers):
+                for kind, module in KV_SCALES.items():
+                    out[HF_LAYER.format(i) + f"{module}.{kind}_scale"] = Expect(SCALAR, FLOATS)
+        ignored = family.ignored_sources
+        for name in self._names:
+            if name.endswith(ignored):
+                out.setdefault(name, Expect(self.weights.shape(name), FLOATS, required=False))
+        return out
+
+    def quantized_modules(self) -> list[str]:
+        return [HF_LAYER.format(i) + part.hf for i in range(self.num_layers) for lin in self.cfg.family.linears
+                for part in lin.parts if self.quant.quantizes(HF_LAYER.format(i) + part.hf)]
+
+    def bad_scales(self) -> list[str]:
+        """Scales that cannot be scales (zero, negative, not finite), and fused groups mixing FP8 with float."""
+        names = [n for n in self._names if n.endswith(("weight_scale", "input_scale", "k_scale", "v_scale"))]
+        problems = [f"{self.path.name}: {name} is {value}, not a positive finite scale" for name in sorted(names)
+                    if not (math.isfinite(value := float(self.weights.read(name).reshape(-1)[0])) and value > 0)]
+        for i in range(self.num_layers):
+            for group in fused_groups(self.cfg.family.linears):
+                modules = [HF_LAYER.format(i) + part.hf for lin in group for part in lin.parts]
+                if len({self.quant.quantizes(m) for m in modules}) > 1:
+                    problems.append(f"{', '.join(modules)} run as one GEMM: exclude all of them from FP8 or none")
+        return problems
+
+    # ----------------------------------------------------------------------------------- pieces
+
+    def embedding(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        return self.weights.read(self.cfg.family.embedding[0], rows).float()
+
+    def final_norm(self) -> torch.Tensor:
+        return self.weights.read(self.cfg.family.final_norm[0]).float()
+
+    @property
+    def tied_lm_head(self) -> bool:
+        return self.cfg.arch.tie_word_embeddings
+
+    def lm_head(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        if self.tied_lm_head:
+            return self.embedding(rows)
+        return self.weights.read(self.cfg.family.lm_head[0], rows).float()
+
+    def merge_all(self):
+        return merge_pieces(self)
+
+    def layer(self, index: int) -> Layer:
+        arch, family = self.cfg.arch, self.cfg.family
+        prefix = HF_LAYER.format(index)
+        linears = {}
+        for group in fused_groups(family.linears):
+            linears.update(self.group_linears(prefix, group))
+        norms = {n.name: self.weights.read(prefix + n.hf + ".weight").float() for n in family.layer_norms(arch)}
+        kv_quant = None
+        if self.quant.kv_cache_quant_algo == FP8:
+            scale = max(self.scalar(f"{prefix}{module}.{kind}_scale") for kind, module in KV_SCALES.items())
+            kv_quant = TensorQuant("fp8", scale)
+        return Layer(linears, norms, kv_quant)
+
+    def group_linears(self, prefix: str, group: tuple[LinearSpec, ...]) -> dict[str, Linear]:
+        """The group's linears by TensorRT-LLM name, FP8 ones sharing the group's largest scales."""
+        parts = {lin.name: [self.read_part(prefix, part) for part in lin.parts] for lin in group}
+        read = [p for ps in parts.values() for p in ps]
+        if read[0].weight_scale is None:
+            return {name: Linear(torch.cat([p.weight.float() for p in ps]), _bias(ps)) for name, ps in parts.items()}
+        weight_scale = max(p.weight_scale for p in read)
+        act = TensorQuant("fp8", max(p.input_scale for p in read))
+        return {name: Linear(torch.cat([self.rescaled(p, weight_scale) for p in ps]), _bias(ps), act)
+                for name, ps in parts.items()}
+
+    def read_part(self, prefix: str, spec_part: Part) -> ReadPart:
+        module = prefix + spec_part.hf
+        bias = self.weights.read(module + ".bias") if module + ".bias" in self._names else None
+        weight = self.weights.read(module + ".weight")
+        if not self.quant.quantizes(module):
+            return ReadPart(weight, bias)
+        return ReadPart(weight, bias, self.scalar(module + ".weight_scale"), self.scalar(module + ".input_scale"))
+
+    def rescaled(self, part: ReadPart, scale: float) -> torch.Tensor:
+        """float32 weight of an FP8 part quantized again with the group's `scale`, as TensorRT-LLM's PyTorch
+        backend does it: the FP8 values in the model dtype, times their own scale, divided by the group's."""
+        own, shared = torch.tensor(part.weight_scale), torch.tensor(scale)
+        requantized = part.weight.to(self.model_dtype).mul_(own).div_(shared).to(torch.float8_e4m3fn)
+        return requantized.float() * scale
+
+    def scalar(self, name: str) -> float:
+        return float(self.weights.read(name).reshape(-1)[0])
+
+
+def _bias(parts: list[ReadPart]) -> torch.Tensor | None:
+    return torch.cat([p.bias.float() for p in parts]) if parts[0].bias is not None else None
