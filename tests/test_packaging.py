@@ -20,7 +20,9 @@ VENV_BIN = Path(sys.executable).parent
 PACKAGE_DATA = ["pipeline/data/targets.json", "pipeline/data/calibration/news.json",
                 "pipeline/data/calibration/cnn_dailymail.json", "pipeline/data/model_repo/README.md",
                 *(f"pipeline/data/model_repo/{m}/1/model.py"
-                  for m in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls"))]
+                  for m in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls",
+                            "llmapi/tensorrt_llm", "llmapi_pytorch/tensorrt_llm")),
+                "pipeline/data/llm_api_args_1.2.1.txt"]
 
 
 def run(cmd: list, **kw) -> subprocess.CompletedProcess:

@@ -8,11 +8,13 @@
   the Hugging Face twin of its checkpoint (`checkpoint_format` "hf": calibrate's --format both export for
   fp8, the float checkpoint exported back for fp16/bf16, so a GGUF source is served dequantized);
 - deploy: Triton's `llmapi` layout: one `tensorrt_llm` Python model whose `1/model.yaml` holds the
-  LLM() arguments and whose config.pbtxt declares the llmapi request contract (`LLMAPI_INPUTS` ->
-  `LLMAPI_OUTPUTS`), and beside it at the repository root the same settings as a `trtllm-serve`
-  `--extra_llm_api_options` YAML with its launch script. A Hugging Face directory given to deploy is
-  copied (hard links where the file system allows) into `1/model/`, and model.yaml and the script name it
-  relative to the repository, so the repository names nothing of the machine it was written on.
+  LLM() arguments, whose config.pbtxt declares the llmapi request contract (`LLMAPI_INPUTS` ->
+  `LLMAPI_OUTPUTS`) and whose `1/model.py` is trtpipe's (data/model_repo/llmapi_pytorch: builds LLM() from
+  model.yaml and serves that contract; not run here, no GPU), and beside it at the repository root the same
+  settings as a `trtllm-serve` `--extra_llm_api_options` YAML with its launch script. A Hugging Face
+  directory given to deploy is copied (hard links where the file system allows) into `1/model/`, and
+  model.yaml and the script name it relative to the repository, so the repository names nothing of the
+  machine it was written on.
 
 `reference-llmapi` is the same contract on the cpu target: trtpipe's reference runtime serves the
 TensorRT-LLM checkpoint from data/model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
@@ -55,6 +57,8 @@ HF_MODEL_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.inde
 LAUNCH_SCRIPT = "trtllm-serve.sh"
 #: The cpu flavour's model source, copied into REPO/tensorrt_llm/1/.
 LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / "tensorrt_llm" / "1" / "model.py"
+#: The GPU flavour's: the LLM API serving model.yaml's model (trtpipe's own; docs/pytorch-backend.md says why).
+PYTORCH_MODEL_SOURCE = MODEL_SOURCES / "llmapi_pytorch" / "tensorrt_llm" / "1" / "model.py"
 #: TorchLlmArgs keys of the pinned TensorRT-LLM release, with their source (the file's header).
 LLM_API_ARGS_FILE = PACKAGE_DIR / "data" / f"llm_api_args_{TRTLLM_VERSION}.txt"
 #: LLM API SamplingParams' default max_tokens, used when a request leaves sampling_param_max_tokens unset.
@@ -125,13 +129,17 @@ class PytorchBackend:
         return None, checkpoint
 
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
-        return served_files(checkpoint) if checkpoint else []
+        if not PYTORCH_MODEL_SOURCE.is_file():
+            raise UserError(f"trtpipe's model source {PYTORCH_MODEL_SOURCE} is missing; reinstall trtpipe")
+        return [PYTORCH_MODEL_SOURCE, *(served_files(checkpoint) if checkpoint else [])]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return {}
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
-        """The served Hugging Face model in `1/model/` (model.yaml written by `write_llmapi_repository`)."""
+        """model.py (the LLM API behind the llmapi contract) and the served Hugging Face model in `1/model/`
+        (model.yaml is written by `write_llmapi_repository`)."""
+        shutil.copyfile(PYTORCH_MODEL_SOURCE, version_dir / "model.py")
         if checkpoint is not None:
             copy_served_model(checkpoint, version_dir / SERVED_MODEL_DIR)
 
