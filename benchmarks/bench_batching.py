@@ -16,6 +16,7 @@ import argparse
 import json
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Callable
 
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
@@ -92,10 +93,14 @@ def print_side_by_side(results: dict, variants: dict, width: int) -> None:
         print(f"{label:24}{fmt.format(values[0]):>{width}}{fmt.format(values[1]):>{width}}{ratio:>8}")
 
 
-def side_by_side_arguments(description: str, workdir: str) -> tuple[argparse.Namespace, Path]:
-    """The options every side-by-side serving benchmark takes, parsed, and the checkpoint it serves (SmolLM2
-    converted into the work directory unless --checkpoint names one)."""
+def side_by_side_arguments(description: str, workdir: str,
+                           more: Callable[[argparse.ArgumentParser], None] | None = None
+                           ) -> tuple[argparse.Namespace, Path]:
+    """The options every side-by-side serving benchmark takes (and the ones `more` adds), parsed, and the
+    checkpoint it serves (SmolLM2 converted into the work directory unless --checkpoint names one)."""
     parser = argparse.ArgumentParser(description=description)
+    if more is not None:
+        more(parser)
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--workdir", type=Path, default=Path(workdir))
     parser.add_argument("--requests-per-client", type=int, default=2)

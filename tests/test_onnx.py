@@ -176,8 +176,8 @@ def test_quantized_export_has_qdq_and_equals_the_runtime_simulation(precision, f
     ckpt, onnx_dir = quantized[precision]
     model = onnx.load(onnx_dir / "model.onnx")
     ops = [n.op_type for n in model.graph.node]
-    # 4 layers x (qkv, dense, fc (gate shares it), proj activations + K and V) quantize/dequantize pairs
-    assert ops.count("QuantizeLinear") == 4 * 6
+    # 4 layers x (qkv, dense, fc, gate, proj activations + K and V) quantize/dequantize pairs
+    assert ops.count("QuantizeLinear") == 4 * 7
     weights = {t.name: t for t in model.graph.initializer}
     for name in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
         assert weights[f"transformer.layers.2.{name}.weight"].data_type == fmt
@@ -188,6 +188,21 @@ def test_quantized_export_has_qdq_and_equals_the_runtime_simulation(precision, f
     ppl_ref, ppl_ort = perplexity(ref, seqs, window=48), perplexity(decoder, seqs, window=48)
     assert ppl_ort.tokens == ppl_ref.tokens > 200
     assert abs(ppl_ort.perplexity / ppl_ref.perplexity - 1) <= 0.005
+
+
+def test_onnxruntime_runs_every_int8_linear_as_an_integer_gemm(quantized, tmp_path):
+    """What makes the INT8-SQ export fast on the CPU: each Q/DQ'd linear becomes one integer GEMM in ONNX Runtime's
+    optimized graph, with no weight dequantized to float32 at run time (a QuantizeLinear shared by fc and gate
+    kept both in float32)."""
+    import onnxruntime as ort
+
+    _, onnx_dir = quantized["int8-sq"]
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(onnx_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 4 * 5
+    assert ops.count("DequantizeLinear") == 4 * 2        # only K and V entering the int8 cache
 
 
 def test_calibration_cache_names_the_tensors_the_graph_quantizes(quantized):

@@ -195,12 +195,16 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
 
 
 def mlp(g: GraphBuilder, i: int, layer: Layer, quantized: dict, x: str) -> str:
-    """proj(silu(fc(x)) * gate(x)); gate reads fc's quantized input when it smooths and quantizes it alike (as
-    calibrate measures it once)."""
+    """proj(silu(fc(x)) * gate(x)). When fc and gate smooth and quantize their input alike (calibrate measures it
+    once), gate reads fc's smoothed input tensor through a Q/DQ pair of its own: ONNX Runtime fuses a Q/DQ pair
+    into an integer GEMM only when its QuantizeLinear feeds that one GEMM (a shared one left both in float32)."""
     p = f"transformer.layers.{i}.mlp."
     fc_lin, gate_lin = layer.linears["mlp.fc"], layer.linears["mlp.gate"]
     fc_in = linear_input(g, x, fc_lin, p + "fc")
-    gate_in = fc_in if same_input_quant(fc_lin, gate_lin) else linear_input(g, x, gate_lin, p + "gate")
+    if same_input_quant(fc_lin, gate_lin):
+        gate_in = fc_in if gate_lin.act_quant is None else qdq(g, p + "fc", gate_lin.act_quant, p + "gate.activation")
+    else:
+        gate_in = linear_input(g, x, gate_lin, p + "gate")
     fc = matmul(g, fc_in, fc_lin, quantized.get("mlp.fc"), p + "fc")
     gate = matmul(g, gate_in, gate_lin, quantized.get("mlp.gate"), p + "gate")
     act = g.op("Mul", [g.op("Mul", [fc, g.op("Sigmoid", [fc])]), gate])
