@@ -218,6 +218,29 @@ def test_memory_infeasible_candidates_are_never_served(tmp_path):
     assert max(r.params["kv_cache_free_gpu_mem_fraction"] for r in refused) < min(served)
 
 
+def test_an_interrupted_study_resumes_and_measures_the_plans_configuration(tmp_path):
+    plan = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
+    slo = parse_slo("ttft_p99<=1s")
+    space = build_space(plan, slo, (1, 2))
+    key = study_key(plan, slo, {}, space)
+
+    def interrupted(number, candidate, trial_plan, should_stop):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(open_study(tmp_path / "study.db", key, seed=0), plan, space, slo, 2, interrupted)
+    measured = []
+
+    def run_trial(number, candidate, trial_plan, should_stop):
+        measured.append(candidate)
+        return [level(1, 100, 10, 20)]
+
+    study = open_study(tmp_path / "study.db", key, seed=0)
+    run_study(study, plan, space, slo, 2, run_trial)
+    assert [r.kind for r in records(study)] == ["interrupted", "measured", "measured"]
+    assert measured[0] == space.default and len(measured) == 2
+
+
 def test_instances_that_do_not_fit_in_host_memory_are_infeasible():
     plan = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
     tokens = max(plan.triton.triton_max_batch_size * (plan.workload.input_len + plan.workload.output_len),

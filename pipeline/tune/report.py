@@ -69,7 +69,7 @@ def operating_row(record: TrialRecord, slo: Slo) -> dict:
         for q in ("p50", "p90", "p99"):
             row[f"{metric[:-3]}_{q}_ms"] = (level.get(metric) or {}).get(q)
     row.update(requests=level.get("requests"), failed=level.get("failed"), shed=level.get("shed"),
-               reason=record.reason)
+               errors="; ".join(level.get("errors") or []), reason=record.reason)
     return row
 
 

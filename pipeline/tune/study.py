@@ -195,7 +195,10 @@ def mark(trial, **attrs) -> None:
 
 
 def served(study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("served"))
+    """Trials that were served to the end (measured, pruned by the SLO, or failed by the server)."""
+    finished = ("COMPLETE", "PRUNED", "FAIL")
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("served") and t.state.name in finished
+               and (t.state.name != "FAIL" or t.user_attrs.get("kind") == "failed"))
 
 
 # ----------------------------------------------------------------------------------------------
