@@ -1,4 +1,4 @@
-"""The generation loop every runtime shares: sampling, end_id, stop words and streaming callbacks.
+"""The generation loop every runtime shares: sampling, end_id, min_tokens, stop words and streaming callbacks.
 
 A runtime provides a `Decoder` for one batch of prompts: `prefill(rows)` computes the prompts of those
 rows and returns the logits of each prompt's last token, `decode(rows, tokens)` feeds one new token per
@@ -16,7 +16,8 @@ import torch
 from ..errors import UserError
 from .sampling import SamplingConfig, TokenSelector
 
-TokenCallback = Callable[[int, int], None]
+#: on_token(row, token), called for every output token; returning False ends that row now (its client is gone)
+TokenCallback = Callable[[int, int], "bool | None"]
 
 
 class Decoder(Protocol):
@@ -53,7 +54,8 @@ def generate(decoder: Decoder, configs: list[SamplingConfig], on_token: TokenCal
     active = [r for r, c in enumerate(configs) if c.max_new_tokens]
     logits = decoder.prefill(active) if active else None
     while active:
-        fed = [r for i, r in enumerate(active) if accept(r, selectors[r](logits[i]), configs[r], outputs[r], on_token)]
+        fed = [r for i, r in enumerate(active)
+               if accept(r, selectors[r](logits[i], len(outputs[r])), configs[r], outputs[r], on_token)]
         active = fed
         if active:
             logits = decoder.decode(active, [outputs[r][-1] for r in active])
@@ -61,12 +63,13 @@ def generate(decoder: Decoder, configs: list[SamplingConfig], on_token: TokenCal
 
 
 def accept(r: int, token: int, cfg: SamplingConfig, out: list[int], on_token: TokenCallback | None) -> bool:
-    """Record a new token; True when the request continues. end_id ends it without being output."""
+    """Record a new token; True when the request continues. end_id ends it without being output; on_token
+    returning False ends it after this token."""
     if cfg.end_id is not None and token == cfg.end_id:
         return False
     out.append(token)
-    if on_token is not None:
-        on_token(r, token)
+    if on_token is not None and on_token(r, token) is False:
+        return False
     if len(out) >= cfg.max_new_tokens:
         return False
     return not any(len(out) >= len(s) and out[-len(s):] == list(s) for s in cfg.stop_words)

@@ -12,7 +12,13 @@ from ..errors import UserError
 
 @dataclass
 class SamplingConfig:
-    """How one request generates. top_k=1 is greedy; top_k=0 means no top-k limit."""
+    """How one request generates. top_k=1 is greedy; top_k=0 means no top-k limit.
+
+    min_tokens: end_id cannot be chosen before the output has this many tokens (TensorRT-LLM's min length:
+    its penalty kernel sets the end id's logit to -inf while generated < min_tokens, before sampling). 0 and
+    1 mean no constraint, as for a lone upstream request (its default min length is 1, and the penalty is only
+    applied when some request asks for more). Stop words and max_new_tokens still end a request earlier.
+    """
 
     max_new_tokens: int = 16
     end_id: int | None = None
@@ -21,10 +27,13 @@ class SamplingConfig:
     top_p: float = 1.0
     seed: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)  # token-id sequences that end generation
+    min_tokens: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
             raise UserError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
+        if not isinstance(self.min_tokens, Integral) or self.min_tokens < 0:
+            raise UserError(f"min_tokens must be an integer >= 0 (got {self.min_tokens!r})")
         if self.top_k < 0:
             raise UserError(f"top_k must be >= 0 (got {self.top_k}; 1 is greedy, 0 means no limit)")
         if not 0.0 < self.top_p <= 1.0:
@@ -60,7 +69,12 @@ class TokenSelector:
         else:
             self.generator.manual_seed(cfg.seed)
 
-    def __call__(self, logits: torch.Tensor) -> int:
+    def __call__(self, logits: torch.Tensor, generated: int = 0) -> int:
+        """The next token after `generated` output tokens (end_id is masked while generated < min_tokens)."""
+        end, least = self.cfg.end_id, self.cfg.min_tokens
+        if end is not None and 0 <= end < logits.numel() and least > 1 and generated < least:
+            logits = logits.clone()
+            logits[end] = float("-inf")
         if self.cfg.greedy:
             return int(torch.argmax(logits))
         scaled = logits / self.cfg.temperature

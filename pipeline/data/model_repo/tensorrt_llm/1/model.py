@@ -9,6 +9,7 @@ Every request Triton's dynamic batcher hands to one `execute` call is generated
 together (the rows of all requests share batched decode steps). In decoupled mode a streaming request
 gets one response per new token, the last one flagged final; otherwise one response holds the prompt
 and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does.
+min_tokens is honoured as TensorRT-LLM does it (the end id is masked until the output is that long).
 Features the reference runtime cannot honour (beam search, penalties, bad words, embedding bias, log
 probs, logits) are refused per request with a clear error instead of being ignored, and so are sampling
 values outside the ranges TensorRT-LLM's executor accepts (`SAMPLING_RANGES`).
@@ -39,6 +40,7 @@ SAMPLING_RANGES = {
     "runtime_top_k": ("top_k", lambda v: v >= 0, ">= 0 (0: no top-k limit)"),
     "runtime_top_p": ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     "temperature": ("temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
+    "min_tokens": ("min_tokens", lambda v: v >= 0, ">= 0"),   # checkMinTokens
 }
 
 
@@ -86,6 +88,7 @@ class Job:
     """One Triton request: its rows, and how its answer goes back."""
 
     def __init__(self, request, decoupled: bool):
+        self.request = request
         self.sender = request.get_response_sender() if decoupled else None
         self.response = None        # non-decoupled mode: the one response
         self.finished = False
@@ -109,8 +112,6 @@ class Job:
             if any(scalar(name, r, unused) != unused for r in range(self.batch)):
                 raise RequestError(f"{name} is not supported by the cpu target's reference runtime "
                                    f"(leave it unset or {unused})")
-        if any(scalar("min_tokens", r, 1) > 1 for r in range(self.batch)):
-            raise RequestError("min_tokens > 1 is not supported by the cpu target's reference runtime")
         bad_words = inputs.get("bad_words_list")
         if bad_words is not None and (bad_words[:, 1] >= 0).any():
             raise RequestError("bad_words is not supported by the cpu target's reference runtime")
@@ -131,26 +132,35 @@ class Job:
                 top_k=int(scalar("runtime_top_k", r, 0)), top_p=float(scalar("runtime_top_p", r, 0.0)),
                 temperature=float(scalar("temperature", r, 1.0)), max_new_tokens=int(max_new[r]),
                 end_id=scalar("end_id", r, None), seed=scalar("seed", r, None),
-                stop_words=stop_sequences(stops[r]) if stops is not None else [])
+                stop_words=stop_sequences(stops[r]) if stops is not None else [],
+                min_tokens=int(scalar("min_tokens", r, 0)))
             self.rows.append(Row(self, r, prompt, sampling))
         self.unfinished_rows = self.batch
 
     # ------------------------------------------------------------------ answering
 
-    def on_token(self, row: Row, token: int) -> None:
+    def on_token(self, row: Row, token: int) -> bool:
+        """Record (and stream) a token; False once the client cancelled the request, so its rows stop
+        generating instead of running to max_tokens for nobody."""
+        if self.finished or self.request.is_cancelled():
+            self.fail("the request was cancelled", pb_utils.TritonError.CANCELLED)
+            return False
         row.tokens.append(token)
         if not self.stream:
-            return
+            return True
         last = row.is_done()
         if last:
             self.unfinished_rows -= 1
         self.send(self.tensors([row], [[token]]), final=last and self.unfinished_rows == 0)
+        return True
 
     def finish(self) -> None:
-        """After generation: the whole answer (non-streaming) or the final flag if it is still owed."""
+        """After generation: the whole answer (non-streaming), or the final flag a stream still owes (its last
+        row ended at end_id, which is not output); nothing for a job already answered (cancelled)."""
+        if self.finished:
+            return
         if self.stream:
-            if not self.finished:  # ended by end_id (not output) after the last streamed token
-                self.send(self.tensors([self.rows[-1]], [[]]), final=True)
+            self.send(self.tensors([self.rows[-1]], [[]]), final=True)
             return
         outputs = [(row.prompt if not self.exclude_input else []) + row.tokens for row in self.rows]
         if self.sender is None or self.batch == 1:
@@ -159,10 +169,11 @@ class Job:
             for i, (row, out) in enumerate(zip(self.rows, outputs)):
                 self.send(self.tensors([row], [out]), final=i == self.batch - 1)
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, code=None) -> None:
         if self.finished:
             return
-        response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+        error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+        response = pb_utils.InferenceResponse(output_tensors=[], error=error)
         if self.sender is not None:
             self.sender.send(response, flags=FINAL)
         self.response = response
