@@ -221,10 +221,18 @@ def _die_with_parent() -> None:
 
 
 def model_states(http_url: str, timeout: float = 5.0) -> dict[str, str]:
-    """State of every model in the server's repository index (READY, UNAVAILABLE, LOADING, ...)."""
+    """State of every model in the server's repository index (READY, UNAVAILABLE, LOADING, ...).
+
+    The index has one entry per model version Triton knows: after a model was reloaded with another version
+    (`trtpipe versions serve --url`) the one it unloaded stays listed as UNAVAILABLE, so a model with any READY
+    version is READY."""
     response = requests.post(f"{http_url}/v2/repository/index", json={}, timeout=timeout)
     response.raise_for_status()
-    return {entry["name"]: entry.get("state", "UNKNOWN") for entry in response.json()}
+    states: dict[str, str] = {}
+    for entry in response.json():
+        if states.get(entry["name"]) != "READY":
+            states[entry["name"]] = entry.get("state", "UNKNOWN")
+    return states
 
 
 def wait_until_ready(server: TritonServer, timeout: float) -> None:
