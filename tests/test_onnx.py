@@ -190,19 +190,25 @@ def test_quantized_export_has_qdq_and_equals_the_runtime_simulation(precision, f
     assert abs(ppl_ort.perplexity / ppl_ref.perplexity - 1) <= 0.005
 
 
-def test_onnxruntime_runs_every_int8_linear_as_an_integer_gemm(quantized, tmp_path):
-    """What makes the INT8-SQ export fast on the CPU: each Q/DQ'd linear becomes one integer GEMM in ONNX Runtime's
-    optimized graph, with no weight dequantized to float32 at run time (a QuantizeLinear shared by fc and gate
-    kept both in float32)."""
+@pytest.mark.parametrize("precision", ["int8-sq", "fp8"])
+def test_onnxruntime_never_dequantizes_a_weight_at_run_time(precision, quantized, tmp_path):
+    """What makes a quantized export fast on the CPU, in ONNX Runtime's optimized graph as the runner opens it: each
+    INT8-SQ linear is one integer GEMM (a QuantizeLinear shared by fc and gate kept both in float32), FP8 weights
+    (no FP8 GEMM on the CPU) are dequantized once at load; no DequantizeLinear reads a weight on every step."""
     import onnxruntime as ort
 
-    _, onnx_dir = quantized["int8-sq"]
-    options = ort.SessionOptions()
+    from pipeline.onnx.runner import session_options
+
+    _, onnx_dir = quantized[precision]
+    options = session_options(ort, precision, threads=None)
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(str(onnx_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
-    ops = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
-    assert ops.count("MatMulIntegerToFloat") == 4 * 5
-    assert ops.count("DequantizeLinear") == 4 * 2        # only K and V entering the int8 cache
+    graph = onnx.load(tmp_path / "optimized.onnx").graph
+    quantized_types = (onnx.TensorProto.INT8, onnx.TensorProto.FLOAT8E4M3FN)
+    weights = {t.name for t in graph.initializer if t.data_type in quantized_types and len(t.dims) == 2}
+    assert [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights] == []
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MatMulIntegerToFloat") == (4 * 5 if precision == "int8-sq" else 0)
 
 
 def test_calibration_cache_names_the_tensors_the_graph_quantizes(quantized):

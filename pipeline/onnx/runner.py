@@ -45,7 +45,8 @@ class OrtDecoder:
         import onnxruntime as ort
 
         directory = Path(directory)
-        model = json.loads((directory / CONFIG_FILE).read_text())["model"]
+        config = json.loads((directory / CONFIG_FILE).read_text())
+        model = config["model"]
         decoder = model["decoder"]
         self.vocab_size, self.max_position_embeddings = model["vocab_size"], model["context_length"]
         self.layers, self.kv_heads = decoder["num_hidden_layers"], decoder["num_key_value_heads"]
@@ -54,9 +55,7 @@ class OrtDecoder:
         #: (past key, present key) and (past value, present value) names of every layer
         self.cache_names = [(inputs[f"past_{kind}_names"] % i, outputs[f"present_{kind}_names"] % i)
                             for i in range(self.layers) for kind in ("key", "value")]
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
+        opts = session_options(ort, config["trtpipe"]["precision"], threads)
         self.session = ort.InferenceSession(str(directory / decoder["filename"]), opts,
                                             providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
@@ -89,6 +88,23 @@ class OrtDecoder:
         """New tokens of every prompt, as `ReferenceModel.generate` makes them."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
         return generate(OrtBatch(self, prompts), configs, on_token)
+
+
+def session_options(ort, precision: str, threads: int | None):
+    """ONNX Runtime's options for an export of `precision`.
+
+    FP8: the CPU provider has no FP8 GEMM, and while it handles Q/DQ graphs it keeps each weight's
+    DequantizeLinear in the graph, dequantizing every weight on every step. With Q/DQ handling off
+    (`session.disable_quant_qdq`) constant folding dequantizes the weights once at load, to the same float32
+    values; the activations' and the KV cache's Q/DQ stay. INT8 keeps Q/DQ handling on: that is what fuses
+    each W8A8 linear into an integer GEMM (MatMulIntegerToFloat).
+    """
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    if precision == "fp8":
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    return opts
 
 
 class OrtBatch:
