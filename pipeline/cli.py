@@ -828,6 +828,15 @@ def doctor(target, as_json):
     sys.exit(0 if report.ok else 1)
 
 
+def _versions_group():
+    from .versions.commands import versions
+
+    return versions
+
+
+main.add_command(_versions_group())   # trtpipe versions list|add|serve|remove (pipeline/versions/commands.py)
+
+
 @main.command(name="matrix")
 @click.argument("matrix_file", type=click.Path(path_type=Path), default="trtpipe.toml")
 @click.option("--json", "as_json", is_flag=True, help='Print {"include": [build...]}, the shape of a CI matrix.')
