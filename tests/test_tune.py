@@ -84,9 +84,10 @@ class FakeLoad:
         self.repos.append(repo)
         self.levels.append([])
         batch = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text()).max_batch_size
-        yield type("Client", (), {"batch": batch, "generate": lambda self, prompt, tokens: ""})()
+        server = type("Server", (), {"http_url": f"http://fake/{len(self.repos)}"})()
+        yield type("Client", (), {"batch": batch, "server": server, "generate": lambda self, prompt, tokens: ""})()
 
-    def run_load_level(self, client, load, concurrency: int) -> dict:
+    def run_load_level(self, client, load, concurrency: int, tokenizer: Path, workdir: Path) -> dict:
         self.levels[-1].append(concurrency)
         if len(self.repos) - 1 in self.break_first:
             return level(concurrency, 10_000.0, 10.0, 1.0)
@@ -96,10 +97,11 @@ class FakeLoad:
 
 @pytest.fixture
 def fake_load(monkeypatch):
-    def install(**options) -> FakeLoad:
+    def install(load: bool = True, **options) -> FakeLoad:
         fake = FakeLoad(**options)
         monkeypatch.setattr(trial_module, "serving", fake.serving)
-        monkeypatch.setattr(trial_module, "run_load_level", fake.run_load_level)
+        if load:
+            monkeypatch.setattr(trial_module, "run_load_level", fake.run_load_level)
         return fake
     return install
 
@@ -314,6 +316,26 @@ def test_a_trial_whose_first_level_breaks_the_slo_is_pruned(build, fake_load, tm
 
     study = optuna.load_study(study_name="trtpipe-tune", storage=f"sqlite:///{out / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["PRUNED", "COMPLETE"]
+
+
+def test_the_aiperf_load_generator_measures_each_level(build, fake_load, monkeypatch, tmp_path):
+    aiperf = pytest.importorskip("pipeline.validate.aiperf")
+    fake_load(load=False)
+    calls = []
+
+    def run_aiperf(url, tokenizer, prompts, max_tokens, concurrency, request_count, workdir, **options):
+        calls.append((url, Path(tokenizer), prompts, max_tokens, concurrency, request_count))
+        return level(concurrency, 100.0, 10.0, 5.0 * concurrency)
+
+    monkeypatch.setattr(aiperf, "aiperf_executable", lambda: "aiperf")
+    monkeypatch.setattr(aiperf, "run_aiperf", run_aiperf)
+    result = tune_cli(build, tmp_path / "study", "--slo", "ttft_p99<=1s", "--trials", "1", "--load-generator", "aiperf",
+                      "--requests-per-client", "3")
+    assert result.exit_code == 0, result.output
+    assert [(c[0], c[4], c[5]) for c in calls] == [("http://fake/1", c, 3 * c) for c in (1, 2, 4)]
+    assert calls[0][1] == build / "model_repo" / "preprocessing" / "1" / "tokenizer" and calls[0][3] == 4
+    table = json.loads((tmp_path / "study" / "result" / "trials.json").read_text())["trials"]
+    assert [lv["output_tokens_per_s"] for lv in table[0]["levels"]] == [5.0, 10.0, 20.0]
 
 
 def test_gpu_trials_need_the_gpu_server(tmp_path):

@@ -74,9 +74,14 @@ def parse_concurrencies(text: str) -> tuple[int, ...]:
 def check_load_generator(name: str) -> None:
     if name not in LOAD_GENERATORS:
         raise UserError(f"--load-generator must be one of {', '.join(LOAD_GENERATORS)}, not {name!r}")
-    if name == "aiperf" and importlib.util.find_spec("pipeline.validate.aiperf") is None:
+    if name != "aiperf":
+        return
+    if importlib.util.find_spec("pipeline.validate.aiperf") is None:
         raise UserError("--load-generator aiperf needs pipeline/validate/aiperf.py (run_aiperf), which this trtpipe "
                         "does not have; use --load-generator builtin")
+    from ..validate.aiperf import aiperf_executable
+
+    aiperf_executable()   # a UserError saying how to install it
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,21 +168,24 @@ def reload_models(http_url: str, repo: Path) -> None:
 # The load
 
 
-def run_load_level(client: EnsembleClient, load: LoadSpec, concurrency: int) -> dict:
-    """One concurrency level with the chosen generator: a record with run_level's keys."""
+def run_load_level(client: EnsembleClient, load: LoadSpec, concurrency: int, tokenizer: Path, workdir: Path) -> dict:
+    """One concurrency level with the chosen generator: a record with run_level's keys (aiperf counts tokens with
+    `tokenizer` and keeps its files in `workdir`)."""
     if load.generator == "aiperf":
         from ..validate.aiperf import run_aiperf
 
-        return run_aiperf(client, load.prompts, load.max_tokens, concurrency, load.requests_per_client)
+        return run_aiperf(client.server.http_url, tokenizer, load.prompts, load.max_tokens, concurrency,
+                          concurrency * load.requests_per_client, workdir / f"aiperf-c{concurrency}")
     return run_level(client, load.prompts, load.max_tokens, concurrency, load.requests_per_client)
 
 
-def measure(client: EnsembleClient, load: LoadSpec, should_stop: Callable[[dict], bool]) -> list[dict]:
+def measure(client: EnsembleClient, load: LoadSpec, should_stop: Callable[[dict], bool], tokenizer: Path,
+            workdir: Path) -> list[dict]:
     """The sweep, ascending, until a level makes `should_stop` true (that level is kept)."""
     client.generate(load.prompts[0], 2)   # warm-up: the first request's costs are not the configuration's
     levels = []
     for concurrency in load.concurrencies:
-        levels.append(run_load_level(client, load, concurrency))
+        levels.append(run_load_level(client, load, concurrency, tokenizer, workdir))
         if should_stop(levels[-1]):
             break
     return levels
@@ -201,7 +209,7 @@ class TrialRunner:
         repo = render_candidate(self.source, plan, candidate, trial_dir / "model_repo", engine)
         try:
             with serving(repo, self.url, trial_dir / "tritonserver.log", self.ready_timeout) as client:
-                return measure(client, self.load, should_stop)
+                return measure(client, self.load, should_stop, self.source.tokenizer, trial_dir)
         finally:
             shutil.rmtree(repo, ignore_errors=True)   # the log stays; the winner is rendered again
 
