@@ -22,8 +22,8 @@ from ..outputs import MANIFEST, describe_outputs
 from ..tritonconfig import to_pbtxt
 from .compat import refuse_unless_compatible
 from .live import LiveSwitch, apply_on_server
-from .repository import (TRTLLM, VERSIONS_KEY, Repository, VersionRecord, read_repository, resolve_source,
-                         source_version)
+from .repository import (TRTLLM, VERSIONS_KEY, Repository, VersionRecord, neutral_path, read_repository,
+                         resolve_source, source_version)
 
 PREVIOUS = "previous"
 
@@ -116,11 +116,6 @@ def source_deployment(source: Repository, version: int, base: Path) -> dict:
     if isinstance(deployment.get("model"), str):
         deployment["model"] = neutral_path(recorded_path(deployment["model"], source.path.parent), base)
     return deployment
-
-
-def neutral_path(value: str, base: Path) -> str:
-    """An absolute path as relative to `base` (the repository's parent); anything else (a preset, a hub id) as is."""
-    return os.path.relpath(value, base) if os.path.isabs(value) else value
 
 
 def stage_copy(version_dir: Path, repo: Repository, version: int) -> Path:

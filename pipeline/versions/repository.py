@@ -15,6 +15,7 @@ block: its one version is described by the manifest's own `deployment`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,14 +34,15 @@ class VersionRecord:
     """Which build one version of tensorrt_llm holds."""
 
     version: int
-    source: str          # the build directory or repository it came from (portable; "." is the repository's parent)
+    source: str          # the build directory or repository it came from, relative to the repository's parent
     deployment: dict     # that build's deploy record (model, precision, backend, target, weights_dtype, ...)
     added: str           # UTC time it entered the repository
 
     def describe(self) -> str:
         d = self.deployment
         model = d.get("model") or "(a checkpoint)"
-        return f"{d.get('precision', '?')} {model} ({d.get('backend', '?')}) from {self.source}"
+        where = "the build that holds this repository" if self.source == "." else self.source
+        return f"{d.get('precision', '?')} {model} ({d.get('backend', '?')}) from {where}"
 
     def to_dict(self) -> dict:
         return {"source": self.source, "deployment": self.deployment, "added": self.added}
@@ -113,19 +115,31 @@ def read_repository(path: Path, role: str = "REPO") -> Repository:
     if not on_disk:
         raise UserError(f"{role} {path / TRTLLM} has no version directory; re-run `trtpipe deploy`")
     block = manifest.get(VERSIONS_KEY) or {}
-    records = parse_records(block.get("held"), manifest, on_disk, served_versions(config, on_disk))
+    records = parse_records(block.get("held"), manifest, on_disk, served_versions(config, on_disk), path)
     return Repository(path, manifest, config, on_disk, records, block.get("previous"))
 
 
-def parse_records(held, manifest: dict, on_disk: tuple[int, ...], served: tuple[int, ...]) -> dict[int, VersionRecord]:
-    """The manifest's version records; for a repository deploy wrote, its one version from `deployment`."""
+def parse_records(held, manifest: dict, on_disk: tuple[int, ...], served: tuple[int, ...],
+                  path: Path) -> dict[int, VersionRecord]:
+    """The manifest's version records; for a repository deploy wrote, its one version from `deployment`, its
+    source the build directory that holds it (".") or the repository itself."""
     if isinstance(held, dict) and held:
         return {int(v): VersionRecord(int(v), str(r.get("source", "?")), dict(r.get("deployment") or {}),
                                       str(r.get("added", "?")))
                 for v, r in held.items() if str(v).isdigit() and isinstance(r, dict)}
     version = served[-1] if served else on_disk[-1]
-    return {version: VersionRecord(version, ".", dict(manifest.get("deployment") or {}),
+    source = "." if (path.parent / "build.json").is_file() else path.name
+    deployment = dict(manifest.get("deployment") or {})
+    if isinstance(deployment.get("model"), str):
+        deployment["model"] = neutral_path(deployment["model"], path.parent)
+    return {version: VersionRecord(version, source, deployment,
                                    str(manifest.get("created", "?")))}
+
+
+def neutral_path(value: str, base: Path) -> str:
+    """An absolute path as relative to `base` (the repository's parent), so the record names no directory of
+    this machine; anything else (a relative path, a preset, a hub id) as it is."""
+    return os.path.relpath(value, base) if os.path.isabs(value) else value
 
 
 def resolve_source(path: Path) -> Path:
