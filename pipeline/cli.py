@@ -726,9 +726,11 @@ def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, loa
               help="queue:compute ratio the autoscaler holds (default: from the plan's --p99-latency, else 1.0).")
 @click.option("--name", default=None, help="Name of every object (default: <model>-<target>).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
-@click.option("--canary-of", type=click.Path(path_type=Path), default=None, metavar="BUILD_A",
-              help="Write this build as the canary of BUILD_A (deployed already with `trtpipe k8s`): a Gateway API "
-                   "HTTPRoute splitting requests between the two Services, and CANARY.md with the commands.")
+@click.option("--canary-of", type=click.Path(path_type=Path), default=None, metavar="A",
+              help="Write this build as the canary of A (deployed already with `trtpipe k8s`): a Gateway API "
+                   "HTTPRoute splitting requests between the two Services, and CANARY.md with the commands. A is A's "
+                   "manifests directory (the -o of `trtpipe k8s BUILD_A`, which names A's Service) or BUILD_A (its "
+                   "k8s/ when present, else the default name).")
 @click.option("--weight", type=int, default=10, show_default=True,
               help="With --canary-of: % of requests to this build.")
 @click.option("--gateway", default="trtpipe", show_default=True, metavar="[NAMESPACE/]NAME",

@@ -45,7 +45,7 @@ class K8sOptions:
     scale_ratio: float | None = None     # None: from the plan
     name: str | None = None
     force: bool = False
-    canary_of: Path | None = None        # the stable build or repository (A): write B as its canary
+    canary_of: Path | None = None        # A: its manifests directory, build or repository: write B as its canary
     weight: int = 10                     # % of requests to the canary
     gateway: str = "trtpipe"             # the Gateway the canary's HTTPRoute attaches to
 
@@ -56,13 +56,14 @@ class K8sResult:
     files: list[str]
     name: str
     scale_ratio: float
+    notes: tuple[str, ...] = ()   # what the user should know (a canary's assumed stable name)
 
     def summary(self) -> str:
         fill = (f"the model repository goes onto its volume with {LOADER}" if LOADER in self.files
                 else "every pod fetches and verifies the artifact before Triton starts")
         return (f"wrote {len(self.files)} files to {self.out} for {self.name} (autoscaling at queue:compute "
                 f"{self.scale_ratio:g})\napply with `kubectl apply -k {self.out}` (see docs/kubernetes.md first: "
-                f"{fill})")
+                f"{fill})" + "".join(f"\nnote: {n}" for n in self.notes))
 
 
 def scale_ratio(src: DeploymentSource, flag: float | None) -> float:
@@ -119,10 +120,10 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
     board = dashboard(m)
     canary = None
     if options.canary_of is not None:
-        from .canary import check_canary
+        from .canary import check_canary, stable_name, stable_note
 
-        stable = read_source(options.canary_of, None).name
-        canary = check_canary(stable, src.name, options.weight, options.gateway)
+        stable = stable_name(options.canary_of)
+        canary = check_canary(stable.name, src.name, options.weight, options.gateway, stable.read)
     check_output_free(Path(out), options.force)
     with atomic_output_dir(Path(out)) as tmp:
         for name, obj in objects.items():
@@ -143,4 +144,5 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
             (tmp / ROUTE_FILE).write_text(yaml.safe_dump(route, sort_keys=False))
             (tmp / COMMANDS_FILE).write_text(commands(canary, options.namespace, str(out)))
         files = sorted(p.name for p in tmp.iterdir())
-    return K8sResult(out=Path(out), files=files, name=src.name, scale_ratio=ratio)
+    notes = () if canary is None or canary.stable_read else (stable_note(canary),)
+    return K8sResult(out=Path(out), files=files, name=src.name, scale_ratio=ratio, notes=notes)
