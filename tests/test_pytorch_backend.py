@@ -166,7 +166,7 @@ def test_cpu_llmapi_repository_is_served_live(llmapi_cpu_repo):
         assert 1 <= len(words) <= 6 and all(w.startswith("w") for w in words)
         with_input = client.request(prompt, sampling_param_exclude_input_from_output=False, **greedy)
         assert with_input["text_output"] == prompt + first["text_output"]
-        streamed = client.generate_stream(prompt, **greedy)
+        streamed = client.generate_stream(prompt, 6, body=greedy)
         assert streamed.error is None and streamed.text == first["text_output"]
         assert len(streamed.pieces) >= 2 and streamed.finish_reason == first["finish_reason"]
         too_long = requests.post(f"{server.http_url}/v2/models/tensorrt_llm/generate", timeout=60,

@@ -327,6 +327,8 @@ def test_prometheus_text_is_parsed_and_the_ensembles_failures_summed_over_reason
 class Tallied:
     """A client that has sent 5 good and 2 bad requests the ensemble refused."""
 
+    model = "ensemble"
+
     def __init__(self):
         from pipeline.validate.client import Tally
 
@@ -341,7 +343,7 @@ def test_the_metrics_check_fails_when_the_counters_do_not_grow_by_what_was_sent(
 
     before = {metrics.SUCCESS: 10.0, metrics.FAILURE: 3.0}
     after = {metrics.SUCCESS: 10.0 + success, metrics.FAILURE: 3.0 + failure}
-    monkeypatch.setattr(metrics, "read_counts", lambda url: after)
+    monkeypatch.setattr(metrics, "read_counts", lambda url, model: after)
     monkeypatch.setattr(metrics, "SETTLE_S", 0.0)
     check = metrics.check_metrics(Tallied(), "http://h:8002", before)
     assert check.passed is passes, check.detail

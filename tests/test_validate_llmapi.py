@@ -20,7 +20,7 @@ from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
 from pipeline.targets import get_target
 from conftest import save_word_tokenizer
 
-LLMAPI_CHECKS = ["models_ready", "config_matches", "golden", "streaming", "bad_requests"]
+LLMAPI_CHECKS = ["models_ready", "config_matches", "golden", "streaming", "bad_requests", "load_test", "metrics"]
 
 
 def hf_with_tokenizer(source, out):
@@ -32,7 +32,7 @@ def hf_with_tokenizer(source, out):
 
 @pytest.fixture(scope="module")
 def served(checkpoint, tiny_llama, tmp_path_factory):
-    """(repository, server URL, golden model directory, another model's directory)."""
+    """(repository, server endpoints, golden model directory, another model's directory)."""
     from pipeline.server import embedded_server
 
     tmp = tmp_path_factory.mktemp("validate-llmapi")
@@ -45,12 +45,13 @@ def served(checkpoint, tiny_llama, tmp_path_factory):
                                        str(tmp / "plan.json"), "--tokenizer", str(golden), "-o", str(repo)])
     assert result.exit_code == 0, result.output
     with embedded_server(repo, ready_timeout=300) as server:
-        yield repo, server.http_url, golden, hf_with_tokenizer(tiny_llama("mha"), tmp / "other")
+        yield repo, server.endpoints, golden, hf_with_tokenizer(tiny_llama("mha"), tmp / "other")
 
 
-def validate(repo, url, golden, out):
-    result = CliRunner().invoke(main, ["validate", str(repo), "--url", url, "--golden", str(golden),
-                                       "--max-tokens", "6", "--device", "cpu", "-o", str(out), "--json"])
+def validate(repo, endpoints, golden, out, *extra):
+    result = CliRunner().invoke(main, ["validate", str(repo), "--url", endpoints.http_url, "--metrics-url",
+                                       endpoints.metrics_url, "--golden", str(golden), "--max-tokens", "6",
+                                       "--device", "cpu", "-o", str(out), "--json", *extra])
     return result, json.loads((out / "report.json").read_text())
 
 
@@ -60,10 +61,19 @@ def by_name(report) -> dict:
 
 def test_llmapi_repository_passes_every_check(served, tmp_path):
     repo, url, golden, _ = served
-    result, report = validate(repo, url, golden, tmp_path / "report")
+    result, report = validate(repo, url, golden, tmp_path / "report", "--load-test", "--concurrency", "1,3")
     assert result.exit_code == 0, result.output
     checks = by_name(report)
     assert list(checks) == LLMAPI_CHECKS and report["passed"]
+    levels = checks["load_test"]["data"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 3]
+    assert all(lv["completed"] == lv["requests"] and lv["output_tokens"] >= lv["requests"] for lv in levels)
+    # the tensorrt_llm model's counters grew by the requests that succeeded, load test included, plus some of the
+    # refused ones (the decoupled model's error responses count as successes or failures, the frontend's not at all)
+    grown, tally = checks["metrics"]["data"]["grown"], checks["metrics"]["data"]["tally"]
+    assert tally["succeeded"] >= sum(lv["requests"] for lv in levels) and tally["unclassified"] == 10
+    assert tally["succeeded"] <= grown["nv_inference_request_success"]
+    assert sum(grown.values()) <= tally["succeeded"] + tally["unclassified"]
     cases = checks["golden"]["data"]["cases"]
     assert all(c["identical"] and c["got"].strip() for c in cases)
     assert all(c["responses"] >= 2 and c["joined"] == c["non_streamed"] for c in checks["streaming"]["data"]["cases"])

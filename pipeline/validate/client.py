@@ -53,16 +53,38 @@ class Tally:
     failed: int = 0        # failed inside the ensemble (bad requests the models refused, shed requests)
     refused: int = 0       # refused by Triton's frontend before the ensemble ran (not counted in its metrics)
     unanswered: int = 0    # no complete answer (timeout, dropped connection): counted either way or not yet
+    #: failed where the answer does not say whether the model ran (one model, no ensemble name in its errors):
+    #: counted or not
+    unclassified: int = 0
 
-    def add(self, error: str | None, answered: bool = True) -> None:
+    def add(self, error: str | None, answered: bool = True, names_ensemble: bool = True) -> None:
         if not answered:
             self.unanswered += 1
         elif error is None:
             self.succeeded += 1
+        elif not names_ensemble:
+            self.unclassified += 1
         elif ENSEMBLE_ERROR in error:
             self.failed += 1
         else:
             self.refused += 1
+
+
+class TallyingClient:
+    """A client that tallies its requests as the served model's request counters should count them (the metrics
+    check). `model` is the model whose counters those are; `names_ensemble`: its errors tell a refusal by a model
+    inside the ensemble from one by Triton's frontend."""
+
+    model = ENSEMBLE
+    names_ensemble = True
+
+    def __init__(self):
+        self.tally = Tally()
+        self._tally_lock = threading.Lock()
+
+    def count(self, error: str | None, answered: bool = True) -> None:
+        with self._tally_lock:
+            self.tally.add(error, answered, self.names_ensemble)
 
 
 @dataclass
@@ -102,17 +124,16 @@ class Overloaded(RequestFailed):
     """The server shed the request (its queue is full)."""
 
 
-class EnsembleClient:
+class EnsembleClient(TallyingClient):
     """Talks to the `ensemble` model the way NVIDIA's clients do (HTTP generate / generate_stream, gRPC stream)."""
 
     streaming_fix = ("streaming needs decoupled transaction policy on tensorrt_llm (and BLS) and a postprocessing "
                      "that detokenizes each response's new tokens")
 
     def __init__(self, server: TritonServer, timeout: float = REQUEST_TIMEOUT_S):
+        super().__init__()
         self.server = server
         self.timeout = timeout
-        self.tally = Tally()
-        self._tally_lock = threading.Lock()
         response = requests.get(f"{server.http_url}/v2/models/{ENSEMBLE}/config", timeout=30)
         if response.status_code != 200:
             raise UserError(f"the server has no `{ENSEMBLE}` model ({response.status_code}: "
@@ -145,10 +166,6 @@ class EnsembleClient:
         return text.removeprefix(prompt)
 
     # --- HTTP
-
-    def count(self, error: str | None, answered: bool = True) -> None:
-        with self._tally_lock:
-            self.tally.add(error, answered)
 
     def post_generate(self, body: dict) -> requests.Response:
         try:

@@ -16,19 +16,25 @@ import requests
 
 from ..errors import UserError
 from .checks import BadRequest
-from .client import REQUEST_TIMEOUT_S, RequestFailed, StreamResult, generate_stream_events
+from .client import REQUEST_TIMEOUT_S, RequestFailed, StreamResult, TallyingClient, generate_stream_events
 
 MODEL = "tensorrt_llm"
 OUTPUTS = ("text_output", "finish_reason")
 
 
-class LlmapiClient:
-    """Requests to the llmapi model over Triton's HTTP generate extension."""
+class LlmapiClient(TallyingClient):
+    """Requests to the llmapi model over Triton's HTTP generate extension, tallied for the metrics check (the
+    `tensorrt_llm` model's counters; one model, so a failure may or may not have reached it)."""
+
+    model = MODEL
+    names_ensemble = False
 
     streaming_fix = ("the tensorrt_llm model must be decoupled (model.yaml triton_config decoupled: true) and send "
                      "one response per new piece of text when `streaming` is true")
 
     def __init__(self, http_url: str, model: str = MODEL, timeout: float = REQUEST_TIMEOUT_S):
+        super().__init__()
+        self.model = model
         self.http_url = http_url.rstrip("/")
         self.base = f"{self.http_url}/v2/models/{model}"
         self.timeout = timeout
@@ -47,7 +53,13 @@ class LlmapiClient:
         return {k: v for k, v in params.items() if k in self.inputs}
 
     def post_generate(self, body: dict) -> requests.Response:
-        return requests.post(f"{self.base}/generate", json=body, timeout=self.timeout)
+        try:
+            response = requests.post(f"{self.base}/generate", json=body, timeout=self.timeout)
+        except requests.RequestException:
+            self.count(None, answered=False)
+            raise
+        self.count(None if response.status_code == 200 else response.text)
+        return response
 
     def healthy(self) -> bool:
         return requests.get(f"{self.http_url}/v2/health/ready", timeout=30).status_code == 200
@@ -68,30 +80,38 @@ class LlmapiClient:
     def generate(self, prompt: str, max_tokens: int) -> str:
         return self.request(prompt, **self.greedy(max_tokens))["text_output"]
 
-    def generate_stream(self, text: str, **params) -> StreamResult:
-        """A streamed request (`streaming` true): every server-sent event's text, timed, and the finish reason."""
+    def generate_stream(self, prompt: str, max_tokens: int, body: dict | None = None) -> StreamResult:
+        """A streamed greedy request (or `body`, with `streaming` set): every server-sent event's text, timed, and
+        the finish reason; as `EnsembleClient.generate_stream`, so the load test drives either contract."""
+        result, answered = self._generate_stream({"text_input": prompt, **self.greedy(max_tokens), **(body or {}),
+                                                  "streaming": True})
+        self.count(result.error, answered)
+        return result
+
+    def _generate_stream(self, body: dict) -> tuple[StreamResult, bool]:
+        """The streamed result and whether a complete answer came."""
         result = StreamResult(sent_at=time.perf_counter())
-        body = {"text_input": text, "streaming": True, **params}
         try:
             with requests.post(f"{self.base}/generate_stream", json=body, timeout=self.timeout,
                                stream=True) as response:
                 if response.status_code != 200:
                     result.error = f"generate_stream answered {response.status_code}: {response.text[:300]}"
-                    return result
+                    return result, True
                 for event in generate_stream_events(response):
                     if "error" in event:
                         result.error = str(event["error"])
-                        return result
+                        return result, True
                     result.finish_reason = event.get("finish_reason", result.finish_reason)
                     if event.get("text_output"):  # the final response may carry no text
                         result.pieces.append(event["text_output"])
                         result.arrival.append(time.perf_counter())
         except (requests.RequestException, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
-        return result
+            return result, False
+        return result, True
 
     def stream(self, prompt: str, max_tokens: int) -> StreamResult:
-        return self.generate_stream(prompt, **self.greedy(max_tokens))
+        return self.generate_stream(prompt, max_tokens)
 
 
 def llmapi_bad_requests(prompt: str) -> list[BadRequest]:

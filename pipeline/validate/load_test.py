@@ -1,4 +1,5 @@
-"""The optional load test: a bounded concurrency sweep of streamed requests through `ensemble`.
+"""The optional load test: a bounded concurrency sweep of streamed requests (through `ensemble`, or the llmapi
+`tensorrt_llm` model).
 
 Per concurrency level: TTFT, inter-token latency and request latency P50/P90/P99, output tokens/s, the
 requests the server shed (its queue was full: overload, "retry later") and the requests that failed;
@@ -16,8 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .client import EnsembleClient
+from typing import Protocol
+
+from .client import StreamResult
 from .report import CheckResult, ValidateOptions
+
+
+class StreamingClient(Protocol):
+    """What the load test needs of a contract's client (`EnsembleClient`, `llmapi.LlmapiClient`)."""
+
+    def generate_stream(self, prompt: str, max_tokens: int) -> StreamResult: ...
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -28,7 +37,7 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
 
 
-def run_level(client: EnsembleClient, prompts: tuple[str, ...], max_tokens: int, concurrency: int,
+def run_level(client: StreamingClient, prompts: tuple[str, ...], max_tokens: int, concurrency: int,
               requests_per_client: int) -> dict:
     """`concurrency` clients each sending `requests_per_client` streamed requests back to back."""
     total = concurrency * requests_per_client
@@ -75,7 +84,7 @@ def plot_load_test(levels: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def check_load_test(client: EnsembleClient, options: ValidateOptions, out_dir: Path) -> CheckResult:
+def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: Path) -> CheckResult:
     from rich.progress import Progress
 
     levels = []

@@ -42,11 +42,14 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         return checks
     checks.append(check_config_matches(server, repo))
     if repository_layout(repo, server) == LLMAPI:
-        return checks + run_llmapi_checks(server, options, progress)
-    client = EnsembleClient(server, options.request_timeout)
-    before = counts_before(server.endpoints.metrics_url) if options.metrics else None
-    steps = [("golden", check_golden), ("streaming", check_streaming), ("http_generate", check_http_generate),
-             ("bad_requests", check_bad_requests)]
+        client = LlmapiClient(server.http_url, timeout=options.request_timeout)
+        steps = [("golden", check_golden), ("streaming", check_streaming),
+                 ("bad_requests", lambda c, o: check_bad_requests(c, o, llmapi_bad_requests(o.prompts[0])))]
+    else:
+        client = EnsembleClient(server, options.request_timeout)
+        steps = [("golden", check_golden), ("streaming", check_streaming), ("http_generate", check_http_generate),
+                 ("bad_requests", check_bad_requests)]
+    before = counts_before(server.endpoints.metrics_url, client.model) if options.metrics else None
     for name, check in steps:
         progress(name)
         checks.append(check(client, options))
@@ -56,21 +59,6 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if options.metrics:
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))
-    return checks
-
-
-def run_llmapi_checks(server: TritonServer, options: ValidateOptions,
-                      progress: Callable[[str], None]) -> list[CheckResult]:
-    """The shared checks through the llmapi contract (its own bad requests); no load test or metrics yet."""
-    if options.load_test:
-        raise UserError("--load-test drives the engine ensemble's contract only; drop it for an llmapi repository")
-    client = LlmapiClient(server.http_url, timeout=options.request_timeout)
-    steps = [("golden", check_golden), ("streaming", check_streaming),
-             ("bad_requests", lambda c, o: check_bad_requests(c, o, llmapi_bad_requests(o.prompts[0])))]
-    checks = []
-    for name, check in steps:
-        progress(name)
-        checks.append(check(client, options))
     return checks
 
 
