@@ -126,7 +126,8 @@ def config_refusal(repo: Repository, source: Repository) -> str | None:
     more = f" (and {len(differing) - MAX_LISTED} more)" if len(differing) > MAX_LISTED else ""
     return (f"REPO and SOURCE differ in settings Triton keeps per model, not per version (config.pbtxt is the "
             f"model's, every version shares it): {'; '.join(differing[:MAX_LISTED])}{more}. Deploy SOURCE's "
-            "checkpoint with REPO's plan (`trtpipe deploy --checkpoint ... --plan REPO's plan.json`) and add that")
+            "checkpoint with the plan REPO was deployed with (`trtpipe deploy --checkpoint CKPT --plan PLAN`) and "
+            "add that")
 
 
 def model_config(repo: Repository, name: str):
