@@ -19,6 +19,7 @@ from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
+from pipeline.errors import UserError
 from pipeline.outputs import describe_outputs, read_manifest
 from pipeline.plan import Workload, load_plan, make_plan, resolve_model_info, save_plan
 from pipeline.sources import resolve_model
@@ -74,15 +75,17 @@ class FakeLoad:
     of a level follow the batch size the repository's ensemble declares (bigger batches: more tokens/s, and a
     TTFT that grows with the clients each batch leaves waiting). `break_first` trials break the SLO at once."""
 
-    def __init__(self, break_first: tuple[int, ...] = ()):
+    def __init__(self, break_first: tuple[int, ...] = (), fail: tuple[int, ...] = ()):
         self.repos: list[Path] = []
         self.levels: list[list[int]] = []
-        self.break_first = break_first
+        self.break_first, self.fail = break_first, fail
 
     @contextmanager
     def serving(self, repo: Path, url, log_path: Path, ready_timeout: float):
         self.repos.append(repo)
         self.levels.append([])
+        if len(self.repos) - 1 in self.fail:
+            raise UserError("the Triton server exited (status 1) before it was ready")
         batch = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text()).max_batch_size
         server = type("Server", (), {"http_url": f"http://fake/{len(self.repos)}"})()
         yield type("Client", (), {"batch": batch, "server": server, "generate": lambda self, prompt, tokens: ""})()
@@ -338,6 +341,22 @@ def test_the_aiperf_load_generator_measures_each_level(build, fake_load, monkeyp
     assert [lv["output_tokens_per_s"] for lv in table[0]["levels"]] == [5.0, 10.0, 20.0]
 
 
+def test_a_candidate_the_server_cannot_load_fails_its_trial_only(build, fake_load, tmp_path):
+    fake = fake_load(fail=(1,))
+    out = tmp_path / "study"
+    result = tune_cli(build, out, "--slo", "ttft_p99<=1s", "--trials", "3")
+    assert result.exit_code == 0, result.output
+    table = json.loads((out / "result" / "trials.json").read_text())["trials"]
+    assert [t["kind"] for t in table] == ["measured", "failed", "measured"] and len(fake.repos) == 3
+    assert "exited (status 1) before it was ready" in table[1]["reason"]
+
+
+def test_the_plans_configuration_must_serve(build, fake_load, tmp_path):
+    fake_load(fail=(0,))
+    result = tune_cli(build, tmp_path / "study", "--slo", "ttft_p99<=1s", "--trials", "3")
+    assert result.exit_code == 2 and "exited (status 1) before it was ready" in result.output
+
+
 def test_gpu_trials_need_the_gpu_server(tmp_path):
     plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
     save_plan(plan, tmp_path / "plan.json")
@@ -352,6 +371,19 @@ def test_gpu_trials_need_the_gpu_server(tmp_path):
 def test_rebuild_is_refused_on_the_cpu_target(build, tmp_path):
     result = tune_cli(build, tmp_path / "study", "--slo", GOOD_SLO, "--rebuild")
     assert result.exit_code == 2 and "--rebuild recompiles TensorRT-LLM engines" in result.output
+
+
+def test_rebuild_without_trtllm_build_is_refused_before_any_trial(tmp_path):
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
+    save_plan(plan, tmp_path / "plan.json")
+    save_word_tokenizer(tmp_path)
+    deploy_repository(plan, tmp_path / "model_repo", engine=tmp_path / "engine", tokenizer=tmp_path)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "rank0.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(main, ["tune", str(tmp_path), "--slo", "ttft_p99<=500ms", "--rebuild",
+                                       "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and "--rebuild compiles each candidate with trtllm-build" in result.output
+    assert not (tmp_path / "tune").exists()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -92,8 +92,8 @@ def fmt(value: float | None) -> str:
 def tune(path: Path, options: TuneOptions, say: Callable[[str], None] = print) -> TuneResult:
     """Run (or resume) the study for the deployment at `path` and write its result."""
     source = read_source(path)
-    check_can_serve(source, options.url, options.rebuild)
     space = build_space(source.plan, options.slo, options.load.concurrencies, options.rebuild)
+    check_can_serve(source, options.url, options.rebuild)
     out = Path(options.out or source.default_out).resolve()
     load = options.load.identity()
     study = open_study(out / STUDY_FILE, study_key(source.plan, options.slo, load, space), options.seed)

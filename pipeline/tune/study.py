@@ -169,12 +169,11 @@ def serve_trial(trial, candidate: Candidate, plan: Plan, slo: Slo, run_trial: Ru
         mark(trial, kind="interrupted", reason="interrupted")
         trial.study.tell(trial, state=state.FAIL)
         raise
-    except UserError:
-        trial.study.tell(trial, state=state.FAIL)
-        raise
     except Exception as exc:  # noqa: BLE001  (a candidate the server cannot load fails its trial, not the study)
-        if trial.user_attrs.get("origin") == "plan default":
+        if trial.user_attrs.get("origin") == "plan default":   # the baseline must serve: anything else is systemic
             trial.study.tell(trial, state=state.FAIL)
+            if isinstance(exc, UserError):
+                raise
             raise RuntimeError(f"the plan's own configuration did not serve: {exc}") from exc
         mark(trial, kind="failed", reason=f"{type(exc).__name__}: {exc}"[:500], served=True)
         return trial, None, state.FAIL

@@ -238,3 +238,10 @@ def check_can_serve(source: TuneSource, url: str | None, rebuild: bool) -> None:
     if rebuild and source.checkpoint is None:
         raise UserError("--rebuild compiles each candidate from the checkpoint: pass the build directory "
                         "(it holds checkpoint/), not the model repository")
+    if rebuild:
+        from ..compile import missing_build_requirements
+
+        missing = missing_build_requirements()
+        if missing:
+            raise UserError(f"--rebuild compiles each candidate with trtllm-build, and {missing}: run trtpipe tune "
+                            "--rebuild on the GPU box (the trtpipe image), or tune without --rebuild")
