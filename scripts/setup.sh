@@ -12,4 +12,9 @@ PIP=(.venv/bin/pip install --quiet --disable-pip-version-check)
 # pytriton's Python backend stub was built against NumPy 1.x; served models get their own NumPy 1.26
 # from this directory (the venv itself needs NumPy 2 for datasets/pandas).
 "${PIP[@]}" --target .venv/triton-stub-site 'numpy<2'
+# aiperf (the second load generator: pipeline/validate/aiperf.py, `trtpipe tune --load-generator aiperf`) in an
+# environment of its own, as a command: its pins (pandas 2, pillow 12, rich 14) would downgrade this one's.
+python3 -m venv .venv/aiperf
+.venv/aiperf/bin/pip install --quiet --disable-pip-version-check aiperf==0.13.0
+ln -sf ../aiperf/bin/aiperf .venv/bin/aiperf
 .venv/bin/trtpipe setup

@@ -1,0 +1,248 @@
+"""aiperf as the second load generator (pipeline/validate/aiperf.py): its JSON export read into run_level's
+dict, its failures as user errors, and the agreement of both load generators on one served repository.
+
+tests/data/aiperf/smollm2_fp8_cpu_c8_n24.json is the export of a real aiperf 0.13.0 run: the SmolLM2 fp8 cpu
+repository served by `trtpipe serve`, 64-token synthetic prompts, 32 output tokens, 24 requests at
+concurrency 8 (the issue 18 reproduction of docs/aiperf.md, aiperf's default concurrency mode).
+tests/data/aiperf/refused_min_tokens.json is a real run of run_aiperf whose every request the server refused
+(min_tokens -1 on the tiny repository of the agreement test).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.validate import aiperf
+from pipeline.validate.aiperf import SyntheticPrompts, parse_export, run_aiperf
+
+DATA = Path(__file__).parent / "data" / "aiperf"
+#: run_level's dict: its keys, and the keys of its percentile entries
+RUN_LEVEL_KEYS = {"concurrency", "requests", "completed", "shed", "failed", "errors", "wall_s", "output_tokens",
+                  "output_tokens_per_s", "ttft_ms", "itl_ms", "latency_ms"}
+
+
+def recorded(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def test_the_export_becomes_run_levels_dict():
+    result = parse_export(recorded("smollm2_fp8_cpu_c8_n24.json"), concurrency=8, requests=24)
+    assert set(result) == RUN_LEVEL_KEYS
+    assert all(set(result[k]) == {"p50", "p90", "p99"} for k in ("ttft_ms", "itl_ms", "latency_ms"))
+    assert (result["completed"], result["failed"], result["shed"], result["errors"]) == (24, 0, 0, [])
+    assert result["output_tokens"] == 768 and result["wall_s"] == pytest.approx(209.6367045)
+    assert result["output_tokens_per_s"] == pytest.approx(3.6633656)
+    assert result["ttft_ms"]["p50"] == pytest.approx(31848.3871255)
+    assert result["itl_ms"]["p50"] == pytest.approx(933.8458385)   # inter_chunk_latency: every gap, as run_level
+    assert result["latency_ms"]["p99"] == pytest.approx(94722.6342758)
+
+
+def test_refused_requests_are_failures_with_the_servers_message():
+    data = recorded("refused_min_tokens.json")
+    result = parse_export(data, concurrency=2, requests=4)
+    assert (result["completed"], result["failed"], result["shed"]) == (0, 4, 0)
+    assert len(result["errors"]) == 1 and "min_tokens must be >= 0" in result["errors"][0]
+    assert result["ttft_ms"] == {"p50": None, "p90": None, "p99": None} and result["output_tokens"] == 0
+
+
+def test_queue_full_errors_count_as_shed_not_failed():
+    """The refused run's error turned into Triton's queue-full answer (the one field changed by hand)."""
+    data = recorded("refused_min_tokens.json")
+    for entry in data["error_summary"]:
+        entry["error_details"]["message"] = "in ensemble 'ensemble', Exceeds maximum queue size"
+    result = parse_export(data, concurrency=2, requests=4)
+    assert (result["shed"], result["failed"], result["errors"]) == (4, 0, [])
+
+
+def fake_aiperf(tmp_path: Path, body: str) -> Path:
+    """An executable `aiperf` that records its arguments and environment, then runs `body` (bash)."""
+    script = tmp_path / "bin" / "aiperf"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/args\nenv > {tmp_path}/env\n{body}\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_run_aiperf_sends_the_prompts_through_the_template_and_reads_the_export(tmp_path, monkeypatch):
+    export = DATA / "smollm2_fp8_cpu_c8_n24.json"
+    script = fake_aiperf(tmp_path, 'dir=$(echo "$@" | sed "s/.*--artifact-dir \\([^ ]*\\).*/\\1/")\n'
+                                   f'mkdir -p "$dir" && cp {export} "$dir/profile_export_aiperf.json"')
+    monkeypatch.setattr(aiperf, "aiperf_executable", lambda: str(script))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = run_aiperf("http://127.0.0.1:9/", tmp_path / "tok", ["one, two", "three"], 32, 8, 24, tmp_path / "w",
+                        min_tokens=32)
+    assert result["completed"] == 24 and result["concurrency"] == 8
+    args = (tmp_path / "args").read_text()
+    assert "--url http://127.0.0.1:9 " in args and "--concurrency 8 --request-count" not in args
+    assert re.search(r"--request-count 24 --concurrency 8 --request-rate \d+ --arrival-pattern constant", args)
+    assert "--custom-dataset-type single_turn --dataset-sampling-strategy sequential" in args
+    assert "HF_HUB_OFFLINE" not in (tmp_path / "env").read_text()   # aiperf 0.13 then fails on a tokenizer dir
+    lines = (tmp_path / "w" / "prompts.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"text": "one, two", "output_length": 32},
+                                                    {"text": "three", "output_length": 32}]
+    from jinja2 import Template
+
+    body = Template((tmp_path / "w" / "triton_generate_stream.j2").read_text()).render(text='say "hi", ok',
+                                                                                        max_tokens=32)
+    assert json.loads(body) == {"text_input": 'say "hi", ok', "max_tokens": 32, "min_tokens": 32, "top_k": 1,
+                                "stream": True, "exclude_input_in_output": True}
+
+
+def test_synthetic_prompts_become_aiperfs_input_and_output_lengths(tmp_path, monkeypatch):
+    monkeypatch.setattr(aiperf, "aiperf_executable", lambda: "aiperf")
+    command = aiperf.aiperf_command("http://h:1", tmp_path, SyntheticPrompts(64, 4), 32, 8, 24, tmp_path, None)
+    assert command[-6:] == ["--isl", "64", "--isl-stddev", "4", "--osl", "32"] and "--input-file" not in command
+    assert "min_tokens" not in (tmp_path / "triton_generate_stream.j2").read_text()
+
+
+def test_missing_aiperf_names_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(aiperf.sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(UserError, match=r"aiperf is not installed: install it with `pip install aiperf==0\.13\.0`"):
+        run_aiperf("http://127.0.0.1:9", tmp_path, ["x"], 4, 1, 1, tmp_path / "w")
+
+
+def test_a_failing_aiperf_is_a_user_error_with_its_output_tail(tmp_path, monkeypatch):
+    script = fake_aiperf(tmp_path, 'for i in $(seq 40); do echo "line $i"; done\necho "Connection refused" >&2\n'
+                                   "exit 3")
+    monkeypatch.setattr(aiperf, "aiperf_executable", lambda: str(script))
+    with pytest.raises(UserError) as error:
+        run_aiperf("http://127.0.0.1:9", tmp_path, ["x"], 4, 1, 1, tmp_path / "w")
+    message = str(error.value)
+    assert "aiperf failed (exit 3" in message and "Connection refused" in message
+    assert "line 40" in message and "line 10\n" not in message   # the tail, not the whole output
+
+
+def test_no_prompts_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="at least one prompt"):
+        run_aiperf("http://127.0.0.1:9", tmp_path, [], 4, 1, 1, tmp_path / "w")
+
+
+# ------------------------------------------------------------------------------ both generators, one server
+
+#: The served model's words: letters only, so aiperf's re-tokenization of the streamed text counts one token
+#: per generated token (conftest's " w17" is split into " w" and "17" by the byte-level pre-tokenizer).
+WORDS = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(101)]
+END_ID = 1
+PROMPT_WORDS, MAX_TOKENS, CONCURRENCY, PER_CLIENT = 16, 32, 8, 3
+#: The tensorrt_llm model's dynamic-batcher delay in the agreement test: each wave of CONCURRENCY requests
+#: becomes one batch however the load generator spaces its sends (a full batch leaves at once; see the test).
+QUEUE_DELAY_US = 2_000_000
+
+
+def save_letter_tokenizer(directory: Path) -> None:
+    """A word-level tokenizer of WORDS (" waa" .. " wdw"), end and padding " wab", saved as a Hugging Face one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"\u0120{w}": i for i, w in enumerate(WORDS)}, unk_token="\u0120waa"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    eos = f"\u0120{WORDS[END_ID]}"
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos}))
+
+
+def full_length_prompts(checkpoint: Path, count: int) -> tuple[str, ...]:
+    """`count` prompts of PROMPT_WORDS words whose greedy completion runs MAX_TOKENS tokens without the end id
+    (both generators then stream the same number of tokens; run_level sends no min_tokens)."""
+    from pipeline.runtime import ReferenceModel, SamplingConfig
+
+    model = ReferenceModel.load(checkpoint)
+    found = []
+    for start in range(len(WORDS)):
+        ids = [2 + (start + k) % (len(WORDS) - 2) for k in range(PROMPT_WORDS)]   # never the end id
+        if len(model.generate([ids], SamplingConfig(max_new_tokens=MAX_TOKENS, end_id=END_ID))[0]) == MAX_TOKENS:
+            found.append("".join(f" {WORDS[i]}" for i in ids))
+        if len(found) == count:
+            return tuple(found)
+    raise AssertionError("too few prompts that run to max_tokens")
+
+
+def build_small_repository(root: Path) -> tuple[Path, tuple[str, ...]]:
+    """A small random Llama's cpu repository (GPT-2 small's size: decode steps of tens of ms, so the server's
+    steps and not the clients' scheduling set the timings) with the dynamic
+    batcher waiting QUEUE_DELAY_US for a full batch, and the prompts both generators send."""
+    from conftest import make_tiny_model
+
+    from pipeline.convert import convert_model
+    from pipeline.deploy import deploy_repository
+    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.sources import resolve_model
+    from pipeline.targets import get_target
+
+    model = make_tiny_model(root / "model", hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                            num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048)
+    save_letter_tokenizer(model)
+    ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
+    plan = make_plan(resolve_model_info(str(model)), get_target("cpu"), "fp32")
+    repo = deploy_repository(plan, root / "repo", checkpoint=ckpt).path
+    config = repo / "tensorrt_llm" / "config.pbtxt"
+    text, edits = re.subn(r"max_queue_delay_microseconds: \d+", f"max_queue_delay_microseconds: {QUEUE_DELAY_US}",
+                          config.read_text())
+    assert edits == 1 and f"preferred_batch_size: {CONCURRENCY}" in text
+    config.write_text(text)
+    return repo, full_length_prompts(ckpt, CONCURRENCY)
+
+
+@pytest.fixture(scope="module")
+def small_served(tmp_path_factory):
+    """The small repository in the embedded Triton server, its tokenizer directory and the prompts."""
+    from pipeline.server import embedded_server
+
+    repo, prompts = build_small_repository(tmp_path_factory.mktemp("aiperf-agreement"))
+    with embedded_server(repo, ready_timeout=300) as server:
+        yield server, repo / "preprocessing" / "1" / "tokenizer", prompts
+
+
+def preprocessed(server) -> int:
+    """How many requests the ensemble's preprocessing has answered: each is in tensorrt_llm's queue right after."""
+    import requests
+
+    stats = requests.get(f"{server.http_url}/v2/models/preprocessing/stats", timeout=10).json()
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def wait_for_first_request(server, running, before: int, timeout_s: float = 300.0) -> None:
+    """Until aiperf's first request has been preprocessed (it then waits in tensorrt_llm's queue for a full
+    batch), or aiperf has ended (its error then comes from the future)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not running.done() and time.monotonic() < deadline:
+        if preprocessed(server) > before:
+            return
+        time.sleep(0.02)
+    running.result(timeout=0)   # raises aiperf's error, or TimeoutError
+    raise AssertionError("aiperf ended without sending a request")
+
+
+def side_by_side(server, tokenizer: Path, prompts: tuple[str, ...], workdir: Path) -> tuple[dict, dict]:
+    """run_level and run_aiperf at the same time, CONCURRENCY // 2 clients each: every wave of the server is
+    a batch of both generators' requests, so both measure the same decode steps whatever else the machine does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.validate.client import EnsembleClient
+    from pipeline.validate.load_test import run_level
+
+    half = CONCURRENCY // 2
+    client = EnsembleClient(server)
+    before = preprocessed(server)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_aiperf, server.http_url, tokenizer, prompts, MAX_TOKENS, half, half * PER_CLIENT,
+                              workdir)
+        wait_for_first_request(server, running, before)
+        builtin = run_level(client, prompts, MAX_TOKENS, half, PER_CLIENT)
+        return builtin, running.result()
+
+
+def ratios(builtin: dict, other: dict) -> tuple[float, float, float]:
+    """aiperf / builtin for TTFT p50, ITL p50 and output tokens/s."""
+    return (other["ttft_ms"]["p50"] / builtin["ttft_ms"]["p50"], other["itl_ms"]["p50"] / builtin["itl_ms"]["p50"],
+            other["output_tokens_per_s"] / builtin["output_tokens_per_s"])
