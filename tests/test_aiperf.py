@@ -1,11 +1,14 @@
 """aiperf as the second load generator (pipeline/validate/aiperf.py): its JSON export read into run_level's
 dict, its failures as user errors, and the agreement of both load generators on one served repository.
 
-tests/data/aiperf/smollm2_fp8_cpu_c8_n24.json is the export of a real aiperf 0.13.0 run: the SmolLM2 fp8 cpu
-repository served by `trtpipe serve`, 64-token synthetic prompts, 32 output tokens, 24 requests at
-concurrency 8 (the issue 18 reproduction of docs/aiperf.md, aiperf's default concurrency mode).
-tests/data/aiperf/refused_min_tokens.json is a real run of run_aiperf whose every request the server refused
-(min_tokens -1 on the tiny repository of the agreement test).
+Recorded for real with aiperf 0.13.0 (tests/data/aiperf/):
+- smollm2_fp8_cpu_c8_n24.json: the issue 18 reproduction of docs/aiperf.md, the SmolLM2 fp8 cpu repository
+  under `trtpipe serve`, 64-token synthetic prompts, 32 output tokens, 24 requests at concurrency 8 (aiperf's
+  default concurrency mode);
+- shed_c48.json: run_aiperf, 48 requests at concurrency 48 on a small cpu repository whose tensorrt_llm queue
+  holds 32: 8 shed ("Exceeds maximum queue size");
+- refused_min_tokens.jsonl: run_aiperf's per-request records of 4 requests the server refused (min_tokens -1);
+  aiperf exits 1 and writes no summary when no request succeeds.
 """
 
 from __future__ import annotations
@@ -43,21 +46,10 @@ def test_the_export_becomes_run_levels_dict():
     assert result["latency_ms"]["p99"] == pytest.approx(94722.6342758)
 
 
-def test_refused_requests_are_failures_with_the_servers_message():
-    data = recorded("refused_min_tokens.json")
-    result = parse_export(data, concurrency=2, requests=4)
-    assert (result["completed"], result["failed"], result["shed"]) == (0, 4, 0)
-    assert len(result["errors"]) == 1 and "min_tokens must be >= 0" in result["errors"][0]
-    assert result["ttft_ms"] == {"p50": None, "p90": None, "p99": None} and result["output_tokens"] == 0
-
-
-def test_queue_full_errors_count_as_shed_not_failed():
-    """The refused run's error turned into Triton's queue-full answer (the one field changed by hand)."""
-    data = recorded("refused_min_tokens.json")
-    for entry in data["error_summary"]:
-        entry["error_details"]["message"] = "in ensemble 'ensemble', Exceeds maximum queue size"
-    result = parse_export(data, concurrency=2, requests=4)
-    assert (result["shed"], result["failed"], result["errors"]) == (4, 0, [])
+def test_shed_requests_are_counted_apart_from_failures():
+    result = parse_export(recorded("shed_c48.json"), concurrency=48, requests=48)
+    assert (result["completed"], result["shed"], result["failed"], result["errors"]) == (40, 8, 0, [])
+    assert result["output_tokens"] == 640
 
 
 def fake_aiperf(tmp_path: Path, body: str) -> Path:
@@ -119,6 +111,20 @@ def test_a_failing_aiperf_is_a_user_error_with_its_output_tail(tmp_path, monkeyp
     assert "line 40" in message and "line 10\n" not in message   # the tail, not the whole output
 
 
+def test_a_run_without_one_success_is_a_result_of_failures_not_an_error(tmp_path, monkeypatch):
+    """As run_level reports a level whose every request failed, with the server's message."""
+    records = DATA / "refused_min_tokens.jsonl"
+    script = fake_aiperf(tmp_path, 'dir=$(echo "$@" | sed "s/.*--artifact-dir \\([^ ]*\\).*/\\1/")\n'
+                                   f'mkdir -p "$dir" && cp {records} "$dir/profile_export.jsonl"\nexit 1')
+    monkeypatch.setattr(aiperf, "aiperf_executable", lambda: str(script))
+    result = run_aiperf("http://127.0.0.1:9", tmp_path, ["x"], 8, 2, 4, tmp_path / "w", min_tokens=-1)
+    assert (result["completed"], result["failed"], result["shed"], result["output_tokens"]) == (0, 4, 0, 0)
+    assert result["errors"] == ["in ensemble 'ensemble', min_tokens must be >= 0, got -1 (tensorrt_llm input "
+                                "min_tokens)"]
+    assert result["ttft_ms"] == {"p50": None, "p90": None, "p99": None}
+    assert result["wall_s"] == pytest.approx(2.0174, abs=1e-3)   # first start to last end of the records
+
+
 def test_no_prompts_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="at least one prompt"):
         run_aiperf("http://127.0.0.1:9", tmp_path, [], 4, 1, 1, tmp_path / "w")
@@ -149,20 +155,22 @@ def save_letter_tokenizer(directory: Path) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos}))
 
 
-def full_length_prompts(checkpoint: Path, count: int) -> tuple[str, ...]:
-    """`count` prompts of PROMPT_WORDS words whose greedy completion runs MAX_TOKENS tokens without the end id
-    (both generators then stream the same number of tokens; run_level sends no min_tokens)."""
-    from pipeline.runtime import ReferenceModel, SamplingConfig
+def never_ends(model_dir: Path) -> None:
+    """Zero the lm_head row of the end id: its logit is then always 0, below the largest of 100 random logits,
+    so every greedy completion runs to max_tokens and both generators stream the same number of tokens
+    (run_level sends no min_tokens to pin it)."""
+    from safetensors.torch import load_file, save_file
 
-    model = ReferenceModel.load(checkpoint)
-    found = []
-    for start in range(len(WORDS)):
-        ids = [2 + (start + k) % (len(WORDS) - 2) for k in range(PROMPT_WORDS)]   # never the end id
-        if len(model.generate([ids], SamplingConfig(max_new_tokens=MAX_TOKENS, end_id=END_ID))[0]) == MAX_TOKENS:
-            found.append("".join(f" {WORDS[i]}" for i in ids))
-        if len(found) == count:
-            return tuple(found)
-    raise AssertionError("too few prompts that run to max_tokens")
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    tensors["lm_head.weight"][END_ID] = 0.0
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def prompts_of(count: int) -> tuple[str, ...]:
+    """`count` different prompts of PROMPT_WORDS words."""
+    return tuple("".join(f" {WORDS[2 + (start * 7 + k) % (len(WORDS) - 2)]}" for k in range(PROMPT_WORDS))
+                 for start in range(count))
 
 
 def build_small_repository(root: Path) -> tuple[Path, tuple[str, ...]]:
@@ -179,6 +187,7 @@ def build_small_repository(root: Path) -> tuple[Path, tuple[str, ...]]:
 
     model = make_tiny_model(root / "model", hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048)
+    never_ends(model)
     save_letter_tokenizer(model)
     ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
     plan = make_plan(resolve_model_info(str(model)), get_target("cpu"), "fp32")
@@ -188,7 +197,7 @@ def build_small_repository(root: Path) -> tuple[Path, tuple[str, ...]]:
                           config.read_text())
     assert edits == 1 and f"preferred_batch_size: {CONCURRENCY}" in text
     config.write_text(text)
-    return repo, full_length_prompts(ckpt, CONCURRENCY)
+    return repo, prompts_of(CONCURRENCY)
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +255,73 @@ def ratios(builtin: dict, other: dict) -> tuple[float, float, float]:
     """aiperf / builtin for TTFT p50, ITL p50 and output tokens/s."""
     return (other["ttft_ms"]["p50"] / builtin["ttft_ms"]["p50"], other["itl_ms"]["p50"] / builtin["itl_ms"]["p50"],
             other["output_tokens_per_s"] / builtin["output_tokens_per_s"])
+
+
+def batch_sizes(server) -> dict[int, int]:
+    """tensorrt_llm's executions per batch size so far."""
+    import requests
+
+    stats = requests.get(f"{server.http_url}/v2/models/tensorrt_llm/stats", timeout=10).json()["model_stats"][0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+#: How far aiperf's TTFT p50, ITL p50 and output tokens/s may be from run_level's, as a ratio. Measured side by
+#: side on this 2-core machine at load 6-8 (other work running): 0.992-1.006 in 6 runs; 15% leaves room for
+#: what differs by design, a lag of some ms to tens of ms between the two generators' sends of one wave
+#: (which the other generator's requests wait for in TTFT), and still fails a wrong reading of the export
+#: (seconds for ms, one generator's waves split from the other's, throughput over another duration).
+TOLERANCE = 0.15
+
+
+@pytest.mark.slow
+def test_aiperf_and_the_builtin_load_test_agree(small_served, tmp_path):
+    server, tokenizer, prompts = small_served
+    before = batch_sizes(server)
+    builtin, other = side_by_side(server, tokenizer, prompts, tmp_path)
+    after = batch_sizes(server)
+    assert {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)} == {CONCURRENCY: PER_CLIENT}, \
+        "the two generators' requests did not share every batch"
+    for result in (builtin, other):
+        assert (result["completed"], result["failed"], result["shed"]) == (CONCURRENCY // 2 * PER_CLIENT, 0, 0)
+        assert result["output_tokens"] == CONCURRENCY // 2 * PER_CLIENT * MAX_TOKENS
+    for name, ratio in zip(("TTFT p50", "ITL p50", "output tokens/s"), ratios(builtin, other)):
+        assert abs(ratio - 1) <= TOLERANCE, f"{name}: aiperf / builtin = {ratio:.3f}\n{builtin}\n{other}"
+
+
+@pytest.mark.slow
+def test_a_cancelled_request_stops_generating(small_served):
+    """A gRPC client that cancels its stream to tensorrt_llm (as NVIDIA's inflight_batcher_llm_client talks to
+    it) frees the model: the next request does not wait for the cancelled one's max_tokens. (Triton 2.51 passes
+    neither an HTTP disconnect nor a cancel sent to the ensemble on to its composing model: docs/aiperf.md.)"""
+    import queue
+    import time
+
+    import numpy as np
+    import requests
+    import tritonclient.grpc as grpcclient
+
+    server, _, prompts = small_served
+    max_tokens, seen = 400, 6
+    client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((time.perf_counter(), error)))
+    inputs = []
+    for name, value in (("input_ids", np.arange(2, 18, dtype=np.int32)[None]), ("input_lengths", [[16]]),
+                        ("request_output_len", [[max_tokens]]), ("streaming", [[True]])):
+        array = np.asarray(value, np.bool_ if name == "streaming" else np.int32)
+        tensor = grpcclient.InferInput(name, list(array.shape), "BOOL" if name == "streaming" else "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    client.async_stream_infer("tensorrt_llm", inputs)
+    arrivals = []
+    for _ in range(seen):
+        at, error = answers.get(timeout=600)
+        assert error is None, error
+        arrivals.append(at)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    rest = (max_tokens - seen) * float(np.mean(np.diff(arrivals)))   # what the cancelled request had left
+    start = time.perf_counter()
+    response = requests.post(f"{server.http_url}/v2/models/ensemble/generate",
+                             json={"text_input": prompts[0], "max_tokens": 2}, timeout=rest / 4)
+    assert response.status_code == 200 and time.perf_counter() - start < rest / 4

@@ -38,6 +38,7 @@ REQUEST_RATE = 200
 TEMPLATE = ('{"text_input": {{ text|tojson }}, "max_tokens": {{ max_tokens }}, %s"top_k": 1, '
             '"stream": true, "exclude_input_in_output": true}')
 EXPORT = "profile_export_aiperf.json"
+RECORDS = "profile_export.jsonl"   # one line per request; all aiperf leaves when no request succeeded
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,45 @@ def run_aiperf(url: str, tokenizer_dir: Path, prompts: Sequence[str] | Synthetic
                              min_tokens)
     # aiperf 0.13 cannot load a local tokenizer directory while HF_HUB_OFFLINE is set (docs/aiperf.md)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    artifacts = workdir / "artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)   # never read an earlier run's export
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise UserError(f"aiperf did not finish within {timeout_s:.0f} s (its files: {workdir})") from None
-    export = workdir / "artifacts" / EXPORT
-    if done.returncode != 0 or not export.is_file():
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise UserError(f"aiperf failed (exit {done.returncode}; log {workdir / 'artifacts' / 'logs'}):\n{tail}")
-    return parse_export(json.loads(export.read_text()), concurrency, request_count)
+    if (artifacts / EXPORT).is_file():
+        return parse_export(json.loads((artifacts / EXPORT).read_text()), concurrency, request_count)
+    records = read_records(artifacts / RECORDS)
+    if records and all("error" in r for r in records):   # aiperf exits 1 and writes no summary then
+        return parse_export(summary_of_failures(records), concurrency, request_count)
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    raise UserError(f"aiperf failed (exit {done.returncode}; log {artifacts / 'logs'}):\n{tail}")
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def summary_of_failures(records: list[dict]) -> dict:
+    """The part of an export that a run without one successful request would have had: its errors and
+    duration."""
+    counts: dict[str, int] = {}
+    for record in records:
+        key = json.dumps(record["error"], sort_keys=True)
+        counts[key] = counts.get(key, 0) + 1
+    meta = [r["metadata"] for r in records]
+    wall = (max(m["request_end_ns"] for m in meta) - min(m["request_start_ns"] for m in meta)) / 1e9
+    return {"error_summary": [{"error_details": json.loads(k), "count": n} for k, n in counts.items()],
+            "benchmark_duration": {"unit": "sec", "avg": wall}}
+
+
+def error_message(details: dict) -> str:
+    """The server's message: aiperf keeps an error that came as a streamed event as the raw event text."""
+    message = str(details.get("message", details))
+    try:
+        return str(json.loads(message.strip().removeprefix("data:"))["error"])
+    except (ValueError, KeyError, TypeError):
+        return message
 
 
 def metric(data: dict, name: str, stat: str = "avg") -> float | None:
@@ -119,16 +150,16 @@ def percentiles_of(data: dict, name: str) -> dict[str, float | None]:
 
 def parse_export(data: dict, concurrency: int, requests: int) -> dict:
     """aiperf's profile_export_aiperf.json (schema 1.4) -> run_level's dict."""
-    errors = [(entry.get("error_details", {}), int(entry.get("count", 1))) for entry in data.get("error_summary", [])]
-    shed = sum(n for details, n in errors if is_overload(details.get("code"), str(details.get("message", ""))))
+    errors = [(entry["error_details"].get("code"), error_message(entry["error_details"]), int(entry["count"]))
+              for entry in data.get("error_summary", [])]
+    shed = sum(n for code, message, n in errors if is_overload(code, message))
     completed = int(metric(data, "request_count") or 0)
     wall = metric(data, "benchmark_duration") or 0.0
     tokens = int(metric(data, "total_output_tokens") or 0)
     return {
         "concurrency": concurrency, "requests": requests, "completed": completed, "shed": shed,
         "failed": requests - completed - shed,
-        "errors": sorted({str(d.get("message", d)) for d, _ in errors
-                          if not is_overload(d.get("code"), str(d.get("message", "")))})[:5],
+        "errors": sorted({message for code, message, _ in errors if not is_overload(code, message)})[:5],
         "wall_s": wall, "output_tokens": tokens,
         "output_tokens_per_s": metric(data, "output_token_throughput") or (tokens / wall if wall > 0 else 0.0),
         "ttft_ms": percentiles_of(data, "time_to_first_token"),
