@@ -12,14 +12,17 @@ and the completion (the completion alone with exclude_input_in_output), as NVIDI
 min_tokens is honoured as TensorRT-LLM does it (the end id is masked until the output is that long).
 Features the reference runtime cannot honour (beam search, penalties, bad words, embedding bias, log
 probs, logits) are refused per request with a clear error instead of being ignored, and so are sampling
-values outside the ranges TensorRT-LLM's executor accepts (`SAMPLING_RANGES`).
+values outside the ranges TensorRT-LLM's executor accepts (`SAMPLING_RANGES`). torch computes with one core
+fewer than the process may use (`intra_op_threads`).
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
@@ -46,6 +49,16 @@ SAMPLING_RANGES = {
 
 class RequestError(ValueError):
     """A request this model refuses; the message goes back to the client."""
+
+
+def intra_op_threads(config: dict) -> int:
+    """The runtime's threads for one step (torch's, or ONNX Runtime's intra-op pool: both runtimes alike): the
+    parameter `intra_op_threads`, else every core this process may use but one. That core is for Triton's
+    frontend, the pre/postprocessing models and clients on the same machine: when all cores compute, one
+    preempted thread stalls every parallel region (docs/aiperf.md measured a SmolLM2 decode step 3-15x slower
+    with 2 threads than with 1 on a busy 2-core machine)."""
+    value = int(parameter(config, "intra_op_threads", "0"))
+    return value if value > 0 else max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def parameter(config: dict, key: str, default: str) -> str:
@@ -203,10 +216,11 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        torch.set_num_threads(intra_op_threads(config))
         if parameter(config, "runtime", "torch") == "onnxruntime":
             from pipeline.onnx.runner import OrtDecoder
 
-            self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"))
+            self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"), threads=intra_op_threads(config))
         else:
             self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
         limit = int(parameter(config, "max_seq_len", "0"))
