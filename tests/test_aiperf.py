@@ -266,7 +266,7 @@ def batch_sizes(server) -> dict[int, int]:
 
 
 #: How far aiperf's TTFT p50, ITL p50 and output tokens/s may be from run_level's, as a ratio. Measured side by
-#: side on this 2-core machine at load 6-8 (other work running): 0.992-1.006 in 6 runs; 15% leaves room for
+#: side on this 2-core machine at load 4-8 (other work running): 0.992-1.006 in 6 runs; 15% leaves room for
 #: what differs by design, a lag of some ms to tens of ms between the two generators' sends of one wave
 #: (which the other generator's requests wait for in TTFT), and still fails a wrong reading of the export
 #: (seconds for ms, one generator's waves split from the other's, throughput over another duration).
