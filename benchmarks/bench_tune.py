@@ -10,7 +10,7 @@ against the plan's own configuration under the same load, side by side in one ru
 Goal: >= 1.3x, or a statement, backed by the trial table, that the plan's configuration was already on the
 Pareto front (throughput against P99 TTFT over every measured level).
 
-    .venv/bin/python benchmarks/bench_tune.py [--trials 6] [--slo "ttft_p99<=3s,itl_p99<=400ms"] [--rounds 2]
+    .venv/bin/python benchmarks/bench_tune.py [--trials 6] [--slo "ttft_p99<=1s,itl_p99<=300ms"] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-tune"))
     parser.add_argument("--trials", type=int, default=6)
-    parser.add_argument("--slo", default="ttft_p99<=3s,itl_p99<=400ms")
+    parser.add_argument("--slo", default="ttft_p99<=1s,itl_p99<=300ms")
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
