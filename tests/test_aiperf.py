@@ -266,10 +266,11 @@ def batch_sizes(server) -> dict[int, int]:
 
 
 #: How far aiperf's TTFT p50, ITL p50 and output tokens/s may be from run_level's, as a ratio. Measured side by
-#: side on this 2-core machine at load 4-8 (other work running): 0.992-1.006 in 6 runs; 15% leaves room for
-#: what differs by design, a lag of some ms to tens of ms between the two generators' sends of one wave
-#: (which the other generator's requests wait for in TTFT), and still fails a wrong reading of the export
-#: (seconds for ms, one generator's waves split from the other's, throughput over another duration).
+#: side on this 2-core machine in 10 runs at load 1-8 (other work running): ITL and tokens/s 0.992-1.010, TTFT
+#: 0.996-1.048 (widest on a quiet machine, where TTFT is ~0.6 s and the lag of some ms to tens of ms between
+#: the two generators' sends of one wave, which the other's requests wait for, weighs most). 15% leaves room
+#: for that and still fails a wrong reading of the export (seconds for ms, one generator's waves split from
+#: the other's, throughput over another duration).
 TOLERANCE = 0.15
 
 
