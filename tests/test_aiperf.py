@@ -125,9 +125,11 @@ def test_a_run_without_one_success_is_a_result_of_failures_not_an_error(tmp_path
     assert result["wall_s"] == pytest.approx(2.0174, abs=1e-3)   # first start to last end of the records
 
 
-def test_no_prompts_is_a_user_error(tmp_path):
+def test_no_prompts_or_no_load_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="at least one prompt"):
         run_aiperf("http://127.0.0.1:9", tmp_path, [], 4, 1, 1, tmp_path / "w")
+    with pytest.raises(UserError, match=r"must be at least 1 \(got 4, 0, 1\)"):
+        run_aiperf("http://127.0.0.1:9", tmp_path, ["x"], 4, 0, 1, tmp_path / "w")
 
 
 # ------------------------------------------------------------------------------ both generators, one server

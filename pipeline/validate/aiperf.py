@@ -92,6 +92,9 @@ def run_aiperf(url: str, tokenizer_dir: Path, prompts: Sequence[str] | Synthetic
     """
     if not prompts:
         raise UserError("run_aiperf needs at least one prompt")
+    if min(max_tokens, concurrency, request_count) < 1:
+        raise UserError(f"max_tokens, concurrency and request_count must be at least 1 (got {max_tokens}, "
+                        f"{concurrency}, {request_count})")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     command = aiperf_command(url, tokenizer_dir, prompts, max_tokens, concurrency, request_count, workdir,
