@@ -94,6 +94,27 @@ def save_word_tokenizer(directory: Path) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "\u0120w1", "pad_token": "\u0120w1"}))
 
 
+def tiny_cpu_checkpoint(hf_dir: Path, root: Path) -> tuple[Path, Path]:
+    """A copy of the tiny HF model `hf_dir` under `root` with the word tokenizer and the cpu plan's context, its
+    float32 checkpoint and cpu plan.json: (checkpoint, plan path)."""
+    import shutil
+
+    from pipeline.convert import convert_model
+    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.sources import resolve_model
+    from pipeline.targets import get_target
+
+    model = root / "model"
+    shutil.copytree(hf_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))  # the plan's context
+    save_word_tokenizer(model)
+    ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
+    plan = make_plan(resolve_model_info(str(model)), get_target("cpu"), "fp32")
+    (root / "plan.json").write_text(json.dumps(plan.to_dict()))
+    return ckpt, root / "plan.json"
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen(tmp_path_factory):
     """Factory: tiny_qwen("qwen3") -> HF directory of that Qwen variant."""

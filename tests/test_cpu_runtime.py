@@ -4,17 +4,14 @@ same five-model repository, its tensorrt_llm model computing with ONNX Runtime, 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import save_word_tokenizer
+from conftest import tiny_cpu_checkpoint
 
 from pipeline.cli import main
-from pipeline.convert import convert_model
 from pipeline.plan import make_plan, resolve_model_info
-from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.validate import ValidateOptions, parse_config, reference_for, validate_repository
 
@@ -22,16 +19,7 @@ from pipeline.validate import ValidateOptions, parse_config, reference_for, vali
 @pytest.fixture(scope="module")
 def tiny(tiny_llama, tmp_path_factory) -> tuple[Path, Path]:
     """A tiny Llama HF directory with a word tokenizer, its float32 checkpoint and cpu plan.json."""
-    root = tmp_path_factory.mktemp("cpu-runtime")
-    model = root / "model"
-    shutil.copytree(tiny_llama("gqa"), model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))  # the plan's context
-    save_word_tokenizer(model)
-    ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
-    plan = make_plan(resolve_model_info(str(model)), get_target("cpu"), "fp32")
-    (root / "plan.json").write_text(json.dumps(plan.to_dict()))
-    return ckpt, root / "plan.json"
+    return tiny_cpu_checkpoint(tiny_llama("gqa"), tmp_path_factory.mktemp("cpu-runtime"))
 
 
 def deploy(tiny, out: Path, *args: str):

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import requests
 import torch
 from click.testing import CliRunner
-from conftest import save_word_tokenizer
+from conftest import tiny_cpu_checkpoint
 
 from pipeline.errors import UserError
 from pipeline.runtime import ReferenceModel, SamplingConfig
@@ -81,22 +80,11 @@ def test_reference_runtime_honours_min_tokens(checkpoint):
 def served(tiny_llama, tmp_path_factory):
     """A tiny cpu repository (word tokenizer " w0".." w100") in the embedded Triton server."""
     from pipeline.cli import main
-    from pipeline.convert import convert_model
-    from pipeline.plan import make_plan, resolve_model_info
     from pipeline.server import embedded_server
-    from pipeline.sources import resolve_model
-    from pipeline.targets import get_target
 
     root = tmp_path_factory.mktemp("min-tokens")
-    model = root / "model"
-    shutil.copytree(tiny_llama("gqa"), model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))  # the plan's context
-    save_word_tokenizer(model)
-    ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
-    (root / "plan.json").write_text(json.dumps(make_plan(resolve_model_info(str(model)), get_target("cpu"),
-                                                         "fp32").to_dict()))
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(root / "plan.json"),
+    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
                                        "-o", str(root / "repo")])
     assert result.exit_code == 0, result.output
     with embedded_server(Path(root / "repo"), ready_timeout=300) as server:

@@ -357,11 +357,16 @@ def test_the_plans_configuration_must_serve(build, fake_load, tmp_path):
     assert result.exit_code == 2 and "exited (status 1) before it was ready" in result.output
 
 
-def test_gpu_trials_need_the_gpu_server(tmp_path):
+def gpu_build(out: Path) -> None:
+    """A Llama-3-8B FP8 rtx4090 build directory as far as this machine gets: plan.json and model_repo/."""
     plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
-    save_plan(plan, tmp_path / "plan.json")
-    save_word_tokenizer(tmp_path)
-    deploy_repository(plan, tmp_path / "model_repo", engine=tmp_path / "engine", tokenizer=tmp_path)
+    save_plan(plan, out / "plan.json")
+    save_word_tokenizer(out)
+    deploy_repository(plan, out / "model_repo", engine=out / "engine", tokenizer=out)
+
+
+def test_gpu_trials_need_the_gpu_server(tmp_path):
+    gpu_build(tmp_path)
     result = CliRunner().invoke(main, ["tune", str(tmp_path), "--slo", "ttft_p99<=500ms"])
     assert result.exit_code == 2
     assert "needs the GPU server" in result.output and "--url" in result.output
@@ -374,10 +379,7 @@ def test_rebuild_is_refused_on_the_cpu_target(build, tmp_path):
 
 
 def test_rebuild_without_trtllm_build_is_refused_before_any_trial(tmp_path):
-    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")
-    save_plan(plan, tmp_path / "plan.json")
-    save_word_tokenizer(tmp_path)
-    deploy_repository(plan, tmp_path / "model_repo", engine=tmp_path / "engine", tokenizer=tmp_path)
+    gpu_build(tmp_path)
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "rank0.safetensors").write_bytes(b"")
     result = CliRunner().invoke(main, ["tune", str(tmp_path), "--slo", "ttft_p99<=500ms", "--rebuild",
