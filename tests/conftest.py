@@ -94,6 +94,25 @@ def save_word_tokenizer(directory: Path) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "\u0120w1", "pad_token": "\u0120w1"}))
 
 
+def deploy_tiny_llmapi(checkpoint: Path, tokenizer: Path, root: Path) -> Path:
+    """The cpu llmapi repository (backend reference-llmapi, context 64) of a tiny checkpoint, deployed through the
+    CLI under `root`."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
+    from pipeline.targets import get_target
+
+    plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32",
+                     workload=Workload(input_len=8, output_len=8, max_context=64), backend="reference-llmapi")
+    save_plan(plan, root / "plan.json")
+    repo = root / "repo"
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(checkpoint), "--plan", str(root / "plan.json"),
+                                       "--tokenizer", str(tokenizer), "-o", str(repo)])
+    assert result.exit_code == 0, result.output
+    return repo
+
+
 def tiny_cpu_checkpoint(hf_dir: Path, root: Path) -> tuple[Path, Path]:
     """A copy of the tiny HF model `hf_dir` under `root` with the word tokenizer and the cpu plan's context, its
     float32 checkpoint and cpu plan.json: (checkpoint, plan path)."""

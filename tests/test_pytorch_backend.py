@@ -17,10 +17,10 @@ from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
-from pipeline.plan import Overrides, Workload, load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import Overrides, Workload, load_plan, make_plan, resolve_model_info
 from pipeline.targets import get_target
 from pipeline.tritonconfig import dtype_name, parse_pbtxt
-from conftest import save_word_tokenizer
+from conftest import deploy_tiny_llmapi, save_word_tokenizer
 
 def llama_plans(**workload):
     model = resolve_model_info("llama-3-8b")
@@ -140,14 +140,7 @@ def llmapi_cpu_repo(checkpoint, tmp_path_factory):
     tokenizer = tmp / "tokenizer"
     tokenizer.mkdir()
     save_word_tokenizer(tokenizer)
-    plan = make_plan(resolve_model_info(str(checkpoint("gqa"))), get_target("cpu"), "fp32",
-                     workload=Workload(input_len=8, output_len=8, max_context=64), backend="reference-llmapi")
-    save_plan(plan, tmp / "plan.json")
-    repo = tmp / "repo"
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(checkpoint("gqa")), "--plan",
-                                       str(tmp / "plan.json"), "--tokenizer", str(tokenizer), "-o", str(repo)])
-    assert result.exit_code == 0, result.output
-    return repo
+    return deploy_tiny_llmapi(checkpoint("gqa"), tokenizer, tmp)
 
 
 def test_cpu_llmapi_repository_is_served_live(llmapi_cpu_repo):

@@ -16,9 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
-from pipeline.targets import get_target
-from conftest import save_word_tokenizer
+from conftest import deploy_tiny_llmapi, save_word_tokenizer
 
 LLMAPI_CHECKS = ["models_ready", "config_matches", "golden", "streaming", "bad_requests", "load_test", "metrics"]
 
@@ -37,13 +35,7 @@ def served(checkpoint, tiny_llama, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("validate-llmapi")
     golden = hf_with_tokenizer(tiny_llama("gqa"), tmp / "golden")
-    plan = make_plan(resolve_model_info(str(checkpoint("gqa"))), get_target("cpu"), "fp32",
-                     workload=Workload(input_len=8, output_len=8, max_context=64), backend="reference-llmapi")
-    save_plan(plan, tmp / "plan.json")
-    repo = tmp / "repo"
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(checkpoint("gqa")), "--plan",
-                                       str(tmp / "plan.json"), "--tokenizer", str(golden), "-o", str(repo)])
-    assert result.exit_code == 0, result.output
+    repo = deploy_tiny_llmapi(checkpoint("gqa"), golden, tmp)
     with embedded_server(repo, ready_timeout=300) as server:
         yield repo, server.endpoints, golden, hf_with_tokenizer(tiny_llama("mha"), tmp / "other")
 
