@@ -202,3 +202,41 @@ def test_environment_is_read_when_resolving(hub_cache, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_HUB_CACHE", os.fspath(hub_cache / "elsewhere"))
     assert not sources.hub_offline() and sources.hub_cache() == hub_cache / "elsewhere"
+
+
+# ------------------------------------------------------------------------------------ GGUF materialization
+class _Saved:
+    """Stands in for the dequantized model and tokenizer: what materialize_gguf saves is the cache entry."""
+
+    config = None
+
+    def save_pretrained(self, directory, **_):
+        (Path(directory) / "config.json").write_text("{}")
+
+
+def test_gguf_cache_entry_is_keyed_by_content_not_modification_time(tmp_path, monkeypatch):
+    import transformers
+
+    loads = []
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sources, "_load_gguf_config", lambda path: transformers.LlamaConfig(num_hidden_layers=1))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda directory, gguf_file, **_: loads.append(Path(directory, gguf_file)) or _Saved())
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: _Saved())
+    first = tmp_path / "a" / "model.gguf"
+    first.parent.mkdir()
+    first.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    entry = sources.materialize_gguf(first)
+    assert loads == [first] and (entry / "config.json").is_file()
+
+    reinstalled = tmp_path / "b" / "model.gguf"  # the same wheel installed again: same bytes, newer mtime
+    reinstalled.parent.mkdir()
+    shutil.copyfile(first, reinstalled)
+    os.utime(reinstalled, ns=(first.stat().st_mtime_ns + 10**9,) * 2)
+    assert sources.materialize_gguf(reinstalled) == entry and loads == [first]
+
+    edited = tmp_path / "c" / "model.gguf"  # other weights under the same name and size: a new entry
+    edited.parent.mkdir()
+    edited.write_bytes(first.read_bytes()[:-1] + b"\x01")
+    other = sources.materialize_gguf(edited)
+    assert other != entry and loads == [first, edited] and len(list((tmp_path / "cache" / "hf").iterdir())) == 2
