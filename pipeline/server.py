@@ -296,8 +296,9 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
 
     `http_port` None picks free ports; otherwise HTTP, gRPC and metrics use http_port, +1 and +2 (Triton's
     8000/8001/8002 convention). The log goes to `log_path` (default: a file in a temporary workspace that
-    is removed when the server stops). The server gets SIGTERM if the thread that started it dies, so
-    start it from a thread that outlives its use (the main thread).
+    is removed when the server stops, unless it stops on an error, whose message may name the log). The
+    server gets SIGTERM if the thread that started it dies, so start it from a thread that outlives its use
+    (the main thread).
     """
     repo = Path(repo).resolve()
     if not repo.is_dir():
@@ -313,7 +314,7 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
     dist = find_distribution()
     workspace = Path(tempfile.mkdtemp(prefix="trtpipe-triton-"))
     log_path = Path(log_path).resolve() if log_path else workspace / "tritonserver.log"
-    server = None
+    server, failed = None, True
     try:
         backends = prepare_backends(dist, workspace)
         environment = server_environment(dist, workspace)
@@ -329,12 +330,13 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
                     continue
                 raise
         yield server
+        failed = False
     finally:
         if server is not None and server.process is not None:
             stop_server(server.process)
         for part in ("backends", "python"):
             shutil.rmtree(workspace / part, ignore_errors=True)
-        if log_path.parent != workspace:
+        if not (failed and log_path.parent == workspace):  # an error message may name the log: keep it then
             shutil.rmtree(workspace, ignore_errors=True)
 
 

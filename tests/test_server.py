@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,6 +114,21 @@ def test_model_that_fails_to_load_reports_the_log_tail(tmp_path):
     message = str(excinfo.value)
     assert "tiny_llm refuses to load (test)" in message
     assert str(tmp_path / "server.log") in message
+
+
+def test_workspace_is_removed_after_a_clean_stop_and_keeps_the_named_log_after_a_failure(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"   # where tempfile puts the server's workspace
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with embedded_server(FIXTURE_REPO, ready_timeout=120) as server:
+        assert server.log_path.is_relative_to(scratch)
+    assert list(scratch.iterdir()) == []
+    with pytest.raises(UserError) as excinfo:
+        with embedded_server(broken_copy(tmp_path), ready_timeout=60):
+            pass
+    [kept] = list(scratch.iterdir())
+    assert [p.name for p in kept.iterdir()] == ["tritonserver.log"]
+    assert str(kept / "tritonserver.log") in str(excinfo.value)
 
 
 def test_not_a_repository_is_a_user_error(tmp_path):
