@@ -74,7 +74,9 @@ def test_run_aiperf_sends_the_prompts_through_the_template_and_reads_the_export(
     assert "--url http://127.0.0.1:9 " in args and "--concurrency 8 --request-count" not in args
     assert re.search(r"--request-count 24 --concurrency 8 --request-rate \d+ --arrival-pattern constant", args)
     assert "--custom-dataset-type single_turn --dataset-sampling-strategy sequential" in args
-    assert "HF_HUB_OFFLINE" not in (tmp_path / "env").read_text()   # aiperf 0.13 then fails on a tokenizer dir
+    env = (tmp_path / "env").read_text()
+    assert "HF_HUB_OFFLINE" not in env   # aiperf 0.13 then fails on a tokenizer dir
+    assert f"AIPERF_DATASET_MMAP_BASE_PATH={tmp_path / 'w'}" in env.splitlines()   # its mmap dirs, not /tmp's
     lines = (tmp_path / "w" / "prompts.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{"text": "one, two", "output_length": 32},
                                                     {"text": "three", "output_length": 32}]

@@ -101,6 +101,7 @@ def run_aiperf(url: str, tokenizer_dir: Path, prompts: Sequence[str] | Synthetic
                              min_tokens)
     # aiperf 0.13 cannot load a local tokenizer directory while HF_HUB_OFFLINE is set (docs/aiperf.md)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(workdir.absolute())  # its per-run aiperf_mmap_* dirs, not /tmp's
     artifacts = workdir / "artifacts"
     shutil.rmtree(artifacts, ignore_errors=True)   # never read an earlier run's export
     try:
