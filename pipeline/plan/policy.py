@@ -157,7 +157,7 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
               tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
               pp: int = 1, backend: str | None = None) -> Plan:
     """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work."""
-    from ..backends import backend_for, default_backend
+    from ..backends import backend_serving
 
     if isinstance(model, ModelArch):
         model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
@@ -166,10 +166,7 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     workload.validate()
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    server = backend_for(backend or default_backend(target))
-    if target.kind not in server.target_kinds:
-        raise UserError(f"the {server.name} backend does not serve {target.kind} targets such as {target.name} "
-                        f"({server.summary})")
+    server = backend_serving(backend, target)
     arch = model.arch
     is_checkpoint = model.source == "checkpoint"
     if is_checkpoint:
