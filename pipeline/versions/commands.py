@@ -1,4 +1,4 @@
-"""`trtpipe versions list | add | serve | remove`: the click group (registered in pipeline/cli.py)."""
+"""`trtpipe versions list | add | serve | remove`: the click group (registered in pipeline/cli/shipping.py)."""
 
 from __future__ import annotations
 

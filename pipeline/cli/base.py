@@ -1,0 +1,66 @@
+"""The `trtpipe` command group and what its commands share: error handling, common options.
+
+Exit status: 0 success, 2 bad input or usage (one clear message), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import UserError
+
+#: The image the Dockerfile builds (`docker build -t trtpipe:VERSION .`), for `trtpipe k8s` and `build --k8s`.
+DEFAULT_IMAGE = f"trtpipe:{__version__}"
+MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging Face directory, a GGUF file "
+              "or a hub id.")
+
+
+class TrtpipeGroup(click.Group):
+    """Turns user errors into one line on stderr and exit 2, other failures into exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            if os.environ.get("TRTPIPE_DEBUG"):
+                raise
+            click.echo(f"error: {type(exc).__name__}: {exc} (set TRTPIPE_DEBUG=1 for the traceback)", err=True)
+            sys.exit(1)
+
+
+def device_option(what: str):
+    """--device of the stages that run the model a decoder layer at a time (one spelling for all)."""
+    return click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                        help=f"Where {what}, one decoder layer in memory at a time (auto: CUDA when torch sees a GPU).")
+
+
+@click.group(cls=TrtpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trtpipe")
+def main():
+    """trtpipe: a Hugging Face causal LM to a validated Triton deployment backed by TensorRT-LLM.
+
+    \b
+    Examples:
+      trtpipe build smollm2-135m --target cpu --precision fp8 -o out/smollm2
+      trtpipe build llama-3-8b --target rtx4090 --precision fp8 --dry-run
+    """
+
+
+def report_verification(result, as_json: bool) -> None:
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
+    if not result.ok:
+        sys.exit(1)
+

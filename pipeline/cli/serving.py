@@ -1,0 +1,272 @@
+"""The commands that judge a model repository: check, validate, serve, compare, tune, doctor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import UserError
+from .base import MODEL_HELP, device_option, main, report_verification
+
+
+@main.command()
+@click.argument("repo", type=click.Path(path_type=Path))
+@click.option("--engine", type=click.Path(path_type=Path), default=None,
+              help="Engine directory to check against (default: the tensorrt_llm model's gpt_model_path).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check(repo, engine, as_json):
+    """Static checks of a Triton LLM model repository (trtpipe's or one made with fill_template.py).
+
+    \b
+    Schema of every config.pbtxt, unfilled ${...} placeholders, ensemble wiring, batch sizes against
+    the engine's config.json, streaming without decoupled mode, KV-cache reuse / chunked context
+    without paged context FMHA, preferred batch sizes, the engine's TensorRT-LLM version.
+    Exit status 1 when anything is wrong.
+    Examples:
+      trtpipe check out/model_repo
+      trtpipe check triton_model_repo --engine /engines/llama3 --json
+    """
+    from ..check import check_repository
+
+    report_verification(check_repository(repo, engine=engine), as_json)
+
+
+@main.command()
+@click.argument("repo", type=click.Path(path_type=Path), required=False)
+@click.option("--url", default=None, help="HTTP URL of a running Triton server serving REPO (default: start the "
+              "embedded server on REPO), or with --api openai of an OpenAI-compatible server.")
+@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+              help="What --url speaks: Triton's (the repository's contract: engine ensemble or llmapi, told from "
+              "deploy's record) or the OpenAI-compatible API of trtllm-serve / vLLM (/v1/completions, "
+              "/v1/chat/completions, /v1/models, /health; REPO optional, for the golden reference).")
+@click.option("--model", "served_model", default=None, metavar="NAME",
+              help="With --api openai: the model name to request (default: the first /v1/models lists).")
+@click.option("--grpc-url", default=None,
+              help="host:port of that server's gRPC endpoint (default: the --url port + 1).")
+@click.option("--metrics-url", default=None, help="That server's Prometheus metrics endpoint, http://HOST:PORT "
+              "(default: the --url host, port 8002).")
+@click.option("--skip-metrics", is_flag=True, help="Skip the metrics check (the server's request counters grow by "
+              "the requests validate sent).")
+@click.option("--golden", default=None, metavar="MODEL", help="Reference model for the golden outputs (default: the "
+              "model deploy recorded in the repository's manifest). " + MODEL_HELP)
+@click.option("--load-test", is_flag=True, help="Also run a bounded concurrency sweep (TTFT, ITL, latency, tokens/s).")
+@click.option("--concurrency", default="1,2,4,8", show_default=True, help="Load-test concurrency levels.")
+@click.option("--max-tokens", type=click.IntRange(2, 4096), default=16, show_default=True,
+              help="Tokens generated per request.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Report directory (default: validation/ beside REPO).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the server to be ready.")
+@device_option("the golden reference runs")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, golden, load_test, concurrency,
+             max_tokens, out, timeout, device, as_json):
+    """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests,
+    metrics.
+
+    \b
+    Exit status 0 only when every check passes; report.json (and load_test.png) go to the report directory.
+    Examples:
+      trtpipe validate out/smollm2/model_repo --golden smollm2-135m --load-test
+      trtpipe validate model_repo --url http://gpu-box:8000
+      trtpipe validate --url http://gpu-box:8000 --api openai --golden smollm2-135m
+    """
+    from ..validate import ValidateOptions, reference_for, render_report, validate_repository
+    from ..validate.openai import validate_openai
+
+    try:
+        levels = tuple(int(c) for c in concurrency.split(","))
+    except ValueError:
+        raise UserError(f"--concurrency must be comma-separated integers, got {concurrency!r}") from None
+    if metrics_url and not url:
+        raise UserError("--metrics-url is for a server given by --url (the embedded server's metrics port is known)")
+    if metrics_url and skip_metrics:
+        raise UserError("--metrics-url and --skip-metrics contradict each other; pass one")
+    if api == "openai":
+        triton_only = [flag for flag, given in (("--grpc-url", grpc_url), ("--metrics-url", metrics_url),
+                                                ("--load-test", load_test)) if given]
+        if not url or triton_only:
+            raise UserError("--api openai needs --url (the OpenAI-compatible server) and takes none of "
+                            f"--grpc-url, --metrics-url, --load-test; got {'no --url' if not url else triton_only}")
+    elif served_model:
+        raise UserError("--model names the model of an OpenAI-compatible server: pass it with --api openai")
+    if repo is None and url is None:
+        raise UserError("give a model repository to serve, or --url of a running server")
+    out = out or (Path(repo).absolute().parent if repo else Path.cwd()) / "validation"
+    options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test, concurrencies=levels,
+                              max_tokens=max_tokens, metrics=not skip_metrics)
+    progress = lambda step: click.echo(f"... {step}", err=True)  # noqa: E731
+    report = (validate_openai(url, out, options, model=served_model, progress=progress) if api == "openai" else
+              validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
+                                  ready_timeout=timeout, progress=progress))
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render_report(report, out))
+    sys.exit(0 if report.passed else 1)
+
+
+@main.command()
+@click.argument("repo", type=click.Path(path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65533), default=8000, show_default=True,
+              help="HTTP port; gRPC uses PORT+1 and metrics PORT+2. 0 picks free ports.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for all).")
+@click.option("--log", "log_path", type=click.Path(path_type=Path), default=None,
+              help="Server log file (default: a temporary file, removed on exit).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for every model to be ready.")
+def serve(repo, port, host, log_path, timeout):
+    """The embedded Triton server on REPO, in the foreground until Ctrl-C.
+
+    \b
+    Examples:
+      trtpipe serve out/smollm2/model_repo
+      trtpipe serve model_repo --port 9000 --host 0.0.0.0 --log triton.log
+    """
+    from ..server import serve_forever
+
+    serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout, echo=click.echo)
+
+
+def _percent(ctx, param, value):
+    from ..compare import parse_percent
+
+    return None if value is None else parse_percent(value, f"--{param.name.replace('_', '-')}")
+
+
+@main.command()
+@click.argument("build_a", type=click.Path(path_type=Path))
+@click.argument("build_b", type=click.Path(path_type=Path))
+@click.option("--prompts", default=None, metavar="FILE|RECIPE",
+              help="A text file (one prompt per line) or a recipe: heldout (default: the start of held-out news "
+                   "documents) or validate (validate's four prompts).")
+@click.option("--num-prompts", type=int, default=16, show_default=True, help="Prompts to use at most.")
+@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True, help="New tokens per prompt.")
+@click.option("--ppl-samples", type=int, default=16, show_default=True,
+              help="Held-out documents the perplexity of each checkpoint is computed over.")
+@click.option("--load-test", is_flag=True, help="Also measure TTFT/ITL/latency and tokens/s under the same load.")
+@click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True,
+              help="Concurrent clients of the load test (the same for both).")
+@click.option("--requests-per-client", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--url-a", default=None, help="Use A's running Triton server instead of serving BUILD_A/model_repo.")
+@click.option("--url-b", default=None, help="Use B's running Triton server instead of serving BUILD_B/model_repo.")
+@click.option("--max-ppl-increase", callback=_percent, default=None, metavar="PCT",
+              help="Fail when B's held-out perplexity is more than PCT above A's (e.g. 2%).")
+@click.option("--min-token-agreement", type=float, default=None, help="Fail below this token agreement (0-1).")
+@click.option("--min-rouge-l", type=float, default=None, help="Fail below this ROUGE-L F of B against A (0-1).")
+@click.option("--min-bleu", type=float, default=None, help="Fail below this corpus BLEU of B against A (0-100).")
+@click.option("--min-exact-match", type=float, default=None, help="Fail below this share of identical completions.")
+@click.option("--min-throughput-speedup", type=float, default=None,
+              help="With --load-test: fail when B's output tokens/s over A's is below this.")
+@click.option("--max-p99-latency-increase", callback=_percent, default=None, metavar="PCT",
+              help="With --load-test: fail when B's P99 request latency is more than PCT above A's.")
+@click.option("--allow-different-tokenizer", is_flag=True,
+              help="Compare builds of different models or tokenizers (refused otherwise: exit 2).")
+@device_option("perplexity is computed")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Report directory (default: compare-<A>-vs-<B>).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, load_test, concurrency,
+            requests_per_client, url_a, url_b, allow_different_tokenizer, device, out, force, as_json, **limits):
+    """Compare two builds of one model on the same prompts and load; exit 1 when B fails a threshold.
+
+    Reports held-out perplexity, B's token agreement, ROUGE-L, BLEU and exact match against A's greedy
+    completions, weights and planned memory per instance, and with --load-test TTFT/ITL/latency
+    P50/P90/P99 and output tokens/s at one concurrency: report.json, report.md and report.png.
+
+    \b
+    Examples:
+      trtpipe compare out/fp16 out/fp8 --max-ppl-increase 2% --min-rouge-l 0.85
+      trtpipe compare out/fp16 out/fp8 --load-test --concurrency 8 -o ab-report
+    """
+    from ..compare import CompareOptions, Thresholds, compare_builds
+    from ..compare.serving import ServeOptions
+
+    out = out or Path(f"compare-{Path(build_a).name}-vs-{Path(build_b).name}")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError(f"{out} exists and is not empty; pass --force to replace it, or another -o")
+    options = CompareOptions(
+        build_a, build_b, out, thresholds=Thresholds(**limits),
+        serve=ServeOptions(max_tokens=max_tokens, load_test=load_test, concurrency=concurrency,
+                           requests_per_client=requests_per_client),
+        prompts=prompts, num_prompts=num_prompts, ppl_samples=ppl_samples, url_a=url_a, url_b=url_b,
+        allow_different_tokenizer=allow_different_tokenizer, device=device)
+    report = compare_builds(options, say=lambda m: click.echo(m, err=True))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(report.markdown().split("\n## Completions")[0])
+        click.echo(f"report: {out}/report.json, report.md, report.png")
+    sys.exit(0 if report.passed else 1)
+
+
+@main.command()
+@click.argument("build_or_repo", metavar="BUILD_OR_REPO", type=click.Path(path_type=Path))
+@click.option("--slo", required=True, metavar="CLAUSES",
+              help='Bounds every trial is judged by, e.g. "ttft_p99<=500ms,itl_p99<=50ms": ttft/itl/latency at '
+                   "p50/p90/p99 (<=, with us/ms/s), output_tokens_per_s (>=).")
+@click.option("--trials", type=click.IntRange(1), default=8, show_default=True,
+              help="Trials to serve in the study (a resumed study runs up to this many in all).")
+@click.option("--concurrency", default="1,4,8", show_default=True, help="The load's concurrency sweep.")
+@click.option("--requests-per-client", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(2, 4096), default=32, show_default=True,
+              help="Tokens generated per request.")
+@click.option("--prompts", default=None, metavar="FILE|RECIPE",
+              help="heldout (default: held-out calibration-corpus documents), validate, or a file of prompts.")
+@click.option("--num-prompts", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--load-generator", type=click.Choice(["builtin", "aiperf"]), default="builtin", show_default=True)
+@click.option("--url", default=None, help="A running Triton with --model-control-mode=explicit serving the "
+              "repository: each trial's configs are loaded into it (GPU targets need it).")
+@click.option("--rebuild", is_flag=True, help="GPU: also search the build's max_batch_size, max_num_tokens and "
+              "multiple_profiles, compiling each trial's engine.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for each server.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Study directory (default: BUILD/tune, or tune/ beside REPO); study.db resumes there.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def tune(build_or_repo, out, as_json, trials, url, rebuild, seed, timeout, **load):
+    """Search batching and serving parameters for the most output tokens/s within an SLO, by measurement.
+
+    \b
+    Each trial renders a candidate repository (the plan with the trial's values), serves it and runs the same
+    load; Optuna's TPE (seeded, resumable in OUT/study.db) starts from the plan's configuration and the
+    roofline's, never serves what the planner's memory model refuses, and prunes trials whose first load
+    level already breaks the SLO. OUT/result/ gets trials.json/csv, tradeoff.png, importances.png and, when a
+    trial meets the SLO, overlay.json, plan.json and model_repo/. Exit 1 when no trial meets the SLO.
+    Examples:
+      trtpipe tune out/smollm2 --slo "ttft_p99<=2s,itl_p99<=300ms" --trials 6
+      trtpipe tune out/llama3 --slo "ttft_p99<=500ms,itl_p99<=50ms" --url http://gpu-box:8000
+    """
+    from ..tune import tune as run_tune
+    from ..tune import tune_options
+    from ..tune.stage import result_json
+
+    options = tune_options(trials=trials, url=url, rebuild=rebuild, out=out, seed=seed, ready_timeout=timeout,
+                           progress=not as_json, **load)
+    result = run_tune(build_or_repo, options, say=lambda message: click.echo(message, err=as_json))
+    click.echo(result_json(result) if as_json else result.render())
+    sys.exit(0 if result.met else 1)
+
+
+@main.command()
+@click.option("--target", default="rtx4090", show_default=True, help="The GPU target this box should be "
+              "(`trtpipe targets`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor(target, as_json):
+    """Check that this machine can build and serve TensorRT-LLM 1.2.1 engines for a GPU target.
+
+    \b
+    One line per check, PASS / FAIL / SKIP with what to do: nvidia-smi and the driver, the GPU's name,
+    compute capability and memory against the target catalogue, TensorRT-LLM 1.2.1 importable,
+    trtllm-build and tritonserver (with the tensorrtllm backend) on PATH, torch with CUDA.
+    Exit status 0 when every check passes, 1 when one fails, 2 for an unknown or non-GPU target.
+    Examples:
+      trtpipe doctor
+      trtpipe doctor --target l40s --json
+    """
+    from ..doctor import run_doctor
+
+    report = run_doctor(target)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
+    sys.exit(0 if report.ok else 1)
