@@ -38,6 +38,8 @@ STUB_SITE = Path(sys.prefix) / "triton-stub-site"
 STUB_SITE_INSTALL = f"python -m pip install --target {STUB_SITE} 'numpy<2'"
 LOG_TAIL_LINES = 40
 STOP_TIMEOUT_S = 30.0
+#: Triton's --model-control-mode values trtpipe starts the server with (poll is for watching a repository).
+MODEL_CONTROL_MODES = ("none", "explicit")
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on `port`. With SO_REUSEADDR, as tritonserver binds: a port whose last
+    server stopped with connections in TIME_WAIT (the 60 s after it closed them) is free to it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True
@@ -196,8 +201,13 @@ def server_environment(dist: TritonDistribution, workspace: Path) -> dict[str, s
 
 
 def server_command(dist: TritonDistribution, repo: Path, backends: Path, ports: tuple[int, int, int],
-                   host: str) -> list[str]:
+                   host: str, model_control: str = "none") -> list[str]:
+    """tritonserver's command line; `model_control` "explicit" loads every model at start and lets clients
+    reload them (Triton's model-control API: `trtpipe versions serve --url`, `trtpipe tune --url`)."""
+    if model_control not in MODEL_CONTROL_MODES:
+        raise UserError(f"model control mode must be one of {', '.join(MODEL_CONTROL_MODES)}, not {model_control!r}")
     http_port, grpc_port, metrics_port = ports
+    explicit = ["--model-control-mode=explicit", "--load-model=*"] if model_control == "explicit" else []
     return [
         str(dist.binary),
         f"--model-repository={repo}",
@@ -211,6 +221,7 @@ def server_command(dist: TritonDistribution, repo: Path, backends: Path, ports: 
         "--allow-metrics=true", f"--metrics-address={host}", f"--metrics-port={metrics_port}",
         "--allow-gpu-metrics=false",
         "--exit-timeout-secs=10",
+        *explicit,
     ]
 
 
@@ -291,7 +302,8 @@ def _launch(command: list[str], environment: dict[str, str], ports: tuple[int, i
 
 @contextmanager
 def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "127.0.0.1",
-                    log_path: Path | None = None, ready_timeout: float = 600.0) -> Iterator[TritonServer]:
+                    log_path: Path | None = None, ready_timeout: float = 600.0,
+                    model_control: str = "none") -> Iterator[TritonServer]:
     """Run tritonserver on `repo` until the block ends; yields once every model is ready.
 
     `http_port` None picks free ports; otherwise HTTP, gRPC and metrics use http_port, +1 and +2 (Triton's
@@ -320,7 +332,8 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
         environment = server_environment(dist, workspace)
         for attempt in range(3):
             ports = (http_port, http_port + 1, http_port + 2) if http_port else (free_port(), free_port(), free_port())
-            server = _launch(server_command(dist, repo, backends, ports, host), environment, ports, host, log_path)
+            command = server_command(dist, repo, backends, ports, host, model_control)
+            server = _launch(command, environment, ports, host, log_path)
             try:
                 wait_until_ready(server, ready_timeout)
                 break
@@ -379,7 +392,7 @@ class ServerPool:
 
 
 def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Path | None, ready_timeout: float,
-                  echo: Callable[[str], None] = print) -> None:
+                  model_control: str = "none", echo: Callable[[str], None] = print) -> None:
     """`trtpipe serve`: run the embedded server in the foreground until Ctrl-C (or SIGTERM).
 
     SIGINT is handled explicitly: a process started in the background by a non-interactive shell
@@ -389,8 +402,8 @@ def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Pat
     previous = {sig: signal.signal(sig, handler) for sig, handler in (
         (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_keyboard_interrupt))}
     try:
-        with embedded_server(repo, http_port=http_port, host=host, log_path=log_path,
-                             ready_timeout=ready_timeout) as server:
+        with embedded_server(repo, http_port=http_port, host=host, log_path=log_path, ready_timeout=ready_timeout,
+                             model_control=model_control) as server:
             echo(f"Triton is serving {Path(repo).resolve()} — models ready: {', '.join(server.models)}")
             echo(server.endpoints.describe())
             echo(f"log      {server.log_path}")

@@ -157,11 +157,13 @@ def test_numpy_2_without_the_stub_site_says_how_to_install_it(monkeypatch, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigint", ["default", "ignored"])
-def test_serve_runs_in_the_foreground_until_ctrl_c(sigint):
-    """Also when started with SIGINT ignored, as a shell script's background job (`trtpipe serve ... &`) is."""
+@pytest.mark.parametrize("sigint, model_control", [("default", "none"), ("ignored", "explicit")])
+def test_serve_runs_in_the_foreground_until_ctrl_c(sigint, model_control):
+    """Also when started with SIGINT ignored, as a shell script's background job (`trtpipe serve ... &`) is;
+    with --model-control-mode explicit its models can be reloaded through Triton's model-control API."""
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
-    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(FIXTURE_REPO), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(FIXTURE_REPO), "--port", "0",
+                                "--model-control-mode", model_control],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
     try:
         lines = []
@@ -175,6 +177,8 @@ def test_serve_runs_in_the_foreground_until_ctrl_c(sigint):
         assert "models ready: ensemble, tiny_llm" in output, output
         url = re.search(r"HTTP\s+(\S+)", output).group(1)
         assert generate(url, "x y", 2).json()["text_output"] == "x y y x"
+        reload = requests.post(f"{url}/v2/repository/models/tiny_llm/load", timeout=60)
+        assert reload.status_code == (200 if model_control == "explicit" else 503), reload.text
         process.send_signal(signal.SIGINT)
         try:
             # stopping may take the server's whole grace period before SIGKILL

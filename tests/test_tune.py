@@ -433,8 +433,8 @@ def test_trials_are_loaded_into_a_running_server_with_model_control(build, tmp_p
     dist = triton.find_distribution()
     backends = triton.prepare_backends(dist, tmp_path / "ws")
     ports = (triton.free_port(), triton.free_port(), triton.free_port())
-    command = triton.server_command(dist, build / "model_repo", backends, ports, "127.0.0.1")
-    process = triton._launch([*command, "--model-control-mode=explicit", "--load-model=*"],
+    command = triton.server_command(dist, build / "model_repo", backends, ports, "127.0.0.1", "explicit")
+    process = triton._launch(command,
                              triton.server_environment(dist, tmp_path / "ws"), ports, "127.0.0.1",
                              tmp_path / "server.log")
     try:

@@ -258,12 +258,8 @@ def explicit_server(world, tmp_path_factory):
     shutil.copytree(world["a"], repo)
     result = cli("add", repo, world["b"], "--serve")
     assert result.exit_code == 0, result.output
-    command = server_module.server_command
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(server_module, "server_command", lambda *args: [
-            *command(*args), "--model-control-mode=explicit", "--load-model=*"])
-        with server_module.embedded_server(repo, ready_timeout=600) as server:
-            yield repo, server
+    with server_module.embedded_server(repo, ready_timeout=600, model_control="explicit") as server:
+        yield repo, server
 
 
 def reference_completion(checkpoint: Path, tokenizer: Path) -> str:

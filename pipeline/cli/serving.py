@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import UserError
+from ..server import MODEL_CONTROL_MODES
 from .base import MODEL_HELP, device_option, main, report_verification
 
 
@@ -115,17 +116,22 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
               help="Server log file (default: a temporary file, removed on exit).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for every model to be ready.")
-def serve(repo, port, host, log_path, timeout):
+@click.option("--model-control-mode", "model_control", type=click.Choice(MODEL_CONTROL_MODES), default="none",
+              show_default=True, help="explicit: every model loaded at start and reloadable through Triton's "
+              "model-control API, so `trtpipe versions serve --url` and `trtpipe tune --url` can switch it live.")
+def serve(repo, port, host, log_path, timeout, model_control):
     """The embedded Triton server on REPO, in the foreground until Ctrl-C.
 
     \b
     Examples:
       trtpipe serve out/smollm2/model_repo
       trtpipe serve model_repo --port 9000 --host 0.0.0.0 --log triton.log
+      trtpipe serve model_repo --model-control-mode explicit
     """
     from ..server import serve_forever
 
-    serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout, echo=click.echo)
+    serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout,
+                  model_control=model_control, echo=click.echo)
 
 
 def _percent(ctx, param, value):

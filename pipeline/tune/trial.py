@@ -159,8 +159,9 @@ def reload_models(http_url: str, repo: Path) -> None:
         message = response.text.strip()
         if "not allowed" in message or "explicit" in message or response.status_code in (404, 405):
             raise UserError(f"the server at {http_url} does not let trtpipe reload models ({response.status_code}: "
-                            f"{message}); start tritonserver with --model-control-mode=explicit (and --load-model=*) "
-                            "so each trial's configuration can be loaded")
+                            f"{message}); start it with `trtpipe serve REPO --model-control-mode explicit` "
+                            "(tritonserver: --model-control-mode=explicit --load-model=*) so each trial's "
+                            "configuration can be loaded")
         raise RuntimeError(f"{http_url} refused the trial's config of {name} ({response.status_code}: {message})")
 
 

@@ -5,11 +5,11 @@
 it is ready, and unloads the version it no longer names when its in-flight requests are done. The ensemble
 and BLS call tensorrt_llm with version -1 (the latest ready one), so they follow without a reload.
 
-Triton accepts this only with `--model-control-mode=explicit`; with `none` (its default, and what
-`trtpipe serve` starts) or `poll` it answers 503 "explicit model load / unload is not allowed if polling is
-enabled" (tritonserver 2.51, verified here), and the switch is refused with nothing written. Before loading,
-the server's tensorrt_llm config is compared with the repository's (apart from version_policy), so a server
-started on another repository is not switched.
+Triton accepts this only with `--model-control-mode=explicit` (`trtpipe serve --model-control-mode explicit`);
+with `none` (its default, and `trtpipe serve`'s) or `poll` it answers 503 "explicit model load / unload is
+not allowed if polling is enabled" (tritonserver 2.51, verified here), and the switch is refused with nothing
+written. Before loading, the server's tensorrt_llm config is compared with the repository's (apart from
+version_policy), so a server started on another repository is not switched.
 """
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ def load(http: str, config) -> None:
     message = response.text.strip()
     if response.status_code == 503 or "not allowed" in message:
         raise UserError(f"the server at {http} does not allow model control ({response.status_code}: {message}): "
-                        "it was started with --model-control-mode none (the default, and `trtpipe serve`) or poll. "
-                        "Nothing was changed. Either run this without --url and restart the server, or start "
-                        "tritonserver with --model-control-mode=explicit --load-model=* to switch it live")
+                        "it was started with --model-control-mode none (the default, also of `trtpipe serve`) or "
+                        "poll. Nothing was changed. Either run this without --url and restart the server, or start "
+                        "it with `trtpipe serve REPO --model-control-mode explicit` (tritonserver: "
+                        "--model-control-mode=explicit --load-model=*) to switch it live")
     raise RuntimeError(f"the server at {http} could not load the version ({response.status_code}: {message}); "
                        "nothing was changed in the repository and the server keeps what it served")
 
