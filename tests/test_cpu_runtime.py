@@ -13,7 +13,8 @@ from conftest import tiny_cpu_checkpoint
 from pipeline.cli import main
 from pipeline.plan import make_plan, resolve_model_info
 from pipeline.targets import get_target
-from pipeline.validate import ValidateOptions, parse_config, reference_for, validate_repository
+from pipeline.tritonconfig import parse_pbtxt
+from pipeline.validate import ValidateOptions, reference_for, validate_repository
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_deploy_runtime_onnxruntime_exports_into_the_repository_with_the_same_co
     version = tmp_path / "ort" / "tensorrt_llm" / "1"
     assert (version / "onnx" / "model.onnx").is_file() and (version / "pipeline" / "onnx" / "runner.py").is_file()
     assert not (version / "checkpoint").exists()
-    ort, torch = (parse_config(tmp_path / r / "tensorrt_llm" / "config.pbtxt") for r in ("ort", "torch"))
+    ort, torch = (parse_pbtxt((tmp_path / r / "tensorrt_llm" / "config.pbtxt").read_text()) for r in ("ort", "torch"))
     assert ort.parameters["runtime"].string_value == "onnxruntime"
     assert ort.input == torch.input and ort.output == torch.output
     for model in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):

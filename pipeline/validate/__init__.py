@@ -26,7 +26,7 @@ results, the rendered verdict) and `stage` (serving, running the checks, report.
 reference).
 """
 
-from .checks import GoldenReference, config_differences, parse_config
+from .checks import GoldenReference, config_differences
 from .client import EnsembleClient
 from .load_test import run_level
 from .report import DEFAULT_PROMPTS, CheckResult, ValidateOptions, ValidationReport, render_report
@@ -34,6 +34,6 @@ from .stage import golden_reference, reference_for, validate_repository
 
 __all__ = [
     "DEFAULT_PROMPTS", "CheckResult", "EnsembleClient", "GoldenReference", "ValidateOptions", "ValidationReport",
-    "config_differences", "golden_reference", "parse_config", "reference_for", "render_report", "run_level",
+    "config_differences", "golden_reference", "reference_for", "render_report", "run_level",
     "validate_repository",
 ]

@@ -25,6 +25,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from ..server import TritonServer, list_repository_models
+from ..tritonconfig import parse_pbtxt
 from .client import EnsembleClient, RequestFailed, StreamResult
 from .report import CheckResult, ValidateOptions
 
@@ -81,12 +82,6 @@ def check_models_ready(server: TritonServer, repo: Path | None) -> CheckResult:
                        data={"states": states})
 
 
-def parse_config(path: Path) -> model_config_pb2.ModelConfig:
-    message = model_config_pb2.ModelConfig()
-    text_format.Parse(path.read_text(), message)
-    return message
-
-
 def config_differences(expected, actual, path: str = "") -> list[str]:
     """Every field set in `expected` whose value in `actual` differs (fields only `actual` sets are fine:
     the server fills defaults)."""
@@ -124,7 +119,7 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
     problems, compared = [], []
     for name in list_repository_models(repo):
         try:
-            expected = parse_config(repo / name / "config.pbtxt")
+            expected = parse_pbtxt((repo / name / "config.pbtxt").read_text())
         except text_format.ParseError as exc:
             problems.append(f"{name}/config.pbtxt does not parse: {exc}")
             continue
