@@ -14,12 +14,12 @@ from tritonclient.grpc import model_config_pb2
 
 from pipeline.cli import main
 from pipeline.server import ServerPool, free_port
+from pipeline.tritonconfig import parse_pbtxt
 from pipeline.validate import (
     CheckResult,
     ValidateOptions,
     ValidationReport,
     config_differences,
-    parse_config,
     reference_for,
     render_report,
     validate_repository,
@@ -69,7 +69,7 @@ def variant(tmp_path: Path, name: str, edit) -> Path:
     repo = tmp_path / name
     shutil.copytree(FIXTURE_REPO, repo)
     path = repo / "tiny_llm" / "config.pbtxt"
-    config = parse_config(path)
+    config = parse_pbtxt(path.read_text())
     edit(config)
     path.write_text(text_format.MessageToString(config))
     return repo
@@ -249,7 +249,7 @@ def small_queue_server(pool, tmp_path_factory):
         config.parameters["seconds_per_step"].string_value = "0.05"
 
     repo = variant(tmp_path_factory.mktemp("overload"), "small_queue", edit)
-    ensemble = parse_config(repo / "ensemble" / "config.pbtxt")
+    ensemble = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text())
     ensemble.max_batch_size = 1  # an ensemble may not batch more than its steps
     (repo / "ensemble" / "config.pbtxt").write_text(text_format.MessageToString(ensemble))
     return pool.get(repo)
