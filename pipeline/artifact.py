@@ -5,20 +5,32 @@
                              fingerprint, the calibration recipe, the validation verdict, and the size and
                              sha256 of every other member
       build.json             the build summary
-      model_repo/...         the Triton model repository (for the cpu target it holds the served checkpoint)
-      engine/...             GPU targets: the TensorRT-LLM engine
+      model_repo/...         the Triton model repository (for the cpu target it holds the served checkpoint;
+                             for the pytorch backend the served Hugging Face model, in tensorrt_llm/1/model/)
+      engine/...             the engine backend (the GPU default): the TensorRT-LLM engine
       validation/report.json (and its plots)
+
+The backend is build.json's `options.backend` (builds made before it was recorded: the target's default,
+engine on GPUs, reference on cpu) and artifact.json records it. Only the engine backend needs and ships
+an engine; a pytorch build (TensorRT-LLM's LLM API) ships its repository, whose model.yaml and
+trtllm-serve.sh name the model directory relative to the repository.
 
 Nothing in the archive names the build machine: manifests and build.json record paths relative to the
 build directory (pipeline.outputs.portable); the validation report is made portable the same way when
-packaged; a file that must hold an absolute path (the engine's `gpt_model_path` in the GPU repository,
-the engine's build command) gets `@ARTIFACT_ROOT@` in its place, which `unpack` replaces with the directory
-it extracts to (those files are listed under `relocate`). `package` refuses to write an archive in which
-the build directory or the home directory still appears.
+packaged, and a JSON file naming a local model directory outside the build (the pytorch repository's
+manifest names the source model its plan was made from) gets that directory's last component instead
+(pipeline.artifact_paths); a file that must hold an absolute path (the engine's `gpt_model_path` in the
+GPU repository, the engine's build command) gets `@ARTIFACT_ROOT@` in its place, which `unpack` replaces
+with the directory it extracts to (those files are listed under `relocate`; a pytorch repository has
+none). `package` refuses to write an archive in which the build directory, the home directory or such a
+model directory still appears.
 
 `verify` reads every member, checks its size and hash, refuses members that could escape the directory
-they are extracted to (absolute paths, `..`, links, devices) and, with --target, an artifact built for
-another SM or TensorRT-LLM version. `unpack` verifies first and extracts only a verified archive.
+they are extracted to (absolute paths, `..`, links, devices) and, with --target, an artifact for another
+TensorRT-LLM version or one the target cannot run: an engine (or a cpu build) only on the SM it was built
+for; a pytorch build, which compiles nothing, on any GPU target that supports its precision (FP8 weights or
+KV cache: `Target.supports_fp8`, as the planner decides). `unpack` verifies first and extracts only a
+verified archive.
 """
 
 from __future__ import annotations
@@ -32,10 +44,13 @@ import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
+from .artifact_paths import BuildMachine
+from .backends import BACKENDS, DEFAULT_BACKEND, ENGINE, default_backend
+from .backends.pytorch import PYTORCH
 from .compile import CONTAINER, TENSORRT_LLM_VERSION
 from .errors import UserError
 from .outputs import portable
-from .targets import get_target
+from .targets import FP8_MIN_SM, get_target
 
 MANIFEST = "artifact.json"
 FORMAT = 1
@@ -45,6 +60,8 @@ RELOCATABLE_SUFFIXES = (".pbtxt", ".sh")
 SKIPPED_DIRS = {"__pycache__"}      # written by the Python backend when it serves; not build outputs
 VALIDATION_FILES = ("report.json", "*.png")
 CHUNK = 1 << 20
+#: Backends whose archive holds no engine: it runs on any GPU target that supports its precision.
+NOT_SM_BOUND = (PYTORCH,)
 
 
 class VerificationFailed(Exception):
@@ -65,7 +82,7 @@ class Packaged:
     def summary(self) -> str:
         a = self.artifact
         return (f"wrote {self.path}: {self.files} files, {self.bytes / 1e6:.1f} MB; target {a['target']} "
-                f"(sm {a['sm']}), TensorRT-LLM {a['tensorrt_llm_version']}, validation "
+                f"(sm {a['sm']}), {a['backend']} backend, TensorRT-LLM {a['tensorrt_llm_version']}, validation "
                 f"{'passed' if a['validation']['passed'] else 'FAILED'}")
 
 
@@ -79,73 +96,73 @@ def package_build(build_dir: Path, out: Path) -> Packaged:
     if not (build_dir / "model_repo").is_dir():
         raise UserError(f"{build_dir} has no model_repo/ (the build stopped before deploy)")
     target = get_target(summary["options"]["target"])
-    if target.is_gpu and not (build_dir / "engine" / "config.json").is_file():
+    backend = build_backend(summary, target)
+    if backend == ENGINE and not (build_dir / "engine" / "config.json").is_file():
         raise UserError(f"{build_dir}/engine holds no built engine (engine/config.json); build it on the GPU first")
-    contents = {rel: data for rel, data in collect(build_dir, target.is_gpu)}
-    artifact = describe(build_dir, summary, report, target, contents)
+    machine = BuildMachine.of(build_dir, summary)
+    contents = {rel: data for rel, data in collect(machine, engine=backend == ENGINE)}
+    artifact = describe(machine, summary, report, target, contents)
     members = {MANIFEST: (json.dumps(artifact, indent=2) + "\n").encode(), **contents}
     write_tar(members, Path(out))
     return Packaged(Path(out), len(contents), sum(len(d) if isinstance(d, bytes) else d.stat().st_size
                                                  for d in contents.values()), artifact)
 
 
-def collect(build_dir: Path, gpu: bool):
+def build_backend(summary: dict, target) -> str:
+    """The build's backend: build.json's `options.backend`, else (older builds) the target's default."""
+    return summary["options"].get("backend") or default_backend(target)
+
+
+def collect(machine: BuildMachine, engine: bool):
     """(member name, bytes or the Path to copy) of everything the archive ships, paths made portable."""
-    roots = ["model_repo"] + (["engine"] if gpu else [])
+    build_dir = machine.build_dir
+    roots = ["model_repo"] + (["engine"] if engine else [])
     for root in roots:
         for path in sorted((build_dir / root).rglob("*")):
             if path.is_file() and not SKIPPED_DIRS & set(path.relative_to(build_dir).parts):
-                yield path.relative_to(build_dir).as_posix(), portable_file(path, build_dir)
-    yield "build.json", shipped_summary(build_dir)
+                yield path.relative_to(build_dir).as_posix(), portable_file(path, machine)
+    yield "build.json", shipped_summary(machine)
     for pattern in VALIDATION_FILES:
         for path in sorted((build_dir / "validation").glob(pattern)):
-            yield path.relative_to(build_dir).as_posix(), portable_file(path, build_dir)
+            yield path.relative_to(build_dir).as_posix(), portable_file(path, machine)
 
 
-def portable_json(path: Path, build_dir: Path) -> bytes:
-    return (json.dumps(portable(json.loads(path.read_text()), build_dir), indent=2) + "\n").encode()
-
-
-def shipped_model(spec: str, build_dir: Path) -> str:
-    """The model as the archive names it: a preset or hub id as given; a local path (outside the build: it
-    names the build machine) by its last component only; the checkpoint fingerprint identifies the weights."""
-    spec = portable(spec, build_dir)
-    return Path(spec).name if Path(spec).is_absolute() else spec
-
-
-def shipped_summary(build_dir: Path) -> bytes:
-    summary = json.loads(portable_json(build_dir / "build.json", build_dir))
-    summary["options"]["model"] = shipped_model(summary["options"]["model"], build_dir)
+def shipped_summary(machine: BuildMachine) -> bytes:
+    summary = machine.neutral(json.loads((machine.build_dir / "build.json").read_text()))
+    summary["options"]["model"] = machine.shipped_model(summary["options"]["model"])
     return (json.dumps(summary, indent=2) + "\n").encode()
 
 
-def portable_file(path: Path, build_dir: Path) -> bytes | Path:
-    """The file as shipped: unchanged unless it names the build or home directory; then a JSON file gets
-    portable paths and a relocatable text file the placeholder (anything else is caught by `describe`)."""
-    if not names_the_machine(path, build_dir):
+def portable_file(path: Path, machine: BuildMachine) -> bytes | Path:
+    """The file as shipped: unchanged unless it names the build machine; then a JSON file gets portable paths
+    and a relocatable text file the placeholder (anything else is caught by `describe`)."""
+    if not machine.named_in(path):
         return path
     if path.suffix == ".json":
-        return portable_json(path, build_dir)
+        return (json.dumps(machine.neutral(json.loads(path.read_text())), indent=2) + "\n").encode()
     if path.suffix in RELOCATABLE_SUFFIXES:
-        return path.read_bytes().replace(str(build_dir).encode(), ROOT_PLACEHOLDER.encode())
+        return path.read_bytes().replace(str(machine.build_dir).encode(), ROOT_PLACEHOLDER.encode())
     return path
 
 
-def describe(build_dir: Path, summary: dict, report: dict, target, contents: dict) -> dict:
+def describe(machine: BuildMachine, summary: dict, report: dict, target, contents: dict) -> dict:
+    build_dir = machine.build_dir
     files = {name: file_digest(data) for name, data in contents.items()}
-    leaks = [name for name, data in contents.items() if names_the_machine(data, build_dir)]
+    leaks = [name for name, data in contents.items() if machine.named_in(data)]
     if leaks:
-        raise RuntimeError(f"refusing to package: {', '.join(leaks)} name(s) the build directory {build_dir} or "
-                           "the home directory")
+        models = "".join(f", the model directory {m}" for m in machine.models)
+        raise RuntimeError(f"refusing to package: {', '.join(leaks)} name(s) the build directory {build_dir}"
+                           f"{models} or the home directory")
     options = summary["options"]
     return {
         "format": FORMAT,
         "name": build_dir.name,
         "target": target.name,
         "sm": target.sm,
+        "backend": build_backend(summary, target),
         "tensorrt_llm_version": TENSORRT_LLM_VERSION,
         "triton_container": CONTAINER,
-        "model": {"spec": shipped_model(options["model"], build_dir),
+        "model": {"spec": machine.shipped_model(options["model"]),
                   "checkpoint_sha256": checkpoint_digest(build_dir)},
         "precision": options["precision"],
         "kv_cache": options["kv_cache"],
@@ -156,18 +173,15 @@ def describe(build_dir: Path, summary: dict, report: dict, target, contents: dic
     }
 
 
-def names_the_machine(data: bytes | Path, build_dir: Path) -> bool:
-    if isinstance(data, Path):
-        if data.stat().st_size > 64 << 20:   # weights and engines: binary tensors, not paths
-            return False
-        data = data.read_bytes()
-    needles = [str(build_dir)] + ([os.path.expanduser("~")] if os.path.expanduser("~") not in ("/", "~") else [])
-    return any(n.encode() in data for n in needles)
-
-
 def checkpoint_digest(build_dir: Path) -> str | None:
     """The model source's fingerprint: sha256 over the float checkpoint convert made of it (config.json and
-    the rank files, by name), which is a function of the source weights alone."""
+    the rank files, by name), which is a function of the source weights alone.
+
+    Every backend's build has that checkpoint (OUT/checkpoint): the engine is compiled from it (or from its
+    calibration), the reference runtime serves it, and the pytorch backend's served Hugging Face model is
+    made from it (calibrate's FP8 export in checkpoint-<precision>/hf/, or `export` to OUT/hf/). So the same
+    source at the same dtype has one fingerprint whichever backend serves it; what is served is identified
+    by that fingerprint with `calibration`, and byte for byte by its files' sha256 under `files`."""
     ckpt = build_dir / "checkpoint"
     files = sorted(p for p in ckpt.glob("*") if p.name == "config.json" or p.suffix == ".safetensors")
     if not files:
@@ -242,7 +256,8 @@ class Verification:
     def summary(self) -> str:
         a = self.artifact
         lines = [f"{self.archive}: {a.get('name', '?')}, target {a.get('target', '?')} (sm {a.get('sm')}), "
-                 f"TensorRT-LLM {a.get('tensorrt_llm_version', '?')}, {len(a.get('files', {}))} files, "
+                 f"{archive_backend(a)} backend, TensorRT-LLM {a.get('tensorrt_llm_version', '?')}, "
+                 f"{len(a.get('files', {}))} files, "
                  f"validation {'passed' if a.get('validation', {}).get('passed') else 'FAILED'}"] if a else []
         lines += [f"  FAIL  {p}" for p in self.problems]
         lines.append("verified: every file matches its sha256" if self.ok else
@@ -345,15 +360,38 @@ def stream_digest(f) -> dict:
     return {"size": size, "sha256": digest.hexdigest()}
 
 
+def archive_backend(artifact: dict) -> str:
+    """artifact.json's backend; archives written before it was recorded: the default of their target's kind."""
+    return artifact.get("backend") or DEFAULT_BACKEND["cpu" if artifact.get("sm") is None else "gpu"]
+
+
 def target_mismatches(artifact: dict, target) -> list[str]:
-    problems = []
-    if artifact.get("sm") != target.sm:
-        problems.append(f"built for sm {artifact.get('sm')} ({artifact.get('target')}), but {target.name} is "
-                        f"sm {target.sm}: an engine runs only on the SM it was built for")
+    backend = archive_backend(artifact)
+    if backend in NOT_SM_BOUND:
+        problems = precision_mismatches(artifact, target, backend)
+    elif artifact.get("sm") != target.sm:
+        problems = [f"built for sm {artifact.get('sm')} ({artifact.get('target')}), but {target.name} is "
+                    f"sm {target.sm}: an engine runs only on the SM it was built for"]
+    else:
+        problems = []
     if artifact.get("tensorrt_llm_version") != TENSORRT_LLM_VERSION:
         problems.append(f"built with TensorRT-LLM {artifact.get('tensorrt_llm_version')}, but {target.name} "
                         f"deployments run {TENSORRT_LLM_VERSION}")
     return problems
+
+
+def precision_mismatches(artifact: dict, target, backend: str) -> list[str]:
+    """Why `target` cannot run an archive of a backend that compiles nothing: not a kind of target the backend
+    serves, or FP8 weights / KV cache on a GPU without FP8 (the planner's rule, `Target.supports_fp8`)."""
+    if target.kind not in BACKENDS[backend].target_kinds:
+        return [f"a {backend} artifact runs on {' or '.join(BACKENDS[backend].target_kinds)} targets; "
+                f"{target.name} is a {target.kind} target"]
+    fp8 = [f"{what} {artifact.get(key)}" for key, what in (("precision", "precision"), ("kv_cache", "KV cache"))
+           if artifact.get(key) == "fp8"]
+    if target.is_gpu and fp8 and not target.supports_fp8:
+        return [f"built with {' and '.join(fp8)}, but {target.name} is sm {target.sm}: FP8 needs compute "
+                f"capability {FP8_MIN_SM // 10}.{FP8_MIN_SM % 10} or newer (Ada, Hopper)"]
+    return []
 
 
 # ------------------------------------------------------------------------------------------------ unpack

@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from ci_fixtures import tiny_model_with_tokenizer
 from click.testing import CliRunner
 from test_compile import pretend_gpu_box
@@ -64,6 +65,7 @@ def test_round_trip_package_verify_unpack(cpu_build, archive, tmp_path):
     served = cpu_build / "model_repo" / "tensorrt_llm" / "1" / "checkpoint" / "rank0.safetensors"
     assert content["model_repo/tensorrt_llm/1/checkpoint/rank0.safetensors"] == served.read_bytes()
     assert (artifact["target"], artifact["sm"], artifact["tensorrt_llm_version"]) == ("cpu", None, "1.2.1")
+    assert artifact["backend"] == "reference"
     report = json.loads(content["validation/report.json"])
     assert artifact["validation"] == {"passed": True, "checks": len(report["checks"])} and len(report["checks"]) >= 6
     assert artifact["calibration"]["precision"] == "fp8" and artifact["calibration"]["recipe"]["samples"] == 8
@@ -207,7 +209,7 @@ def test_gpu_build_packages_its_engine_and_unpack_points_triton_at_it(tmp_path, 
     assert packaged.exit_code == 0, packaged.output
     content = members(tmp_path / "gpu.tar")
     artifact = json.loads(content[MANIFEST])
-    assert artifact["sm"] == 89 and "engine/rank0.engine" in content
+    assert artifact["sm"] == 89 and artifact["backend"] == "engine" and "engine/rank0.engine" in content
     assert "model_repo/tensorrt_llm/config.pbtxt" in artifact["relocate"]
     assert not any(str(tmp_path).encode() in d for d in content.values())   # nor the model's directory
     assert artifact["model"]["spec"] == json.loads(content["build.json"])["options"]["model"] == "tiny"
@@ -218,3 +220,121 @@ def test_gpu_build_packages_its_engine_and_unpack_points_triton_at_it(tmp_path, 
     assert invoke("unpack", tmp_path / "gpu.tar", "-o", out, "--target", "rtx4090").exit_code == 0
     config = (out / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert str(out / "engine") in config and ROOT_PLACEHOLDER not in config
+
+
+# ------------------------------------------------------------------------------------ the pytorch backend
+
+@pytest.fixture(scope="module")
+def pytorch_build(tiny_llama, tmp_path_factory) -> Path:
+    """A tiny fp8 build for the rtx4090 with --backend pytorch (no engine: the served Hugging Face FP8 model
+    in model_repo/tensorrt_llm/1/model/), not validated: nothing can serve it here."""
+    root = tmp_path_factory.mktemp("pytorch-artifact")
+    model = tiny_model_with_tokenizer(tiny_llama("gqa"), root / "tiny")
+    out = root / "builds" / "tiny-rtx4090-fp8-pytorch"
+    result = invoke("build", model, "--target", "rtx4090", "--precision", "fp8", "--backend", "pytorch",
+                    "--samples", "4", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert not (out / "engine").exists()
+    return out
+
+
+@pytest.fixture(scope="module")
+def pytorch_archive(pytorch_build, tmp_path_factory) -> Path:
+    """The pytorch build packaged once `trtpipe validate --url` would have written its report (faked, as for the
+    GPU build above); before that, package refuses it as any unvalidated build."""
+    path = tmp_path_factory.mktemp("pytorch-archives") / "tiny-pytorch.tar"
+    refused = invoke("package", pytorch_build, "-o", path)
+    assert refused.exit_code == 2 and "has no validation report (validation/report.json)" in refused.output
+    assert not path.exists()
+    (pytorch_build / "validation").mkdir()
+    (pytorch_build / "validation" / "report.json").write_text(json.dumps(
+        {"repo": str(pytorch_build / "model_repo"), "passed": True,
+         "checks": [{"name": "models_ready", "passed": True}, {"name": "golden", "passed": True}]}))
+    packaged = invoke("package", pytorch_build, "-o", path)
+    assert packaged.exit_code == 0, packaged.output
+    assert "pytorch backend" in packaged.output
+    return path
+
+
+def test_pytorch_build_packages_its_repository_and_the_served_weights(pytorch_build, pytorch_archive,
+                                                                      tmp_path_factory):
+    content = members(pytorch_archive)
+    artifact = json.loads(content[MANIFEST])
+    assert (artifact["backend"], artifact["target"], artifact["sm"]) == ("pytorch", "rtx4090", 89)
+    assert set(artifact["files"]) == set(content) - {MANIFEST}
+    assert not any(n.startswith("engine/") for n in content)
+    served = "model_repo/tensorrt_llm/1/model/"
+    assert {served + f for f in ("config.json", "hf_quant_config.json", "model.safetensors", "tokenizer.json")} \
+        <= set(content)
+    assert content[served + "model.safetensors"] == \
+        (pytorch_build / "checkpoint-fp8" / "hf" / "model.safetensors").read_bytes()
+    assert artifact["relocate"] == [] and ROOT_PLACEHOLDER.encode() not in b"".join(content.values())
+    assert artifact["validation"] == {"passed": True, "checks": 2}
+    assert artifact["calibration"]["precision"] == "fp8" and artifact["calibration"]["recipe"]["samples"] == 4
+    expected = hashlib.sha256()   # the float checkpoint the served model was calibrated from
+    for name in ("config.json", "rank0.safetensors"):
+        expected.update(name.encode() + b"\0" + sha256((pytorch_build / "checkpoint" / name).read_bytes()).encode())
+    assert artifact["model"]["checkpoint_sha256"] == expected.hexdigest()
+    assert str(tmp_path_factory.getbasetemp()) in str(pytorch_build)
+    machine = [str(tmp_path_factory.getbasetemp()).encode(), os.path.expanduser("~").encode()]
+    assert not [n for n, d in content.items() if any(m in d for m in machine)]
+
+
+@pytest.mark.parametrize("target", ["rtx4090", "l40s", "h100", "h200"])
+def test_pytorch_archive_verifies_on_any_fp8_gpu(pytorch_archive, target):
+    result = invoke("verify", pytorch_archive, "--target", target)
+    assert result.exit_code == 0 and "verified: every file matches" in result.output, result.output
+
+
+FP8_NEEDS = "FP8 needs compute capability 8.9 or newer (Ada, Hopper)"
+
+
+@pytest.mark.parametrize("target,message", [
+    ("a100-80g", f"built with precision fp8, but a100-80g is sm 80: {FP8_NEEDS}"),
+    ("rtx3090", f"built with precision fp8, but rtx3090 is sm 86: {FP8_NEEDS}"),
+    ("cpu", "a pytorch artifact runs on gpu targets; cpu is a cpu target"),
+])
+def test_pytorch_archive_is_refused_where_it_cannot_run(pytorch_archive, target, message):
+    result = invoke("verify", pytorch_archive, "--target", target)
+    assert result.exit_code == 1, result.output
+    assert [line for line in result.output.splitlines() if "FAIL" in line] == [f"  FAIL  {message}"], result.output
+
+
+def edit_manifest(archive: Path, out: Path, edit) -> Path:
+    def change(info, data):
+        return (info, (json.dumps(edit(json.loads(data))) + "\n").encode()) if info.name == MANIFEST else (info, data)
+
+    return rewrite(archive, out, change)
+
+
+@pytest.mark.parametrize("edit,target,code,message", [
+    (lambda a: {**a, "precision": "fp16"}, "a100-80g", 0, None),                 # FP8 is what needs sm 89
+    (lambda a: {**a, "precision": "fp16", "kv_cache": "fp8"}, "a100-80g", 1, "built with KV cache fp8, but"),
+    (lambda a: {k: v for k, v in a.items() if k != "backend"}, "h100", 1,       # older archive: an engine
+     "built for sm 89 (rtx4090), but h100 is sm 90"),
+    (lambda a: {**a, "tensorrt_llm_version": "1.3.0"}, "rtx4090", 1, "built with TensorRT-LLM 1.3.0"),
+])
+def test_pytorch_archive_target_rule_reads_the_manifest(pytorch_archive, tmp_path, edit, target, code, message):
+    result = invoke("verify", edit_manifest(pytorch_archive, tmp_path / "edited.tar", edit), "--target", target)
+    assert result.exit_code == code, result.output
+    if message:
+        assert message in result.output, result.output
+
+
+def test_pytorch_archive_unpacks_to_a_repository_that_serves_its_own_model(pytorch_archive, tmp_path):
+    out = tmp_path / "deploy"
+    unpacked = invoke("unpack", pytorch_archive, "-o", out, "--target", "h100")
+    assert unpacked.exit_code == 0, unpacked.output
+    content = members(pytorch_archive)
+    assert all((out / n).read_bytes() == d for n, d in content.items() if n != MANIFEST)
+    version = out / "model_repo" / "tensorrt_llm" / "1"
+    model_yaml = yaml.safe_load((version / "model.yaml").read_text())
+    assert model_yaml["model"] == "model" and model_yaml["backend"] == "pytorch"
+    assert (version / model_yaml["model"] / "config.json").is_file()
+    assert (version / model_yaml["model"] / "model.safetensors").is_file()
+    script = (out / "model_repo" / "trtllm-serve.sh").read_text()
+    assert "exec trtllm-serve tensorrt_llm/1/model " in script
+    assert (out / "model_repo" / "tensorrt_llm" / "1" / "model" / "tokenizer.json").is_file()
+    assert not [p for p in out.rglob("*") if p.is_file() and str(tmp_path).encode() in p.read_bytes()]
+    check = invoke("check", out / "model_repo")
+    assert check.exit_code == 0, check.output
