@@ -122,8 +122,9 @@ def github(matrix_path, out):
 @click.argument("build_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="The .tar to write.")
 def package(build_dir, out):
-    """Pack BUILD_DIR (engine or checkpoint, model repository, build.json, validation report) into one
-    archive with artifact.json: every file's sha256, the model's fingerprint, versions, target and SM.
+    """Pack BUILD_DIR (the model repository with the served checkpoint or Hugging Face model, the engine for the
+    engine backend, build.json, the validation report) into one archive with artifact.json: every file's sha256,
+    the model's fingerprint, versions, target, SM and backend.
 
     \b
     Examples:
@@ -136,8 +137,9 @@ def package(build_dir, out):
 
 @main.command()
 @click.argument("archive", type=click.Path(path_type=Path))
-@click.option("--target", default=None, help="Refuse an artifact built for another SM or TensorRT-LLM version "
-              "than this target's.")
+@click.option("--target", default=None, help="Refuse an artifact this target cannot run (an engine built for "
+              "another SM; a pytorch build with FP8 weights or KV cache on a GPU without FP8) or one built with "
+              "another TensorRT-LLM version.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
 def verify(archive, target, as_json):
     """Check every file of ARCHIVE against its artifact.json (exit 1 when anything does not match).
@@ -156,7 +158,8 @@ def verify(archive, target, as_json):
 @click.argument("archive", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="New directory to extract into.")
-@click.option("--target", default=None, help="As for verify: refuse an artifact for another SM or version.")
+@click.option("--target", default=None, help="As for verify: refuse an artifact this target cannot run or one "
+              "built with another TensorRT-LLM version.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
 def unpack(archive, out, target, as_json):
     """Verify ARCHIVE, then extract it into OUT (nothing is extracted from an archive that fails).
