@@ -85,9 +85,11 @@ def save_word_tokenizer(directory: Path) -> None:
     Hugging Face tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    # byte-level words that carry their leading space, so tokens decoded one by one join up (streaming)
+    # byte-level words that carry their leading space, so tokens decoded one by one join up (streaming). Split
+    # on whitespace only: ByteLevel's own regex cuts " w17" into " w" and "17", which made every prompt unknown.
     tokenizer = Tokenizer(models.WordLevel({f"\u0120w{i}": i for i in range(101)}, unk_token="\u0120w0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps(

@@ -28,6 +28,19 @@ def hf_with_tokenizer(source, out):
     return out
 
 
+def test_the_word_tokenizer_knows_every_word_and_streams_them_back(tmp_path):
+    """The tiny models' tokenizer: distinct prompts are distinct ids (not all unknown), and tokens decoded one by
+    one join up to the text, as streaming needs."""
+    from transformers import AutoTokenizer
+
+    save_word_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    ids = tokenizer(" w5 w6 w17")["input_ids"]
+    assert ids == [5, 6, 17] and tokenizer("w5 w6 w17")["input_ids"] == ids
+    assert "".join(tokenizer.decode([i]) for i in ids) == tokenizer.decode(ids) == " w5 w6 w17"
+    assert tokenizer("hello w3")["input_ids"] == [0, 3]        # unknown words: w0
+
+
 @pytest.fixture(scope="module")
 def served(checkpoint, tiny_llama, tmp_path_factory):
     """(repository, server endpoints, golden model directory, another model's directory)."""
