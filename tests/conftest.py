@@ -181,3 +181,52 @@ def smollm2_checkpoint(smollm2_hf_dir, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("smollm2") / "checkpoint"
     return convert_model(resolve_model(str(smollm2_hf_dir)), out, dtype="float32", progress=False).path
+
+
+class StubTensor:
+    """triton_python_backend_utils.Tensor as the cpu model uses it."""
+
+    def __init__(self, name: str, array):
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class StubResponse:
+    def __init__(self, output_tensors: list, error=None):
+        self.output_tensors, self.error = output_tensors, error
+
+    def outputs(self) -> dict:
+        return {t.name(): t.as_numpy() for t in self.output_tensors}
+
+
+class StubError:
+    CANCELLED = "CANCELLED"
+
+    def __init__(self, message: str, code=None):
+        self.message, self.code = message, code
+
+
+def load_cpu_model(monkeypatch):
+    """pipeline/data/model_repo/tensorrt_llm/1/model.py, imported with stand-ins for Triton's Python backend
+    (triton_python_backend_utils: tensors, responses, errors, the decoupled policy)."""
+    import importlib.util
+    import sys
+    import types
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    stub.Tensor, stub.InferenceResponse, stub.TritonError = StubTensor, StubResponse, StubError
+    stub.using_decoupled_model_transaction_policy = lambda config: bool(
+        config.get("model_transaction_policy", {}).get("decoupled"))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    monkeypatch.setattr(sys, "path", list(sys.path))   # the model puts its own directory first
+    path = Path(__file__).parent.parent / "pipeline" / "data" / "model_repo" / "tensorrt_llm" / "1" / "model.py"
+    spec = importlib.util.spec_from_file_location("cpu_tensorrt_llm_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -23,6 +23,7 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.validate import aiperf
 from pipeline.validate.aiperf import SyntheticPrompts, parse_export, run_aiperf
+from conftest import load_cpu_model
 
 DATA = Path(__file__).parent / "data" / "aiperf"
 #: run_level's dict: its keys, and the keys of its percentile entries
@@ -330,23 +331,6 @@ def test_a_cancelled_request_stops_generating(small_served):
     response = requests.post(f"{server.http_url}/v2/models/ensemble/generate",
                              json={"text_input": prompts[0], "max_tokens": 2}, timeout=rest / 4)
     assert response.status_code == 200 and time.perf_counter() - start < rest / 4
-
-
-def load_cpu_model(monkeypatch):
-    """pipeline/data/model_repo/tensorrt_llm/1/model.py, imported with a stand-in for Triton's Python backend."""
-    import importlib.util
-    import sys
-    import types
-
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    monkeypatch.setattr(sys, "path", list(sys.path))   # the model puts its own directory first
-    path = Path(__file__).parent.parent / "pipeline" / "data" / "model_repo" / "tensorrt_llm" / "1" / "model.py"
-    spec = importlib.util.spec_from_file_location("cpu_tensorrt_llm_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_cpu_model_leaves_one_core_to_the_rest_of_the_server(monkeypatch):

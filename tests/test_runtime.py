@@ -187,6 +187,27 @@ def test_on_token_streams_each_token_as_it_is_produced(checkpoint):
     assert [r for r, _ in events] == [0, 1] * 6      # interleaved step by step, not delivered at the end
 
 
+def test_on_end_reports_each_row_as_it_leaves_the_batch(checkpoint):
+    """A row that ends (its end id, its max_new_tokens) is reported in the step it ends, while the others go
+    on: what lets the served model answer a request before the rest of its batch is done."""
+    model = ReferenceModel.load(checkpoint("gqa"))
+    prompts = [random_ids((n,), seed=n).tolist() for n in (9, 5, 7)]
+    free = model.generate([prompts[0]], SamplingConfig(max_new_tokens=24))[0]
+    end = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
+    cut = free.index(end)           # row 0 samples its end id in step `cut` and leaves without outputting it
+    configs = [SamplingConfig(max_new_tokens=24, end_id=end), SamplingConfig(max_new_tokens=3),
+               SamplingConfig(max_new_tokens=cut + 4)]
+    events = []
+    outs = model.generate(prompts, configs, on_token=lambda r, t: events.append(("token", r)),
+                          on_end=lambda r: events.append(("end", r)))
+    assert [len(o) for o in outs] == [cut, 3, cut + 4] and outs[0] == free[:cut]
+    assert sorted(e for e in events if e[0] == "end") == [("end", 0), ("end", 1), ("end", 2)]
+    row2_tokens = [i for i, e in enumerate(events) if e == ("token", 2)]
+    assert events.index(("end", 1)) < row2_tokens[3]          # row 1 left after its 3rd token
+    assert events.index(("end", 0)) < row2_tokens[cut]         # row 0 left in the step it drew its end id
+    assert events[-1] == ("end", 2)
+
+
 def test_sampling_is_seeded_and_respects_top_k(checkpoint):
     model = ReferenceModel.load(checkpoint("gqa"))
     prompt = random_ids((6,), seed=9).tolist()

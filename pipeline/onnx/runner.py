@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..runtime.generate import TokenCallback, check_requests, generate
+from ..runtime.generate import EndCallback, TokenCallback, check_requests, generate
 from ..runtime.sampling import SamplingConfig
 from . import CONFIG_FILE
 
@@ -84,10 +84,10 @@ class OrtDecoder:
         return torch.from_numpy(logits)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
-                 on_token: TokenCallback | None = None) -> list[list[int]]:
+                 on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> list[list[int]]:
         """New tokens of every prompt, as `ReferenceModel.generate` makes them."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate(OrtBatch(self, prompts), configs, on_token)
+        return generate(OrtBatch(self, prompts), configs, on_token, on_end)
 
 
 def session_options(ort, precision: str, threads: int | None):

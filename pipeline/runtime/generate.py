@@ -18,6 +18,9 @@ from .sampling import SamplingConfig, TokenSelector
 
 #: on_token(row, token), called for every output token; returning False ends that row now (its client is gone)
 TokenCallback = Callable[[int, int], "bool | None"]
+#: on_end(row), called once when a row leaves the batch (end id, stop word, max_new_tokens or on_token's False),
+#: while the other rows go on: a server answers that request now instead of after the whole batch
+EndCallback = Callable[[int], None]
 
 
 class Decoder(Protocol):
@@ -47,15 +50,23 @@ def check_requests(prompts: Sequence[Sequence[int]], sampling: SamplingConfig | 
     return configs
 
 
-def generate(decoder: Decoder, configs: list[SamplingConfig], on_token: TokenCallback | None) -> list[list[int]]:
+def generate(decoder: Decoder, configs: list[SamplingConfig], on_token: TokenCallback | None,
+             on_end: EndCallback | None = None) -> list[list[int]]:
     """New tokens of every row. Rows share batched decode steps; a finished row leaves the batch."""
     selectors = [TokenSelector(c) for c in configs]
     outputs: list[list[int]] = [[] for _ in configs]
+    end = on_end or (lambda _row: None)
     active = [r for r, c in enumerate(configs) if c.max_new_tokens]
+    for r in sorted(set(range(len(configs))) - set(active)):
+        end(r)
     logits = decoder.prefill(active) if active else None
     while active:
-        fed = [r for i, r in enumerate(active)
-               if accept(r, selectors[r](logits[i], len(outputs[r])), configs[r], outputs[r], on_token)]
+        fed = []
+        for i, r in enumerate(active):
+            if accept(r, selectors[r](logits[i], len(outputs[r])), configs[r], outputs[r], on_token):
+                fed.append(r)
+            else:
+                end(r)
         active = fed
         if active:
             logits = decoder.decode(active, [outputs[r][-1] for r in active])

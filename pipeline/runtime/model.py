@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..checkpoint import CheckpointConfig
 from .checkpoint import Layer, Linear, ModelWeights, load_checkpoint
 from .rope import RotaryTable
-from .generate import TokenCallback, check_requests, generate
+from .generate import EndCallback, TokenCallback, check_requests, generate
 from .sampling import SamplingConfig
 
 Observer = Callable[[str, torch.Tensor], None]
@@ -134,10 +134,10 @@ class ReferenceModel:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
-                 on_token: TokenCallback | None = None) -> list[list[int]]:
+                 on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> list[list[int]]:
         """New tokens of every prompt. Requests share batched decode steps but never each other's cache rows."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate(CacheDecoder(self, prompts, configs), configs, on_token) if prompts else []
+        return generate(CacheDecoder(self, prompts, configs), configs, on_token, on_end) if prompts else []
 
 
 class CacheDecoder:

@@ -8,7 +8,8 @@ onnxruntime is then needed too); the generation loop and sampling are the same (
 Every request Triton's dynamic batcher hands to one `execute` call is generated
 together (the rows of all requests share batched decode steps). In decoupled mode a streaming request
 gets one response per new token, the last one flagged final; otherwise one response holds the prompt
-and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does.
+and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does. In
+decoupled mode a request is answered as soon as its own rows are done, while the rest of the batch goes on.
 min_tokens is honoured as TensorRT-LLM does it (the end id is masked until the output is that long).
 Features the reference runtime cannot honour (beam search, penalties, bad words, embedding bias, log
 probs, logits) are refused per request with a clear error instead of being ignored, and so are sampling
@@ -106,6 +107,7 @@ class Job:
         self.response = None        # non-decoupled mode: the one response
         self.finished = False
         self.rows: list = []
+        self.rows_running = 0
 
     def parse(self, request, model: "TritonPythonModel") -> None:
         """Read the request's rows; RequestError for anything this model refuses."""
@@ -148,7 +150,7 @@ class Job:
                 stop_words=stop_sequences(stops[r]) if stops is not None else [],
                 min_tokens=int(scalar("min_tokens", r, 0)))
             self.rows.append(Row(self, r, prompt, sampling))
-        self.unfinished_rows = self.batch
+        self.rows_running = self.batch
 
     # ------------------------------------------------------------------ answering
 
@@ -161,15 +163,20 @@ class Job:
         row.tokens.append(token)
         if not self.stream:
             return True
-        last = row.is_done()
-        if last:
-            self.unfinished_rows -= 1
-        self.send(self.tensors([row], [[token]]), final=last and self.unfinished_rows == 0)
+        # final when this token ends the job's last running row (on_row_end follows, with nothing left to send)
+        self.send(self.tensors([row], [[token]]), final=row.is_done() and self.rows_running == 1)
         return True
 
+    def on_row_end(self) -> None:
+        """One of the job's rows left the batch: once all have, the job is answered now, while the other
+        requests of the batch go on generating (in decoupled mode its client has the answer at once)."""
+        self.rows_running -= 1
+        if self.rows_running == 0:
+            self.finish()
+
     def finish(self) -> None:
-        """After generation: the whole answer (non-streaming), or the final flag a stream still owes (its last
-        row ended at end_id, which is not output); nothing for a job already answered (cancelled)."""
+        """When its rows are done: the whole answer (non-streaming), or the final flag a stream still owes (its
+        last row ended at end_id, which is not output); nothing for a job already answered (cancelled)."""
         if self.finished:
             return
         if self.stream:
@@ -252,9 +259,8 @@ class TritonPythonModel:
         rows = [row for job in live for row in job.rows]
         try:
             self.model.generate([row.prompt for row in rows], [row.sampling for row in rows],
-                                on_token=lambda i, token: rows[i].job.on_token(rows[i], token))
-            for job in live:
-                job.finish()
+                                on_token=lambda i, token: rows[i].job.on_token(rows[i], token),
+                                on_end=lambda i: rows[i].job.on_row_end())
         except Exception as exc:  # the runtime failed for the whole batch: every request gets the reason
             for job in live:
                 job.fail(f"generation failed: {type(exc).__name__}: {exc}")

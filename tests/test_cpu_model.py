@@ -1,0 +1,69 @@
+"""The cpu target's tensorrt_llm model (pipeline/data/model_repo/tensorrt_llm/1/model.py) answering a batch,
+imported with stand-ins for Triton's Python backend (conftest.load_cpu_model) and run on a tiny checkpoint.
+
+The requests of one `execute` call share decode steps; in decoupled mode each is answered as soon as its own
+rows are done (its end id, its max_tokens), while the others go on generating."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from conftest import StubTensor, load_cpu_model
+from pipeline.runtime import ReferenceModel, SamplingConfig
+
+FINAL = 1
+
+
+class Request:
+    """A Triton request of one row: its input tensors, and a sender that writes every response into `log`."""
+
+    def __init__(self, name: str, log: list, prompt: list, max_tokens: int, **scalars):
+        self.name, self.log = name, log
+        tensors = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+                   "request_output_len": np.array([[max_tokens]], np.int32)}
+        tensors.update({key: np.array([[value]]) for key, value in scalars.items()})
+        self.tensors = [StubTensor(key, value) for key, value in tensors.items()]
+
+    def inputs(self):
+        return self.tensors
+
+    def get_response_sender(self):
+        return self
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def send(self, response, flags=0):
+        assert response.error is None, response.error.message
+        out = response.outputs()
+        self.log.append((self.name, out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist(), flags == FINAL))
+
+
+def test_each_request_is_answered_when_its_own_rows_are_done(checkpoint, monkeypatch):
+    module = load_cpu_model(monkeypatch)
+    ckpt = checkpoint("gqa")
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({"model_transaction_policy": {"decoupled": True},
+                                                  "parameters": {"checkpoint_dir": {"string_value": str(ckpt)}}})})
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
+    free = ReferenceModel.load(ckpt).generate([prompt], SamplingConfig(max_new_tokens=24))[0]
+    end = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
+    cut = free.index(end)            # request a draws its end id in step `cut`
+    log = []
+    requests = [Request("a", log, prompt, 24, end_id=end, streaming=True),
+                Request("b", log, [7, 1, 8], cut + 4, streaming=True),
+                Request("c", log, [2, 7, 18], 3)]              # not streamed: one response, prompt + 3 tokens
+    assert model.execute(requests) is None                     # decoupled: everything went through the senders
+
+    def responses(name):
+        return [(i, ids, final) for i, (n, ids, final) in enumerate(log) if n == name]
+
+    a, b, c = responses("a"), responses("b"), responses("c")
+    assert [ids for _, ids, _ in a] == [[t] for t in free[:cut]] + [[]] and [f for *_, f in a][-1]
+    assert len(b) == cut + 4 and [f for *_, f in b] == [False] * (cut + 3) + [True]
+    assert len(c) == 1 and c[0][2] and c[0][1][:3] == [2, 7, 18] and len(c[0][1]) == 6
+    assert a[-1][0] < b[cut][0]       # a's final answer came in the step it ended, before b's next token
+    assert c[0][0] < b[3][0]          # c's whole answer right after its 3rd token, not after b's last
+    assert log[-1][0] == "b"
