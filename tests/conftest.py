@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,18 @@ def load_cpu_model(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A stand-in HTTP server's handler: JSON replies, no request log."""
+
+    def reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
 
 import pipeline.validate
+from conftest import JsonHandler
 from pipeline.cli import main
 from pipeline.validate import ValidateOptions
 from pipeline.validate.openai import validate_openai
@@ -43,19 +44,8 @@ class ReverseReference:
         return text.split()
 
 
-class Fixture(BaseHTTPRequestHandler):
+class Fixture(JsonHandler):
     faults: set[str] = set()  # "no_done", "lax_top_p"
-
-    def log_message(self, *args):
-        pass
-
-    def reply(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):
         if self.path == "/health":

@@ -6,14 +6,14 @@ import hashlib
 import json
 import shutil
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 from click.testing import CliRunner
 
-from conftest import make_tiny_model, save_word_tokenizer
+from conftest import JsonHandler, make_tiny_model, save_word_tokenizer
 from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.convert import convert_model
@@ -206,7 +206,7 @@ def test_a_failed_copy_leaves_the_repository_as_it_was(world, repo, monkeypatch)
     assert snapshot(repo) == before
 
 
-class RefusingTriton(BaseHTTPRequestHandler):
+class RefusingTriton(JsonHandler):
     """A server without model control: tensorrt_llm's config as `config`, load answered as tritonserver 2.51
     started with --model-control-mode=none answers it."""
 
@@ -217,17 +217,6 @@ class RefusingTriton(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.reply(503, {"error": "explicit model load / unload is not allowed if polling is enabled"})
-
-    def reply(self, status: int, body: dict):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 def test_a_server_without_model_control_is_refused_before_anything_is_written(world, repo):
