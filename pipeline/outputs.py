@@ -127,6 +127,15 @@ def check_output_free(out: Path, force: bool) -> None:
                         "choose another -o or pass --force to replace it")
 
 
+def link_or_copy(source: str | Path, dest: str | Path) -> None:
+    """Hard-link SOURCE at DEST where the file system allows (weights and checkpoints are big), else copy it
+    (shutil.copytree's copy_function signature)."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
 @contextmanager
 def atomic_output_dir(out: Path) -> Iterator[Path]:
     """Yield a temporary sibling of `out`; on success it replaces `out`, on any failure it is removed."""

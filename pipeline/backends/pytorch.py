@@ -35,6 +35,7 @@ import yaml
 
 from .. import TRTLLM_VERSION
 from ..errors import UserError
+from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
 from ..plan.schema import Plan
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
@@ -323,10 +324,7 @@ def copy_served_model(checkpoint: Path, dest: Path) -> None:
     """`served_files` of `checkpoint` into `dest`; hard links where the file system allows (weights are big)."""
     dest.mkdir(parents=True)
     for f in served_files(checkpoint):
-        try:
-            (dest / f.name).hardlink_to(f)
-        except OSError:
-            shutil.copyfile(f, dest / f.name)
+        link_or_copy(f, dest / f.name)
 
 
 def trtllm_serve_command(model: str) -> list[str]:

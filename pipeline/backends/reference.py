@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
+from ..outputs import link_or_copy
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
     format_gib,
@@ -215,10 +216,7 @@ def copy_checkpoint(checkpoint: Path, dest: Path) -> None:
     """config.json and the rank files; hard links when the file system allows (checkpoints are big)."""
     dest.mkdir(parents=True)
     for f in [checkpoint / "config.json", *sorted(checkpoint.glob("rank*.safetensors"))]:
-        try:
-            (dest / f.name).hardlink_to(f)
-        except OSError:
-            shutil.copyfile(f, dest / f.name)
+        link_or_copy(f, dest / f.name)
 
 
 def runtime_closure(roots: tuple[Path, ...] = ()) -> list[Path]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..deploy import recorded_path
 from ..errors import UserError
-from ..outputs import MANIFEST, describe_outputs
+from ..outputs import MANIFEST, describe_outputs, link_or_copy
 from ..tritonconfig import to_pbtxt
 from .compat import refuse_unless_compatible
 from .live import LiveSwitch, apply_on_server
@@ -129,13 +129,6 @@ def stage_copy(version_dir: Path, repo: Repository, version: int) -> Path:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return staged
-
-
-def link_or_copy(source: str, dest: str) -> None:
-    try:
-        os.link(source, dest)
-    except OSError:
-        shutil.copy2(source, dest)
 
 
 # ----------------------------------------------------------------------------------------------- serve
