@@ -1,7 +1,8 @@
 """`trtpipe tune` on the cpu-target SmolLM2 deployment: the tuned configuration's output tokens/s at the SLO
 against the plan's own configuration under the same load, side by side in one run.
 
-1. The SmolLM2 float32 checkpoint, its cpu plan and the plan's repository form a build directory (--workdir).
+1. `trtpipe build smollm2-135m --target cpu --precision fp8` (the README's main job) writes the build directory
+   (--workdir/build; a build already there is reused, as build itself re-runs nothing that is up to date).
 2. `trtpipe tune` runs a fixed budget of trials (--trials) against --slo with the concurrency sweep.
 3. The plan's repository and the tuned one (tune/result/model_repo) are served by two embedded Triton servers
    at once and loaded in alternating rounds with the same sweep (validate's load generator), so other load on
@@ -11,6 +12,7 @@ Goal: >= 1.3x, or a statement, backed by the trial table, that the plan's config
 Pareto front (throughput against P99 TTFT over every measured level).
 
     .venv/bin/python benchmarks/bench_tune.py [--trials 6] [--slo "ttft_p99<=1s,itl_p99<=300ms"] [--rounds 2]
+                                              [--precision fp8] [--samples N]
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ import subprocess
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_batching import merge_rounds, smollm2_checkpoint
+from bench_batching import merge_rounds
 
-from pipeline.deploy import deploy_repository
-from pipeline.plan import make_plan, resolve_model_info, save_plan
+from pipeline.build import BuildOptions, build as run_build
 from pipeline.server import embedded_server
-from pipeline.targets import get_target
 from pipeline.tune import parse_slo, tune, tune_options
 from pipeline.tune.slo import Slo, best_level
 from pipeline.validate import EnsembleClient, run_level
@@ -38,7 +38,8 @@ VARIANTS = {"default": "plan's configuration", "tuned": "tuned"}
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument("--precision", default="fp8", help="the build's --precision (cpu target)")
+    parser.add_argument("--samples", type=int, default=None, help="the build's calibration samples")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-tune"))
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--slo", default="ttft_p99<=1s,itl_p99<=300ms")
@@ -53,16 +54,16 @@ def arguments() -> argparse.Namespace:
 
 
 def prepare_build(args: argparse.Namespace) -> Path:
-    """workdir as a build directory: checkpoint/, plan.json, model_repo/ (the plan's configuration)."""
-    checkpoint = args.checkpoint or smollm2_checkpoint(args.workdir)
-    if args.checkpoint and not (args.workdir / "checkpoint").exists():
-        (args.workdir / "checkpoint").symlink_to(args.checkpoint.resolve())
-    plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32")
-    save_plan(plan, args.workdir / "plan.json")
-    deploy_repository(plan, args.workdir / "model_repo", checkpoint=checkpoint, force=True)
+    """`trtpipe build smollm2-135m --target cpu --precision P -o WORKDIR/build`: what a user tunes."""
+    out = args.workdir / "build"
+    summary = run_build(BuildOptions(model="smollm2-135m", target="cpu", precision=args.precision, out=out,
+                                     calibration_samples=args.samples, progress=False),
+                        say=lambda message: print(message, flush=True))
+    if summary.passed is False:
+        raise SystemExit(f"the build did not validate: {summary.verdict}")
     if not args.resume:
-        shutil.rmtree(args.workdir / "tune", ignore_errors=True)
-    return args.workdir
+        shutil.rmtree(out / "tune", ignore_errors=True)
+    return out
 
 
 def measure_side_by_side(repos: dict[str, Path], concurrencies: tuple[int, ...], rounds: int, load) -> dict:
@@ -130,7 +131,9 @@ def main() -> None:
               f"{'ON' if on_front else 'NOT on'} the Pareto front of the trial table "
               f"({build / 'tune' / 'result' / 'trials.csv'}; plot tradeoff.png)")
     print(f"load after: {load_average()}")
-    (args.workdir / "bench_tune.json").write_text(json.dumps({"slo": slo.text(), "ratio": ratio, "figures": figures,
+    (args.workdir / "bench_tune.json").write_text(json.dumps({"slo": slo.text(), "ratio": ratio,
+                                                             "build": str(build), "precision": args.precision,
+                                                             "figures": figures,
                                                              "side_by_side": results, "study": summary}, indent=2,
                                                             default=str))
     print(f"raw numbers: {args.workdir / 'bench_tune.json'}")

@@ -257,7 +257,8 @@ def run_calibration(checkpoint: Path, out: Path, options: BuildOptions, hf_expor
     kv = options.kv_cache if options.kv_cache in ("fp8", "int8") else None
     return calibrate_checkpoint(checkpoint, out, CalibrateOptions(precision=options.precision, recipe=recipe,
                                                                   kv_cache=kv, eval_samples=BUILD_EVAL_SAMPLES,
-                                                                  device=options.device, hf_export=hf_export,
+                                                                  device=options.device,
+                                                                  format="both" if hf_export else "trtllm",
                                                                   force=True, progress=options.progress))
 
 

@@ -15,3 +15,5 @@ DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "fp8": "F
 CHECKPOINT_DTYPES = ("float16", "bfloat16", "float32")
 #: the largest finite FP8 E4M3 value (float8_e4m3fn), which FP8 scales map amax to
 E4M3_MAX = 448.0
+#: what `calibrate --format` writes: the TensorRT-LLM checkpoint, both (+ OUT/hf), or the Hugging Face FP8 one alone
+CALIBRATION_FORMATS = ("trtllm", "both", "hf")

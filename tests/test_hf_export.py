@@ -109,3 +109,39 @@ def test_formats_the_hf_layout_cannot_hold_are_refused(tiny_llama, tmp_path):
                                        "-o", str(tmp_path / "sq")])
     assert result.exit_code == 2 and "needs --precision fp8" in result.output
     assert not (tmp_path / "sq").exists()
+
+
+def test_format_hf_writes_the_hugging_face_checkpoint_alone(tiny_llama, tmp_path):
+    """`--format hf`: OUT is the Hugging Face FP8 checkpoint `--format both` puts in OUT/hf (same tensors, same
+    configs), with no TensorRT-LLM copy beside it; its report's perplexity is that checkpoint's."""
+    ckpt, both = calibrated(tiny_llama("gqa"), tmp_path / "both", "--kv-cache", "fp8")
+    result = CliRunner().invoke(main, ["calibrate", str(ckpt), "--precision", "fp8", "--kv-cache", "fp8",
+                                       "--samples", "4", "--seq-len", "32", "--eval-samples", "2", "--format", "hf",
+                                       "--quiet", "--json", "-o", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    hf = tmp_path / "hf"
+    assert not list(hf.rglob("rank*.safetensors")) and not (hf / "hf").exists()
+    assert not any(p.name.startswith(".trtllm") for p in hf.iterdir())
+    ours, theirs = load_file(str(hf / "model.safetensors")), load_file(str(both / "hf" / "model.safetensors"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    for name in ("config.json", "hf_quant_config.json"):
+        mine, other = json.loads((hf / name).read_text()), json.loads((both / "hf" / name).read_text())
+        assert mine == other, name
+    assert (hf / "tokenizer.json").is_file()
+    report = json.loads(result.output)
+    assert report["quantization"]["quant_algo"] == "FP8" and report["quantization"]["kv_cache_quant_algo"] == "FP8"
+    from pipeline.calibrate.data import load_tokenizer
+    from pipeline.calibrate.stage import EVAL_WINDOW, heldout_sequences
+    from pipeline.runtime import LayerStream, perplexity
+
+    heldout = heldout_sequences(load_tokenizer(ckpt), 2)
+    scored = perplexity(LayerStream(hf, "cpu"), heldout, window=EVAL_WINDOW, progress=False)
+    assert scored.perplexity == pytest.approx(report["perplexity"]["quantized"], rel=1e-12)
+    trtllm = perplexity(LayerStream(both, "cpu"), heldout, window=EVAL_WINDOW, progress=False)
+    assert scored.perplexity != trtllm.perplexity   # the HF checkpoint's own figure, not the engine copy's
+    # up to date: a second run writes nothing and says so
+    again = CliRunner().invoke(main, ["calibrate", str(ckpt), "--precision", "fp8", "--kv-cache", "fp8",
+                                      "--samples", "4", "--seq-len", "32", "--eval-samples", "2", "--format", "hf",
+                                      "--quiet", "--json", "-o", str(hf)])
+    assert again.exit_code == 0 and json.loads(again.output)["skipped"] is True
+    assert json.loads(again.output)["quantization"]["quant_algo"] == "FP8"

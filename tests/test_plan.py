@@ -614,3 +614,41 @@ def test_cli_plan_of_a_hugging_face_directory(tiny_llama):
     assert data["model"]["source"] == "hf-dir" and data["dtype"] == "float16"   # float32 model, fp8 engine
     assert data["kv_bytes_per_token"] == 2 * 4 * 4 * 12 * 1                   # 4 layers, 4 KV heads of 12, fp8
     assert data["build_config"]["max_seq_len"] == 256
+
+
+def every_plan():
+    """Every plan the planner makes for SmolLM2 (cpu backends) and Llama-3-8B (rtx4090 backends) at every precision
+    and --kv-cache choice it accepts."""
+    from pipeline.plan import KV_CACHE_CHOICES, PRECISIONS
+
+    cases = [("smollm2-135m", "cpu", b) for b in ("reference", "reference-onnx")]
+    cases += [("llama-3-8b", "rtx4090", b) for b in ("engine", "pytorch")]
+    for model, target, backend in cases:
+        for precision in PRECISIONS:
+            for kv in KV_CACHE_CHOICES:
+                try:
+                    plan = make_plan(resolve_model_info(model), get_target(target), precision, kv, backend=backend)
+                except UserError:
+                    continue
+                yield pytest.param(plan, id=f"{backend}-{precision}-kv-{kv}")
+
+
+@pytest.mark.parametrize("plan", list(every_plan()))
+def test_every_plan_json_plans_itself_again(plan, tmp_path):
+    """tune, density and every other re-planner read plan.json and ask the planner again (policy.replan): the answer
+    must be the same plan, whatever the backend computes in (the cpu target records float32 for fp8/fp16)."""
+    from pipeline.plan.policy import replan
+
+    save_plan(plan, tmp_path / "plan.json")
+    again = replan(load_plan(tmp_path / "plan.json"))
+    assert again.to_dict() == plan.to_dict()
+
+
+def test_a_cpu_fp8_plan_records_float32_and_still_replans_as_fp8():
+    from pipeline.plan.policy import kv_cache_request, replan
+
+    plan = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp16")
+    assert (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
+    assert kv_cache_request(plan) == "fp16"
+    smaller = replan(plan, target=dataclasses.replace(plan.target, memory_bytes=plan.target.memory_bytes // 2))
+    assert smaller.precision == "fp16" and smaller.memory.memory_bytes == plan.target.memory_bytes // 2

@@ -59,10 +59,37 @@ def test_plan_json_carries_both_and_the_cli_prints_a_launch_line():
 
 def test_plans_the_servers_cannot_express_are_refused():
     cpu = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
-    assert cpu.to_dict()["equivalents"] == {}
-    with pytest.raises(UserError, match="from a GPU engine plan"):
+    for server, stated in cpu.to_dict()["equivalents"].items():
+        assert stated["settings"] == [] and stated["notes"][0].startswith("no equivalent: the cpu target")
+    with pytest.raises(UserError, match="from a GPU plan"):
         server_settings(cpu, "vllm")
     pp = make_plan(resolve_model_info("llama-3-8b"), get_target("h100"), "fp16", pp=2)
     with pytest.raises(UserError, match="tensor parallelism only"):
         server_settings(pp, "tgi")
     assert "--pipeline-parallel-size" in flags(server_settings(pp, "vllm"))
+    # plan.json says why TGI has none for this plan, instead of leaving it out
+    assert "tensor parallelism only" in pp.to_dict()["equivalents"]["tgi"]["notes"][0]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_a_pytorch_backend_plan_has_equivalents_from_its_llm_api_settings(precision):
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), precision, backend="pytorch")
+    options = plan.llm_api["options"]
+    vllm, tgi = (flags(server_settings(plan, s)) for s in ("vllm", "tgi"))
+    assert vllm["--max-num-seqs"] == str(options["max_batch_size"])
+    assert vllm["--max-num-batched-tokens"] == str(max(options["max_num_tokens"], options["max_batch_size"]))
+    assert vllm["--max-model-len"] == tgi["--max-total-tokens"] == str(options["max_seq_len"])
+    assert tgi["--max-input-tokens"] == str(options["max_seq_len"] - 1)
+    assert tgi["--max-batch-total-tokens"] == str(options["kv_cache_config"]["max_tokens"])
+    m = plan.memory
+    share = (m.weights_bytes_per_rank + m.activation_bytes + m.kv_cache_bytes) / m.memory_bytes
+    assert vllm["--gpu-memory-utilization"] == f"{share:.3f}"
+    # the same budget as the engine plan of the same request
+    engine = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), precision)
+    assert vllm == flags(server_settings(engine, "vllm"))
+    data = json.loads(CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision",
+                                                precision, "--backend", "pytorch", "--json"]).output)
+    assert set(data["equivalents"]) == {"vllm", "tgi"}
+    assert all(s["arithmetic"] for e in data["equivalents"].values() for s in e["settings"])
+    assert ("calibrated Hugging Face checkpoint" in " ".join(data["equivalents"]["vllm"]["notes"])) == (
+        precision == "fp8")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import UserError
-from ..precisions import QUANT_ALGO
+from ..precisions import CALIBRATION_FORMATS, QUANT_ALGO
 from ..outputs import fingerprint_inputs, stage_output
 from .amax import DEFAULT_PERCENTILE, METHODS
 from ..checkpoint import is_excluded
@@ -40,6 +40,8 @@ EVAL_WINDOW = 512
 REPORT_DIR = "calibration"
 #: where --format both puts the Hugging Face FP8 checkpoint inside the calibrated checkpoint's directory
 HF_DIR = "hf"
+#: with --format hf, where the TensorRT-LLM checkpoint the export is made from lives until the export is written
+TRTLLM_SCRATCH = ".trtllm-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,14 @@ class CalibrateOptions:
     damp: float = DEFAULT_DAMP
     eval_samples: int = 40
     device: str = "auto"
-    hf_export: bool = False       # also write the Hugging Face FP8 checkpoint (modelopt's layout) to OUT/hf
+    format: str = "trtllm"        # FORMATS: both adds OUT/hf, hf writes the Hugging Face FP8 checkpoint alone to OUT
     force: bool = False
     progress: bool = True
+
+    @property
+    def hf_export(self) -> bool:
+        """A Hugging Face FP8 checkpoint (modelopt's layout) is written: OUT/hf (both) or OUT itself (hf)."""
+        return self.format in ("both", "hf")
 
     @property
     def chosen_method(self) -> str:
@@ -68,7 +75,7 @@ class CalibrateOptions:
                 "alpha": self.alpha if self.precision == "int8-sq" else None, "percentile": self.percentile,
                 "exclude": list(self.exclude), "weight_rounding": self.weight_rounding,
                 "damp": self.damp if self.weight_rounding == "gptq" else None, "eval_samples": self.eval_samples,
-                "recipe": self.recipe.to_dict(), "hf_export": self.hf_export}
+                "recipe": self.recipe.to_dict(), "format": self.format}
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     with stage_output(out, STAGE, inputs, options.params(), force=options.force,
                       extra={"source_checkpoint": str(checkpoint.resolve())}) as output:
         if output.up_to_date:
-            config = json.loads((out / "config.json").read_text())
+            config = written_config(out)
             return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)
 
         from ..runtime import LayerStream, perplexity, resolve_device
@@ -136,15 +143,21 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
                                desc="perplexity (float)") if heldout else None
 
         tmp = output.dir
+        # --format hf: the TensorRT-LLM checkpoint is only the export's source, written beside it and removed
+        trtllm = tmp / TRTLLM_SCRATCH if options.format == "hf" else tmp
+        trtllm.mkdir(exist_ok=True)
         writer = QuantizedCheckpointWriter(ckpt, options.precision, options.kv_cache, options.exclude,
-                                           options.alpha if options.precision == "int8-sq" else None, tmp)
+                                           options.alpha if options.precision == "int8-sq" else None, trtllm)
         calibrator = LayerCalibrator(ckpt, options, writer, quantized_modules(ckpt, options.exclude))
         stream.run_layers(samples, passes=calibrator.passes, after_layer=calibrator.finish,
                           desc="calibration" if options.progress else None)
         config = calibrator.close()
-        shutil.copytree(checkpoint / "tokenizer", tmp / "tokenizer")
-        if options.hf_export:
+        shutil.copytree(checkpoint / "tokenizer", trtllm / "tokenizer")
+        if options.format == "both":
             write_hf_checkpoint(checkpoint, tmp, tmp / HF_DIR)
+        elif options.format == "hf":
+            write_hf_checkpoint(checkpoint, trtllm, tmp)
+            shutil.rmtree(trtllm)
         ppl = None
         if float_ppl is not None:
             quant_ppl = perplexity(LayerStream(tmp, device), heldout, window=EVAL_WINDOW,
@@ -183,9 +196,22 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
             raise UserError(f"--kv-cache {options.kv_cache} needs a quantized attention path, but --exclude "
                             f"leaves {len(plain)} attention layer(s) unquantized (e.g. {plain[0]}); "
                             "drop --kv-cache or the exclusion")
+    if options.format not in CALIBRATION_FORMATS:
+        raise UserError(f"--format must be one of {', '.join(CALIBRATION_FORMATS)} (got {options.format!r})")
     if options.hf_export and (options.precision != "fp8" or options.kv_cache not in (None, "fp8")):
-        raise UserError(f"--format both writes the Hugging Face FP8 layout (modelopt's): it needs --precision fp8 "
+        raise UserError(f"--format {options.format} writes the Hugging Face FP8 layout (modelopt's): it needs "
+                        "--precision fp8 "
                         f"and an fp8 or no --kv-cache (got {options.precision}, KV {options.kv_cache or 'none'})")
+
+
+def written_config(out: Path) -> dict:
+    """The calibrated checkpoint's config as `calibrate` returns it: the TensorRT-LLM config.json, or for a
+    Hugging Face checkpoint (--format hf) its config with the quantization of hf_quant_config.json."""
+    config = json.loads((out / "config.json").read_text())
+    hf_quant = out / "hf_quant_config.json"
+    if hf_quant.is_file():
+        config["quantization"] = json.loads(hf_quant.read_text()).get("quantization")
+    return config
 
 
 def _dataset_inputs(recipe: CalibrationRecipe) -> list[Path]:

@@ -12,7 +12,7 @@ import click
 from ..backends import BACKENDS as BACKEND_NAMES
 from ..backends.reference import RUNTIMES
 from ..errors import UserError
-from ..precisions import PRECISIONS
+from ..precisions import CALIBRATION_FORMATS, PRECISIONS
 from .base import DEFAULT_IMAGE, device_option, main
 
 
@@ -175,9 +175,10 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--eval-samples", type=int, default=40, show_default=True,
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
 @device_option("the model runs")
-@click.option("--format", "formats", type=click.Choice(["trtllm", "both"]), default="trtllm", show_default=True,
+@click.option("--format", "formats", type=click.Choice(CALIBRATION_FORMATS), default="trtllm", show_default=True,
               help="both: also write OUT/hf, the same calibration as a Hugging Face FP8 checkpoint in modelopt's "
-                   "layout (the PyTorch backend, vLLM and SGLang load it).")
+                   "layout (the PyTorch backend, vLLM and SGLang load it); hf: that Hugging Face checkpoint alone, "
+                   "as OUT (no TensorRT-LLM checkpoint; its perplexity is the Hugging Face checkpoint's).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -191,6 +192,7 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
       trtpipe calibrate out/ckpt -o out/ckpt-sq --precision int8-sq --alpha 0.8 --samples 64 --seq-len 256
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8 --format both   # + out/ckpt-fp8/hf
+      trtpipe calibrate out/ckpt -o out/hf-fp8 --precision fp8 --kv-cache fp8 --format hf        # for vLLM only
     """
     from ..calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 
@@ -198,7 +200,7 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
     defaulted = {"alpha": alpha, "weight_rounding": weight_rounding, "damp": damp}   # None: CalibrateOptions'
     options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
                                percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
-                               device=device, hf_export=formats == "both", force=force,
+                               device=device, format=formats, force=force,
                                progress=not quiet and not as_json,
                                **{k: v for k, v in defaulted.items() if v is not None})
     result = calibrate_checkpoint(checkpoint, out, options)
@@ -221,8 +223,8 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
 
     \b
     CHECKPOINT is a TensorRT-LLM checkpoint directory or a Hugging Face FP8 checkpoint (modelopt's layout,
-    `calibrate --format both` writes one to OUT/hf); a float Hugging Face directory, preset, GGUF file or
-    hub id is evaluated with transformers instead, to compare a model before and after conversion.
+    `calibrate --format both` writes one to OUT/hf, `--format hf` to OUT); a float Hugging Face directory,
+    preset, GGUF file or hub id is evaluated with transformers instead, to compare a model before and after conversion.
     Examples:
       trtpipe eval out/ckpt
       trtpipe eval smollm2-135m --json

@@ -83,6 +83,28 @@ def resolve_kv_cache_dtype(kv_cache: str, precision: str, dtype: str,
     return kv_cache
 
 
+def kv_cache_request(plan: Plan) -> str:
+    """The --kv-cache value that plans `plan`'s KV cache again: one rule for every command that re-plans from a
+    plan.json (tune, density, versions).
+
+    A quantized cache is named by its algorithm. An unquantized one is requested by the engine dtype of the plan's
+    precision (`engine_dtype`), which is not always `plan.dtype`: that is the dtype the backend computes in, and the
+    reference runtime (the cpu target) computes and stores every unquantized cache in float32 whatever the
+    precision (an fp8 or fp16 cpu plan records dtype and kv_cache_dtype float32).
+    """
+    if plan.kv_cache_dtype in KV_CACHE_QUANT_ALGO:
+        return plan.kv_cache_dtype
+    dtype = engine_dtype(plan.precision, plan.model.arch)
+    return next(name for name, value in FLOAT_DTYPES.items() if value == dtype)
+
+
+def replan(plan: Plan, overrides: Overrides | None = None, target: Target | None = None) -> Plan:
+    """`make_plan` for the request that made `plan` (its model, precision, KV cache, tp/pp, workload, backend), with
+    other `overrides` or another `target` (an instance's share of it); UserError as make_plan."""
+    return make_plan(plan.model, target or plan.target, plan.precision, kv_cache_request(plan), plan.tp_size,
+                     plan.workload, overrides, plan.pp_size, backend=plan.backend)
+
+
 def check_checkpoint_agrees(model: ModelInfo, precision: str, kv_cache_dtype: str, dtype: str,
                             tp: int, check_dtype: bool = True) -> None:
     """A checkpoint fixes its precision, KV quantization, dtype and tp: the request must match."""

@@ -47,25 +47,59 @@ class ServerSettings:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What the servers' flags are derived from, read from whichever settings the plan's backend has: the engine's
+    BuildConfig, or the LLM API options of a PyTorch-backend plan (the same budget, no engine)."""
+
+    max_batch_size: int
+    max_num_tokens: int
+    max_input_len: int
+    source: str                # where the batch and token figures come from, for the arithmetic notes
+    input_note: str            # how max_input_len was found
+
+
+def serving_budget(plan: Plan) -> Budget | None:
+    """The plan's batch/token budget, or None for a plan no GPU server can express (the cpu target's)."""
+    if plan.build_config is not None:
+        build = plan.build_config
+        return Budget(build.max_batch_size, build.max_num_tokens, build.max_input_len, "BuildConfig", "max_input_len")
+    options = (plan.llm_api or {}).get("options")
+    if plan.target.is_gpu and options:
+        # The LLM API bounds a prompt only by max_seq_len: at least one token must be left to generate.
+        return Budget(options["max_batch_size"], options["max_num_tokens"], options["max_seq_len"] - 1,
+                      "the LLM API options", "max_seq_len - 1 (the LLM API has no separate input limit here)")
+    return None
+
+
 def server_settings(plan: Plan, server: str) -> ServerSettings:
-    """`server`'s settings for an engine plan (UserError for a server or plan they cannot express)."""
+    """`server`'s settings for a GPU plan (UserError for a server or plan they cannot express)."""
     if server not in SERVERS:
         raise UserError(f"unknown server {server!r}; choose one of {', '.join(SERVERS)}")
-    if plan.backend != "engine" or plan.build_config is None:
-        raise UserError(f"{server} settings come from a GPU engine plan; this plan is for the {plan.backend} "
-                        f"backend on {plan.target.name}")
-    return (_vllm if server == "vllm" else _tgi)(plan)
+    budget = serving_budget(plan)
+    if budget is None:
+        raise UserError(f"{server} settings come from a GPU plan (an engine or the PyTorch backend); this plan is "
+                        f"for the {plan.backend} backend on {plan.target.name}")
+    return (_vllm if server == "vllm" else _tgi)(plan, budget)
 
 
 def equivalents(plan: Plan) -> dict[str, dict]:
-    """Every server's settings for plan.json (empty for a plan they cannot express)."""
-    if plan.backend != "engine" or plan.build_config is None:
-        return {}
-    return {server: server_settings(plan, server).to_dict() for server in SERVERS}
+    """Every server's settings for plan.json; for a plan they cannot express, why not (under each server)."""
+    if serving_budget(plan) is None:
+        return {server: {"server": server, "settings": [], "notes": [
+            f"no equivalent: the {plan.target.name} target's {plan.backend} backend runs trtpipe's reference runtime "
+            f"on the host; {server} settings are planned for GPU targets"]} for server in SERVERS}
+    result = {}
+    for server in SERVERS:
+        try:
+            result[server] = server_settings(plan, server).to_dict()
+        except UserError as exc:
+            result[server] = {"server": server, "settings": [], "notes": [f"no equivalent: {exc}"]}
+    return result
 
 
-def _vllm(plan: Plan) -> ServerSettings:
-    build, memory = plan.build_config, plan.memory
+def _vllm(plan: Plan, budget: Budget) -> ServerSettings:
+    memory = plan.memory
     used = memory.weights_bytes_per_rank + memory.activation_bytes + memory.kv_cache_bytes
     fraction = used / memory.memory_bytes
     settings = [
@@ -73,9 +107,10 @@ def _vllm(plan: Plan) -> ServerSettings:
         Setting("--pipeline-parallel-size", str(plan.pp_size), "the plan's pp"),
         Setting("--dtype", plan.dtype, "the engine dtype"),
         Setting("--max-model-len", str(plan.max_seq_len), "max_seq_len (longest prompt + output)"),
-        Setting("--max-num-seqs", str(build.max_batch_size), "max_batch_size (sequences per step)"),
-        Setting("--max-num-batched-tokens", str(max(build.max_num_tokens, build.max_batch_size)),
-                f"max_num_tokens {build.max_num_tokens} (vLLM needs at least max-num-seqs)"),
+        Setting("--max-num-seqs", str(budget.max_batch_size),
+                f"max_batch_size of {budget.source} (sequences per step)"),
+        Setting("--max-num-batched-tokens", str(max(budget.max_num_tokens, budget.max_batch_size)),
+                f"max_num_tokens {budget.max_num_tokens} of {budget.source} (vLLM needs at least max-num-seqs)"),
         Setting("--gpu-memory-utilization", f"{fraction:.3f}",
                 f"(weights {memory.weights_bytes_per_rank} + activations {memory.activation_bytes} + KV cache "
                 f"{memory.kv_cache_bytes} bytes) / {memory.memory_bytes} bytes of GPU memory"),
@@ -93,20 +128,21 @@ def _vllm(plan: Plan) -> ServerSettings:
     return ServerSettings("vllm", settings, notes)
 
 
-def _tgi(plan: Plan) -> ServerSettings:
+def _tgi(plan: Plan, budget: Budget) -> ServerSettings:
     if plan.pp_size > 1:
         raise UserError(f"TGI shards by tensor parallelism only (--num-shard); this plan uses pp {plan.pp_size}")
-    build, triton = plan.build_config, plan.triton
+    triton = plan.triton
     settings = [
         Setting("--num-shard", str(plan.tp_size), "the plan's tp"),
         Setting("--dtype", plan.dtype, "the engine dtype"),
-        Setting("--max-input-tokens", str(build.max_input_len), "max_input_len"),
+        Setting("--max-input-tokens", str(budget.max_input_len), budget.input_note),
         Setting("--max-total-tokens", str(plan.max_seq_len), "max_seq_len (input + new tokens per request)"),
-        Setting("--max-batch-prefill-tokens", str(build.max_num_tokens), "max_num_tokens (tokens per step)"),
+        Setting("--max-batch-prefill-tokens", str(budget.max_num_tokens),
+                f"max_num_tokens of {budget.source} (tokens per step)"),
         Setting("--max-batch-total-tokens", str(plan.memory.kv_cache_tokens),
                 "the KV cache's tokens (max_tokens_in_paged_kv_cache)"),
-        Setting("--max-concurrent-requests", str(build.max_batch_size + triton.max_queue_size),
-                f"max_batch_size {build.max_batch_size} in flight + max_queue_size {triton.max_queue_size} "
+        Setting("--max-concurrent-requests", str(budget.max_batch_size + triton.max_queue_size),
+                f"max_batch_size {budget.max_batch_size} in flight + max_queue_size {triton.max_queue_size} "
                 "queued: Triton rejects beyond that, as TGI does"),
     ]
     kv = KV_CACHE_DTYPE["tgi"].get(plan.kv_cache_dtype)
@@ -119,6 +155,10 @@ def _tgi(plan: Plan) -> ServerSettings:
 
 
 def _quantization_notes(plan: Plan, flag: str) -> list[str]:
+    if plan.precision == "fp8" and plan.llm_api:
+        return [f"the plan's FP8 weights are the calibrated Hugging Face checkpoint the PyTorch backend loads "
+                f"(ModelOpt format, static scales): serve that same checkpoint, not {flag}, which quantizes the "
+                "16-bit weights at load time without calibration and is not the same model"]
     if plan.precision == "fp8":
         return [f"the plan's FP8 weights are calibrated (static scales); {flag} quantizes at load time without "
                 "calibration, and is not the same model"]

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..backends.base import ENGINE
 from ..errors import UserError
-from ..plan import Overrides, Plan, make_plan
+from ..plan import Overrides, Plan
+from ..plan.policy import replan as plan_again
 from ..plan.memory import decode_step_seconds, format_gib
 from ..plan.trtllm import MAX_BATCH_SIZE_CAP
-from ..precisions import FLOAT_DTYPES
 from .slo import Slo
 
 QUEUE_DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
@@ -220,19 +220,9 @@ def engine_candidate_plan(base: Plan, c: Candidate) -> Plan:
 def replan(base: Plan, overrides: Overrides) -> Plan:
     """make_plan for the base plan's request with `overrides`; its UserError becomes Infeasible."""
     try:
-        return make_plan(base.model, base.target, base.precision, kv_cache_choice(base), base.tp_size,
-                         base.workload, overrides, base.pp_size, backend=base.backend)
+        return plan_again(base, overrides)
     except UserError as exc:
         raise Infeasible(str(exc)) from None
-
-
-def kv_cache_choice(plan: Plan) -> str:
-    """The --kv-cache value that plans the base plan's KV cache again."""
-    if plan.kv_cache_dtype in ("fp8", "int8"):
-        return plan.kv_cache_dtype
-    if plan.kv_cache_dtype == plan.dtype:
-        return next(k for k, v in FLOAT_DTYPES.items() if v == plan.dtype)
-    return "auto"
 
 
 def check_host_memory(plan: Plan, c: Candidate) -> None:
