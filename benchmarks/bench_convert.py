@@ -6,6 +6,12 @@ size of the largest output tensor.
 Prints: conversion wall time / `cp -r` time of the same files, best of N each (goal <= 1.5), and the
 conversion's peak RSS (largest over the runs) /
 largest output tensor (goal: peak RSS <= 3 x largest tensor + 500 MB).
+
+Beside them, the floor the conversion cannot go below: it copies every tensor in the kernel (copy_file_range,
+as cp does: fusing q/k/v or gate/up at tp 1 concatenates whole rows, contiguous byte ranges of the source, so
+no byte passes through user space), but TensorRT-LLM's format is one rank<N>.safetensors per rank, and writing
+the same bytes into one file (`cat shards > one`) is slower on ext4 than cp's one output file per shard; and
+the interpreter's start-up (`trtpipe convert --help`).
 """
 
 from __future__ import annotations
@@ -102,20 +108,31 @@ def main() -> None:
     # the other's dirty pages being written back (the kernel throttles a writer while 2 GB of another
     # process's writes are pending); best of --repeats, alternating which goes first.
     subprocess.run(["cat", *map(str, src.glob("*.safetensors"))], stdout=subprocess.DEVNULL, check=True)
-    copy_cmd = ["cp", "-r", str(src), str(work / "copy")]
-    convert_cmd = [sys.executable, "-m", "pipeline.cli", "convert", str(src), "-o", str(work / "ckpt"),
-                   "--dtype", "float16"]
-    cp_runs, conv_runs = [], []
+    shards = " ".join(str(p) for p in sorted(src.glob("*.safetensors")))
+    commands = {
+        "cp": (["cp", "-r", str(src), str(work / "copy")], work / "copy"),
+        "one-file": (["sh", "-c", f"mkdir {work / 'one'} && cat {shards} > {work / 'one' / 'rank0'}"], work / "one"),
+        "convert": ([sys.executable, "-m", "pipeline.cli", "convert", str(src), "-o", str(work / "ckpt"),
+                     "--dtype", "float16"], work / "ckpt"),
+    }
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
+    order = list(commands)
     for repeat in range(args.repeats):
-        for name in (("cp", "convert") if repeat % 2 == 0 else ("convert", "cp")):
-            shutil.rmtree(work / ("copy" if name == "cp" else "ckpt"), ignore_errors=True)
+        for name in order[repeat % len(order):] + order[:repeat % len(order)]:
+            cmd, output = commands[name]
+            shutil.rmtree(output, ignore_errors=True)
             subprocess.run(["sync"], check=True)
-            (cp_runs if name == "cp" else conv_runs).append(timed(copy_cmd if name == "cp" else convert_cmd))
-    cp_s = min(s for s, _ in cp_runs)
-    conv_s, conv_rss = min(s for s, _ in conv_runs), max(r for _, r in conv_runs)
+            runs[name].append(timed(cmd))
+    startup_s = min(timed([sys.executable, "-m", "pipeline.cli", "convert", "--help"])[0] for _ in range(3))
+    cp_s, one_s = min(s for s, _ in runs["cp"]), min(s for s, _ in runs["one-file"])
+    conv_s, conv_rss = min(s for s, _ in runs["convert"]), max(r for _, r in runs["convert"])
     print(f"cp -r:    {cp_s:6.2f} s")
+    print(f"one file: {one_s:6.2f} s  (cat of the shards into one file, as a rank file is written)")
+    print(f"start-up: {startup_s:6.2f} s  (trtpipe convert --help)")
     print(f"convert:  {conv_s:6.2f} s, peak RSS {conv_rss / 1e6:.0f} MB")
     print(f"time ratio convert / cp          = {conv_s / cp_s:.2f}   (goal <= 1.5)")
+    print(f"time ratio convert / floor       = {conv_s / (one_s + startup_s):.2f}   "
+          "(floor: one file + start-up)")
     print(f"peak RSS / largest output tensor = {conv_rss / largest:.2f}   "
           f"(goal: RSS <= 3 x tensor + 500 MB = {(3 * largest + (500 << 20)) / 1e6:.0f} MB: "
           f"{'met' if conv_rss <= 3 * largest + (500 << 20) else 'NOT met'})")

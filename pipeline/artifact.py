@@ -46,7 +46,7 @@ from pathlib import Path, PurePosixPath
 
 from .artifact_paths import BuildMachine
 from .backends import BACKENDS, DEFAULT_BACKEND, ENGINE, default_backend
-from .backends.pytorch import PYTORCH
+from .backends.base import PYTORCH
 from .compile import CONTAINER, TENSORRT_LLM_VERSION
 from .errors import UserError
 from .outputs import portable

@@ -117,7 +117,7 @@ class DeployResult:
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
                       tokenizer: Path | None = None, force: bool = False, runtime: str | None = None) -> DeployResult:
     """Write the model repository for `plan` at `out` (a no-op when `out` is up to date); `runtime` (cpu target:
-    torch or onnxruntime, `backends.reference.RUNTIMES`) overrides the plan's."""
+    torch or onnxruntime, `backends.base.RUNTIMES`) overrides the plan's."""
     out = Path(out)
     if runtime is not None:
         plan = with_runtime(plan, runtime)

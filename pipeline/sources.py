@@ -15,16 +15,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import constants as hub_constants
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    HFValidationError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-)
-
 from .arch import ModelArch
 from .assets import cache_dir, smollm2_gguf_path
 from .errors import UserError, read_config_json
@@ -120,13 +110,27 @@ def hub_offline() -> bool:
     return any(os.environ.get(name, "").upper() in TRUE_VALUES for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+# huggingface_hub (and requests with it) is imported only when a hub id is resolved: ~0.1 s that a local model's
+# conversion would otherwise pay at start-up.
+
+def snapshot_download(repo_id: str, **kwargs) -> str:
+    """huggingface_hub.snapshot_download."""
+    from huggingface_hub import snapshot_download as download
+
+    return download(repo_id, **kwargs)
+
+
 def hub_cache() -> Path:
     """$HF_HUB_CACHE as set now, else huggingface_hub's own default (from HF_HOME)."""
+    from huggingface_hub import constants as hub_constants
+
     return Path(os.environ.get("HF_HUB_CACHE") or hub_constants.HF_HUB_CACHE).expanduser()
 
 
 def cached_model(hub_id: str) -> Path | None:
     """The cached snapshot of `hub_id` when it holds a config and safetensors weights (nothing downloaded)."""
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
     try:
         snap = Path(snapshot_download(hub_id, cache_dir=hub_cache(), local_files_only=True))
     except LocalEntryNotFoundError:
@@ -148,6 +152,8 @@ def download_model(hub_id: str) -> Path:
 
 def hub_snapshot(hub_id: str, patterns: list[str]) -> Path:
     """Download `patterns` of `hub_id` (shows progress); falls back to the cache when the hub is unreachable."""
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
     try:
         return Path(snapshot_download(hub_id, allow_patterns=patterns, ignore_patterns=HUB_SKIP,
                                       cache_dir=hub_cache()))
@@ -157,6 +163,9 @@ def hub_snapshot(hub_id: str, patterns: list[str]) -> Path:
 
 def hub_error(exc: Exception, hub_id: str) -> Exception:
     """huggingface_hub's exception as one line saying what to do (UserError), or `exc` when it is not ours to fix."""
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
     page = f"https://huggingface.co/{hub_id}"
     login = "set HF_TOKEN or run `huggingface-cli login`"
     status = getattr(getattr(exc, "response", None), "status_code", None)

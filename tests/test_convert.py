@@ -279,3 +279,40 @@ def test_a_conversion_of_byte_copies_never_imports_torch(tiny_llama, tmp_path):
     assert imports_torch("float16") == "False"
     assert imports_torch("float32") == "True"      # a cast needs torch: the check above is not vacuous
     assert load_file(tmp_path / "float16" / "rank0.safetensors")["lm_head.weight"].dtype == torch.float16
+
+
+def test_trtpipe_convert_starts_without_the_server_the_hub_or_the_backends(tiny_llama, tmp_path):
+    """`trtpipe convert DIR` loads only its own command's module: not the serving commands (requests, the server),
+    huggingface_hub (a local directory needs no hub) nor the backends and planner (issue 29: start-up was 0.5 s of
+    a 3.8 GB conversion). A hub id still resolves through huggingface_hub (test_sources)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from pipeline.cli import main\n"
+             "try:\n    main(['convert', sys.argv[1], '-o', sys.argv[2]])\n"
+             "except SystemExit as e:\n    assert not e.code, e.code\n"
+             "heavy = ('requests', 'huggingface_hub', 'pipeline.server', 'pipeline.backends.engine', "
+             "'pipeline.plan', 'pipeline.cli.serving', 'pipeline.cli.shipping', 'torch')\n"
+             "print(' '.join(m for m in heavy if m in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, str(tiny_llama("gqa")), str(tmp_path / "c")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1:] in ([], [""]), done.stderr
+    assert (tmp_path / "c" / "rank0.safetensors").is_file()
+
+
+def test_the_command_table_names_every_commands_module():
+    """base.COMMAND_MODULES, by which the group imports a command's module on demand, matches what the modules
+    register (a command missing from it would not be found; a wrong module would not register it)."""
+    import importlib
+    import inspect
+
+    from pipeline.cli.base import COMMAND_MODULES, main
+
+    for module in set(COMMAND_MODULES.values()):
+        importlib.import_module(f"pipeline.cli.{module}")
+    registered = {name: inspect.getmodule(cmd.callback).__name__ for name, cmd in main.commands.items()}
+    assert set(registered) == set(COMMAND_MODULES)
+    for name, module in COMMAND_MODULES.items():
+        owner = registered[name]
+        assert owner == f"pipeline.cli.{module}" or name == "versions", (name, owner)

@@ -9,32 +9,47 @@ validate dispatch on that name through `backend_for`, never on the target. One m
 - `pytorch`: TensorRT-LLM's LLM API serving the Hugging Face model with no compile step (GPU targets), in
   Triton's llmapi layout or trtllm-serve; `reference-llmapi`: the same llmapi contract on the cpu target.
 
-`base.Backend` is what a backend provides. Adding one is a module with a `BACKEND` object and an entry here.
+`base.Backend` is what a backend provides. Adding one is a module with a `BACKEND` object, its name in
+`base.NAMES` and an entry in `registry`. The backend modules (and the planner they import) are loaded when a
+backend is first asked for, so that importing `backends.base` for the names costs nothing at start-up.
 """
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import UserError
 from ..targets import Target
-from .base import ENGINE, REFERENCE, Backend
-from .engine import BACKEND as _ENGINE
-from .pytorch import BACKEND as _PYTORCH
-from .pytorch import REFERENCE_BACKEND as _REFERENCE_LLMAPI
-from .reference import BACKEND as _REFERENCE
-from .reference import ONNX_BACKEND as _REFERENCE_ONNX
+from .base import ENGINE, NAMES, REFERENCE, Backend
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (_ENGINE, _REFERENCE, _PYTORCH, _REFERENCE_LLMAPI,
-                                                    _REFERENCE_ONNX)}
 #: The backend a target kind gets when the plan request names none.
 DEFAULT_BACKEND = {"gpu": ENGINE, "cpu": REFERENCE}
+
+
+@functools.cache
+def registry() -> dict[str, Backend]:
+    """Every backend by name, in `base.NAMES` order."""
+    from . import engine, pytorch, reference
+
+    found = {b.name: b for b in (engine.BACKEND, reference.BACKEND, pytorch.BACKEND, pytorch.REFERENCE_BACKEND,
+                                 reference.ONNX_BACKEND)}
+    if tuple(found) != NAMES:
+        raise AssertionError(f"backends.base.NAMES {NAMES} does not list the backends {tuple(found)}")
+    return found
+
+
+def __getattr__(name: str):
+    if name == "BACKENDS":   # `from pipeline.backends import BACKENDS`: the registry, loaded on first use
+        return registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def backend_for(name: str) -> Backend:
     """The backend called `name` (a plan's `backend`); UserError for a name trtpipe does not know."""
     try:
-        return BACKENDS[name]
+        return registry()[name]
     except KeyError:
-        raise UserError(f"unknown backend {name!r}; trtpipe knows {', '.join(BACKENDS)}") from None
+        raise UserError(f"unknown backend {name!r}; trtpipe knows {', '.join(NAMES)}") from None
 
 
 def default_backend(target: Target) -> str:
@@ -47,7 +62,7 @@ def backend_serving(name: str | None, target: Target) -> Backend:
     backend = backend_for(name or default_backend(target))
     if target.kind in backend.target_kinds:
         return backend
-    serving = [b for b in BACKENDS.values() if target.kind in b.target_kinds]
+    serving = [b for b in registry().values() if target.kind in b.target_kinds]
     same = [b.name for b in serving if b.layout == backend.layout]
     hint = f" ({same[0]} serves the same {backend.layout} request contract there)" if same else ""
     raise UserError(f"the {backend.name} backend does not serve {target.kind} targets such as {target.name} "

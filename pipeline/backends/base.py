@@ -24,9 +24,16 @@ if TYPE_CHECKING:
     from ..plan import Plan
     from ..plan.policy import PlanRequest
 
-#: The backends' names as plan.json spells them.
+#: The backends' names as plan.json spells them (here, not beside each backend, so that the command line can offer
+#: them without importing the backends).
 ENGINE = "engine"
 REFERENCE = "reference"
+REFERENCE_ONNX = "reference-onnx"
+PYTORCH = "pytorch"
+REFERENCE_LLMAPI = "reference-llmapi"
+NAMES = (ENGINE, REFERENCE, PYTORCH, REFERENCE_LLMAPI, REFERENCE_ONNX)
+#: The reference backend's `runtime` parameter (deploy --runtime) -> the backend that deploys it.
+RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
 #: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
 INFLIGHT_BATCHER = "inflight_batcher_llm"
 #: What a backend serves (besides an engine): the TensorRT-LLM checkpoint convert/calibrate write, or its

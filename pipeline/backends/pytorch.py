@@ -39,13 +39,11 @@ from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
 from ..plan.schema import Plan
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
-from .base import (HF_CHECKPOINT, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, TRTLLM_CHECKPOINT,
-                   tritonserver_args)
+from .base import (HF_CHECKPOINT, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, PYTORCH, REFERENCE_LLMAPI,
+                   TRTLLM_CHECKPOINT, tritonserver_args)
 from .engine import plan_engine
 from .reference import CHECKPOINT_DIR, copy_checkpoint, copy_runtime, plan_reference, runtime_closure
 
-PYTORCH = "pytorch"
-REFERENCE_LLMAPI = "reference-llmapi"
 #: The repository layout of both: NVIDIA's triton_backend/all_models/llmapi (one tensorrt_llm model).
 LLMAPI = "llmapi"
 LLMAPI_MODELS = ("tensorrt_llm",)

@@ -35,8 +35,8 @@ from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, TRTLLM_CHECKPOINT,
-                   parameter_string, tritonserver_args)
+from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, REFERENCE_ONNX,
+                   RUNTIMES, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args)
 
 TRITON_BACKEND = "python"
 #: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
@@ -45,10 +45,7 @@ QUEUE_DELAY_US = 1000
 #: The `tensorrt_llm` model's source, copied into REPO/tensorrt_llm/1/.
 MODEL_SOURCE = MODEL_SOURCES / "tensorrt_llm" / "1" / "model.py"
 CHECKPOINT_DIR = "checkpoint"
-REFERENCE_ONNX = "reference-onnx"
 ONNX_DIR = "onnx"
-#: The tensorrt_llm model's `runtime` parameter -> the backend that deploys it (deploy --runtime).
-RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
 #: What the onnxruntime runtime imports besides pipeline/runtime (copied into the repository).
 ORT_RUNNER = PACKAGE_DIR / "onnx" / "runner.py"
 

@@ -1,9 +1,9 @@
 """The `trtpipe` command line: a thin Click layer that parses arguments and calls the stage functions.
 
-`base` holds the group and its error handling; each module below registers its commands on it.
+`base` holds the group and its error handling; `stages`, `serving` and `shipping` each register their commands
+on it, imported when one of their commands is asked for (`base.COMMAND_MODULES`).
 """
 
-from . import serving, shipping, stages  # noqa: F401 -- registers the commands on `main`
 from .base import main
 
 __all__ = ["main"]

@@ -5,6 +5,7 @@ Exit status: 0 success, 2 bad input or usage (one clear message), 1 anything els
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -20,8 +21,28 @@ MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging
               "or a hub id.")
 
 
+#: Each command -> the module of this package that registers it on `main` when imported. A command's module is
+#: imported only when that command runs (or help lists them all), so `trtpipe convert` does not pay for the
+#: server, requests and the backends at start-up (tests/test_cli.py checks the table against the modules).
+COMMAND_MODULES = {
+    **dict.fromkeys(("setup", "convert", "calibrate", "eval", "export-onnx", "targets", "plan", "compile", "deploy",
+                     "build"), "stages"),
+    **dict.fromkeys(("check", "validate", "serve", "compare", "tune", "doctor"), "serving"),
+    **dict.fromkeys(("k8s", "versions", "matrix", "ci", "package", "verify", "unpack"), "shipping"),
+}
+
+
 class TrtpipeGroup(click.Group):
-    """Turns user errors into one line on stderr and exit 2, other failures into exit 1."""
+    """Turns user errors into one line on stderr and exit 2, other failures into exit 1; loads each command's
+    module when the command is asked for (COMMAND_MODULES)."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx, name: str):
+        if name not in self.commands and name in COMMAND_MODULES:
+            importlib.import_module(f"{__package__}.{COMMAND_MODULES[name]}")
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx):
         try:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ..backends import BACKENDS as BACKEND_NAMES
-from ..backends.reference import RUNTIMES
+from ..backends.base import NAMES as BACKEND_NAMES
+from ..backends.base import RUNTIMES
 from ..errors import UserError
 from ..precisions import CALIBRATION_FORMATS, PRECISIONS
 from .base import DEFAULT_IMAGE, device_option, main
