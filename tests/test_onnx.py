@@ -275,3 +275,35 @@ def test_trtexec_command_shapes_come_from_the_plan():
         assert b == batch[k] and t == (1, 1, build.max_input_len)[k]
         _, heads, past, d = map(int, shapes["past_key_values.31.value"].split("x"))
         assert (heads, d) == (8, 128) and shapes["attention_mask"] == f"{b}x{past + t}"
+
+
+@pytest.fixture(scope="session")
+def int8_sq_tp2(tiny_hf, text_file, tmp_path_factory):  # noqa: F811
+    """An INT8-SQ checkpoint calibrated on a tp=2 conversion, and its export."""
+    root = tmp_path_factory.mktemp("onnx-int8-tp2")
+    ckpt = run_calibrate(convert(tiny_hf, root / "float", tp=2), root / "ckpt", "int8-sq", text_file,
+                         alpha=0.6, weight_rounding="nearest").path
+    return ckpt, export_onnx(ckpt, root / "onnx").path
+
+
+def test_int8_sq_tp2_export_computes_each_ranks_slice_with_its_own_scales(int8_sq_tp2, tmp_path):
+    """Row-parallel layers of a tp=2 INT8-SQ checkpoint carry one per-channel scale vector per rank (issue 29: the
+    export refused them): one integer GEMM per rank's slice of the input, summed; logits equal the runtime's."""
+    import onnxruntime as ort
+
+    from pipeline.onnx.runner import session_options
+
+    ckpt, onnx_dir = int8_sq_tp2
+    model = onnx.load(onnx_dir / "model.onnx")
+    weights = {t.name for t in model.graph.initializer}
+    for name in ("attention.dense", "mlp.proj"):
+        assert {f"transformer.layers.1.{name}.rank{r}.weight" for r in (0, 1)} <= weights, name
+        assert f"transformer.layers.1.{name}.weight" not in weights
+    assert "transformer.layers.1.mlp.fc.weight" in weights    # column-parallel: one weight, scales concatenated
+    ref, decoder = ReferenceModel.load(ckpt), OrtDecoder(onnx_dir)
+    assert_matches_through_cache(decoder, ref, random_ids(49152, 2, 12), prefill=8)
+    options = session_options(ort, "int8-sq", threads=None)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(onnx_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 4 * 7   # qkv, fc, gate, and two slices each of dense and proj

@@ -151,7 +151,30 @@ def matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, nam
 
 
 def linear(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
+    if qw is not None and qw.blocks > 1:
+        return rank_blocked_matmul(g, x, lin, qw, name)
     return matmul(g, linear_input(g, x, lin, name), lin, qw, name)
+
+
+def rank_blocked_matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight, name: str) -> str:
+    """A row-parallel linear whose tp ranks quantized their slices of the input with scales of their own, computed as
+    the ranks compute it: the smoothed input split into the ranks' slices, each quantized (the one activation scale,
+    a Q/DQ pair per slice so that ONNX Runtime fuses each into an integer GEMM) and multiplied by its slice of the
+    weight, the partial products summed (the ranks' all-reduce), then the bias."""
+    if lin.prequant is not None:
+        x = g.op("Mul", [x, g.const(name + ".prequant_scaling_factor", lin.prequant.numpy())])
+    x = g.op("Identity", [x], out=name)
+    width = qw.values.shape[1] // qw.blocks
+    widths = g.const(name + ".rank_widths", np.array([width] * qw.blocks, np.int64))
+    partial = []
+    for rank, piece in enumerate(g.ops("Split", [x, widths], qw.blocks, axis=-1)):
+        piece = qdq(g, piece, lin.act_quant, f"{name}.rank{rank}.activation")
+        data, scale = weight_tensor(f"{name}.rank{rank}.weight", qw.block(rank))
+        partial.append(g.op("MatMul", [piece, g.op("DequantizeLinear", [g.tensor(data), g.tensor(scale)], axis=1)]))
+    y = g.op("Sum", partial)
+    if lin.bias is not None:
+        y = g.op("Add", [y, g.float_weight(name + ".bias", lin.bias)])
+    return y
 
 
 def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quantized: dict, x: str,

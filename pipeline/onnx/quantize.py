@@ -11,6 +11,11 @@ The graph computes what the reference runtime computes for a quantized checkpoin
 - K and V entering the cache get the same per-tensor Q/DQ with `kv_cache_scaling_factor`.
 The FP8 fc/gate pair is requantized with the larger of the two weight scales, as the engine fuses it
 (`runtime.checkpoint.fuse_fp8_pair`).
+
+A row-parallel INT8 linear (attention.dense, mlp.proj) of a tp > 1 checkpoint has one per-output-channel scale
+vector per rank, each for that rank's slice of the input dimension: stored as `blocks` = tp slices with a [tp, out]
+scale, which the graph computes as the ranks do, one integer GEMM per slice summed (graph.rank_blocked_matmul).
+Where every rank has the same scales it stays one weight with one scale vector.
 """
 
 from __future__ import annotations
@@ -35,8 +40,18 @@ class QuantizedWeight:
     """A weight as the graph stores it: quantized values [out, in] and the scale(s) that restore it."""
 
     values: torch.Tensor        # int8 or float8_e4m3fn [out, in]
-    scale: torch.Tensor         # float32 [] (per tensor) or [out] (per output channel)
+    scale: torch.Tensor         # float32 [] (per tensor), [out] (per output channel) or [blocks, out]
     kind: str                   # "int8" | "fp8"
+
+    @property
+    def blocks(self) -> int:
+        """Equal slices of the input dimension with scales of their own (the tp ranks of a row-parallel linear)."""
+        return self.scale.shape[0] if self.scale.dim() == 2 else 1
+
+    def block(self, index: int) -> QuantizedWeight:
+        """Input slice `index` of a blocked weight, with its per-output-channel scale."""
+        width = self.values.shape[1] // self.blocks
+        return QuantizedWeight(self.values[:, index * width:(index + 1) * width], self.scale[index], self.kind)
 
 
 def quantized_weights(reader: CheckpointReader, index: int, linears: dict[str, Linear]) -> dict[str, QuantizedWeight]:
@@ -55,6 +70,8 @@ def quantized_weights(reader: CheckpointReader, index: int, linears: dict[str, L
             scale = merge_qkv(cfg, [s[:, None] for s in per_rank], module)[:, 0]
         elif kind == "int8" and spec.parallel != ROW:
             scale = torch.cat(per_rank)
+        elif kind == "int8" and any(not torch.equal(s, per_rank[0]) for s in per_rank[1:]):
+            scale = torch.stack(per_rank)    # [tp, out]: each rank's scales for its slice of the input
         else:
             scale = one_scale(per_rank, module)
         out[spec.name] = quantize_exactly(linears[spec.name].weight, scale, kind, module)
@@ -72,14 +89,19 @@ def rank_weight_scale(cfg: CheckpointConfig, rf: RankFile, local: str, name: str
 
 
 def one_scale(per_rank: list[torch.Tensor], module: str) -> torch.Tensor:
+    """The FP8 per-tensor scale every rank applies (the engine's ranks share it: calibrate writes one amax)."""
     for s in per_rank[1:]:
         if not torch.equal(s, per_rank[0]):
-            raise UserError(f"{module}: the tp ranks quantize this weight with different scales, which one ONNX "
-                            "DequantizeLinear cannot express; export a checkpoint calibrated with tp=1")
+            raise UserError(f"{module}: the tp ranks quantize this FP8 weight with different per-tensor scales; "
+                            "the checkpoint's shards disagree (calibrate again)")
     return per_rank[0].reshape(-1) if per_rank[0].numel() > 1 else per_rank[0].reshape(())
 
 
 def quantize_exactly(weight: torch.Tensor, scale: torch.Tensor, kind: str, module: str) -> QuantizedWeight:
+    if scale.dim() == 2:   # [blocks, out]: each slice of the input dimension quantized with its own scales
+        slices = weight.chunk(scale.shape[0], dim=1)
+        parts = [quantize_exactly(w, s, kind, module) for w, s in zip(slices, scale)]
+        return QuantizedWeight(torch.cat([p.values for p in parts], dim=1), scale.float(), kind)
     s = scale if scale.dim() == 0 else scale[:, None]
     if kind == "int8":
         values = torch.round(weight / s).clamp(-128, 127).to(torch.int8)
