@@ -6,8 +6,8 @@ timed side by side in one run with ONNX Runtime (CPU EP), and checked against th
 - blocked: one MatMul whose weight is dequantized by an opset-21 blocked DequantizeLinear (block_size = the
   rank's slice of the input dimension, a [tp, out] scale).
 
-SmolLM2-135M converted with --tp 3 (its 9 heads divide by 3) and calibrated to INT8-SQ (few samples: speed is what is measured), a
-decode step at batch 8 over a 64-token context, alternating rounds, median per variant.
+SmolLM2-135M converted with --tp 3 (its 9 heads divide by 3) and calibrated to INT8-SQ (few samples: speed is
+what is measured), a decode step at batch 8 over a 64-token context, alternating rounds, median per variant.
 
     .venv/bin/python benchmarks/bench_onnx_tp.py [--workdir DIR] [--steps 20] [--rounds 3]
 """

@@ -4,3 +4,8 @@ __version__ = "0.1.0"
 
 #: The TensorRT-LLM release the checkpoint format, the compile stage and the Triton templates target.
 TRTLLM_VERSION = "1.2.1"
+#: NVIDIA's Triton image that ships TRTLLM_VERSION: the first `-trtllm-python-py3` tag with TensorRT-LLM 1.2.1
+#: (TensorRT 10.14.1.48, CUDA 13.1.0.036, Python 3.12.3) in Triton's Release Compatibility Matrix
+#: (triton-inference-server/server docs/introduction/compatibility.md; 25.12 ships 1.1.0, 26.03 ships 1.2.0).
+#: The Dockerfile builds on it; ci.py, compile.py and doctor.py name it (docs/upstream-facts.md).
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"

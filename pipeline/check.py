@@ -14,10 +14,12 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from . import TRTLLM_VERSION
+from .backends.nvidia_contract import FATAL, LITERAL, PYTHON_MODELS, TENSORRTLLM, UNSET, Parameter, required_keys
 from .errors import UserError
 from .tritonconfig import dtype_name, parse_pbtxt
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
+PARAMETER_FIELD = re.compile(r"^parameters\[(.+)\]\.string_value$")
 #: Files whose text may legitimately contain "${" (tokenizer vocabularies) or is code, not configuration.
 NOT_CONFIGURATION = {"tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json",
                      "special_tokens_map.json", "tokenizer_config.json"}
@@ -27,7 +29,7 @@ PAGED_FMHA_PARAMETERS = ("enable_kv_cache_reuse", "enable_chunked_context")
 
 @dataclass(frozen=True)
 class Finding:
-    code: str        # schema | placeholder | wiring | batch-size | streaming | paged-context-fmha |
+    code: str        # schema | placeholder | parameter | wiring | batch-size | streaming | paged-context-fmha |
     #                  preferred-batch-size | engine-version | engine | llm-api
     severity: str    # error | warning | info
     file: str        # relative to the repository
@@ -104,6 +106,7 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
     if not models and not findings:
         raise UserError(f"{repo} holds no model (no */config.pbtxt); pass a Triton model repository")
     findings += check_placeholders(repo, models)
+    findings += check_required_parameters(models)
     findings += check_preferred_batch_sizes(models)
     for ensemble in (m for m in models.values() if m.config.platform == "ensemble"):
         findings += check_ensemble(ensemble, models, unparsed)
@@ -170,10 +173,64 @@ def check_placeholders(repo: Path, models: dict[str, Model]) -> list[Finding]:
             spots = [(f"line {i}", line.strip()) for i, line in enumerate(text.splitlines(), 1)
                      if PLACEHOLDER.search(line)]
         for where, value in spots:
-            names = ", ".join(m[2:-1] for m in PLACEHOLDER.findall(value))
-            findings.append(Finding("placeholder", "error", rel, where, f"unfilled placeholder(s) in {value!r}",
-                                    f"fill {names} (fill_template.py {path.name} {names.split(',')[0]}:VALUE) "
-                                    "or remove the entry"))
+            model = models.get(path.parent.name) if path in parsed else None
+            findings.append(placeholder_finding(rel, where, value, model, path.name))
+    return findings
+
+
+def contract_of(model: Model) -> tuple[str, dict[str, Parameter]]:
+    """Who reads the model's parameters (NVIDIA's C++ backend or its Python model of that name) and how."""
+    if model.config.backend == "tensorrtllm":
+        return "the tensorrtllm backend", TENSORRTLLM
+    if model.config.backend == "python" and model.name in PYTHON_MODELS:
+        return f"NVIDIA's {model.name} model.py", PYTHON_MODELS[model.name]
+    return "", {}
+
+
+def placeholder_finding(rel: str, where: str, value: str, model: Model | None, file_name: str) -> Finding:
+    """An unfilled `${...}`: judged by what NVIDIA's code does with that parameter (nvidia_contract), so that a
+    placeholder NVIDIA's own fill leaves for "not set" is a warning, and no advice removes a key the model needs."""
+    names = ", ".join(m[2:-1] for m in PLACEHOLDER.findall(value))
+    fill = f"fill {names} (fill_template.py {file_name} {names.split(',')[0]}:VALUE)"
+    match = PARAMETER_FIELD.match(where)
+    reader, table = contract_of(model) if model is not None else ("", {})
+    known = table.get(match.group(1)) if match and PLACEHOLDER.fullmatch(value) else None
+    if known is None:
+        return Finding("placeholder", "error", rel, where, f"unfilled placeholder(s) in {value!r}",
+                       f"{fill} or remove the entry")
+    if known.condition and not condition_holds(known, model):
+        return Finding("placeholder", "info", rel, where, f"{value!r} is unfilled; {reader} reads it only with "
+                       f"{known.condition} ({known.source})", f"{fill} if you use {known.condition}")
+    if known.placeholder == UNSET:
+        return Finding("placeholder", "warning", rel, where, f"{value!r} is unfilled: {reader} treats it as not set "
+                       f"and uses {known.missing if known.missing != FATAL else 'nothing'} ({known.source})",
+                       f"{fill} to set it, or keep it (the entry must stay)" if known.missing == FATAL
+                       else f"{fill} to set it, or keep it for the default")
+    what = ("uses it literally as a path" if known.placeholder == LITERAL else "fails to load")
+    return Finding("placeholder", "error", rel, where, f"{value!r} is unfilled: {reader} {what} ({known.source})",
+                   f"{fill}; the entry must stay" if known.missing == FATAL else f"{fill} or remove the entry")
+
+
+def condition_holds(parameter: Parameter, model: Model) -> bool:
+    """Whether a conditionally read parameter is read by this model's config (lookahead decoding, orchestrator)."""
+    if parameter.condition == "decoding_mode lookahead":
+        return model.parameter("decoding_mode") == "lookahead"
+    return False   # orchestrator mode is an environment variable of the server, not in the config
+
+
+def check_required_parameters(models: dict[str, Model]) -> list[Finding]:
+    """Keys NVIDIA's code reads with no fallback: their absence fails the model's load (nvidia_contract)."""
+    findings = []
+    for model in models.values():
+        reader, table = contract_of(model)
+        for key in required_keys(table):
+            if key not in model.config.parameters:
+                findings.append(Finding(
+                    "parameter", "error", model.file, f"parameters[{key}]",
+                    f"missing: {reader} reads it with no fallback and the model fails to load "
+                    f"('Cannot find parameter with name: {key}', {table[key].source})",
+                    f'add parameters {{ key: "{key}" value: {{ string_value: "" }} }} ("" is "not set")'
+                    if table[key].placeholder == UNSET else f"add the {key} parameter with its value"))
     return findings
 
 

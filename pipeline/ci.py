@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from . import TRITON_IMAGE
 from .compile import TENSORRT_LLM_VERSION
 from .errors import UserError
 from .matrix import Matrix, MatrixEntry, entry_for_ci
@@ -36,7 +37,7 @@ CHECKOUT = "actions/checkout@11d5960a326750d5838078e36cf38b85af677262"         #
 CACHE = "actions/cache@0057852bfaa89a56745cba8c7296529d2fc39830"               # v4.3.0
 UPLOAD_ARTIFACT = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"  # v4.6.2
 
-CONTAINER_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+CONTAINER_IMAGE = TRITON_IMAGE
 #: NVIDIA's `docker run` flags in the tensorrtllm_backend README (shared memory for the Python backend and
 #: NCCL, unlimited locked memory, a larger stack), with all GPUs of the runner.
 CONTAINER_OPTIONS = "--gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 --ipc=host"

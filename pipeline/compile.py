@@ -42,12 +42,13 @@ from .backends.base import ENGINE
 from .errors import UserError
 from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output
+from . import TRITON_IMAGE
 from . import TRTLLM_VERSION as TENSORRT_LLM_VERSION
 from .plan import Plan, is_trtllm_checkpoint
 
 BUILD_CONFIG_FILE = "build_config.json"
 COMMAND_FILE = "trtllm-build.sh"
-CONTAINER = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+CONTAINER = TRITON_IMAGE
 #: The PluginConfig fields trtllm-build 1.2.x exposes as flags (tensorrt_llm/plugin/plugin.py
 #: `cli_plugin_args`); the others are set by the builder itself.
 CLI_PLUGIN_ARGS = (

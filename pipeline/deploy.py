@@ -220,7 +220,9 @@ def model_specs(s: DeploySettings) -> list[ModelSpec]:
         ModelSpec("ensemble", s.max_batch_size, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, platform="ensemble",
                   steps=ENSEMBLE_STEPS),
         ModelSpec("preprocessing", s.max_batch_size, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, backend="python",
-                  batching=s.batching(), instance_count=1, parameters={**tokenizer, "add_special_tokens": "true"}),
+                  batching=s.batching(), instance_count=1, parameters={**tokenizer, "add_special_tokens": "true",
+                                                           # NVIDIA's preprocessing reads it with []: "" = text only
+                                                           "multimodal_model_path": ""}),
         ModelSpec("tensorrt_llm", s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS,
                   backend=s.triton_backend, batching=s.batching(), decoupled=s.decoupled, instance_count=1,
                   parameters=s.trtllm_parameters),

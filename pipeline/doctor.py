@@ -18,7 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import TRTLLM_VERSION
+from . import TRITON_IMAGE, TRTLLM_VERSION
 from .errors import UserError
 from .targets import GIB, Target, catalogue, get_target
 
@@ -27,7 +27,7 @@ GPU_QUERY = ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--forma
 #: fraction below the catalogue's figure the memory counts as the target's.
 MEMORY_TOLERANCE = 0.05
 PROBE_TIMEOUT_S = 300
-CONTAINER_HINT = "run in the trtpipe container (Dockerfile, base tritonserver:25.12-trtllm-python-py3)"
+CONTAINER_HINT = f"run in the trtpipe container (Dockerfile, base {TRITON_IMAGE})"
 
 
 class ProbeError(Exception):

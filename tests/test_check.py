@@ -323,3 +323,52 @@ def test_python_runtime_llm_model_is_checked_against_its_engine_too(repo):
     edit_engine(repo, max_batch_size=16)
     finding = only_error(run_check(repo)[1], "batch-size")
     assert finding["file"] == "tensorrt_llm/config.pbtxt"
+
+
+# ----------------------------------------------------------------------------------------------
+# NVIDIA's contract (pipeline/backends/nvidia_contract.py, docs/upstream-facts.md §B2)
+
+
+@pytest.mark.parametrize("key", ["gpt_model_type", "tokenizer_dir", "xgrammar_tokenizer_info_path",
+                                 "guided_decoding_backend"])
+def test_a_key_the_tensorrtllm_backend_cannot_load_without_is_an_error(repo, key):
+    edit(repo, "tensorrt_llm", lambda c: c.parameters.pop(key))
+    code, report = run_check(repo)
+    finding = only_error(report, "parameter")
+    assert code == 1 and finding["field"] == f"parameters[{key}]"
+    assert f"Cannot find parameter with name: {key}" in finding["problem"]
+    assert "remove" not in finding["fix"]
+
+
+def test_nvidias_own_placeholders_for_unset_keys_are_warnings_not_errors(repo):
+    """NVIDIA's documented fill leaves `${...}` in keys the backend treats as not set: a warning naming the default,
+    never advice to remove a key whose absence fails the load."""
+    placeholders = {"guided_decoding_backend": None, "xgrammar_tokenizer_info_path": None, "tokenizer_dir": None,
+                    "kv_cache_free_gpu_mem_fraction": "executor's 0.9", "enable_kv_cache_reuse": "true",
+                    "lookahead_window_size": None}
+    for key in placeholders:
+        edit(repo, "tensorrt_llm", lambda c, key=key: set_parameter(c, key, "${" + key + "}"))
+    code, report = run_check(repo)
+    assert code == 0, errors(report)
+    found = {f["field"]: f for f in report["findings"] if f["code"] == "placeholder"}
+    for key, default in placeholders.items():
+        finding = found[f"parameters[{key}].string_value"]
+        assert finding["severity"] == ("info" if key.startswith("lookahead") else "warning"), finding
+        assert "remove" not in finding["fix"]
+        if default:
+            assert default in finding["problem"]
+
+
+@pytest.mark.parametrize("model, key", [("tensorrt_llm", "gpt_model_type"), ("postprocessing", "tokenizer_dir")])
+def test_a_placeholder_nvidias_code_cannot_load_with_is_an_error_that_keeps_the_entry(repo, model, key):
+    edit(repo, model, lambda c: set_parameter(c, key, "${" + key + "}"))
+    code, report = run_check(repo)
+    finding = only_error(report, "placeholder")
+    assert code == 1 and "fails to load" in finding["problem"] and "the entry must stay" in finding["fix"]
+
+
+def test_lookahead_keys_are_required_once_decoding_mode_is_lookahead(repo):
+    edit(repo, "tensorrt_llm", lambda c: (set_parameter(c, "decoding_mode", "lookahead"),
+                                          set_parameter(c, "lookahead_window_size", "${lookahead_window_size}")))
+    code, report = run_check(repo)
+    assert code == 1 and only_error(report, "placeholder")["field"] == "parameters[lookahead_window_size].string_value"

@@ -203,7 +203,7 @@ def test_without_tensorrt_llm_writes_the_command_and_says_where_to_build(fp16_ch
     result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
     assert result.exit_code == 2
     assert "TensorRT-LLM 1.2.1 is not importable" in result.output
-    assert "tritonserver:25.12-trtllm-python-py3" in result.output and "Traceback" not in result.output
+    assert "tritonserver:26.04-trtllm-python-py3" in result.output and "Traceback" not in result.output
     assert (out / BUILD_CONFIG_FILE).is_file() and (out / COMMAND_FILE).is_file()
     assert "trtllm-build --checkpoint_dir" in result.output   # the exact command is printed too
     result = compile_checkpoint(fp16_checkpoint, gpu_plan, out)
@@ -356,7 +356,11 @@ def test_engine_config_check(gpu_plan, tmp_path):
 
 def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
     text = (REPO / "Dockerfile").read_text()
-    assert "FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3" in text
+    from pipeline import TRITON_IMAGE
+
+    # the image Triton's compatibility matrix lists with TensorRT-LLM 1.2.1 (docs/upstream-facts.md §0)
+    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    assert re.findall(r"^FROM (\S+)", text, re.M) == [TRITON_IMAGE]
     hadolint = Path(sys.executable).parent / "hadolint"
     result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -40,6 +40,7 @@ from ..plan.trtllm import (
     quantization,
 )
 from ..targets import FP8_MIN_SM, Target
+from .nvidia_contract import TENSORRTLLM, required_keys
 from .base import ENGINE, INFLIGHT_BATCHER, MODEL_REPOSITORY, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args
 
 TRITON_BACKEND = "tensorrtllm"
@@ -393,6 +394,10 @@ def engine_parameters(plan: Plan, engine: Path | None) -> dict[str, str]:
         if key in TRTLLM_PARAMETERS and value is not None:
             params[key] = parameter_string(value)
     params["gpt_model_path"] = str(engine)
+    # The backend reads these outside any try/catch and fails to load without them (nvidia_contract); "" is its
+    # "not set": guided decoding off, tokenizer_dir unused by the C++ model.
+    for key in required_keys(TENSORRTLLM):
+        params.setdefault(key, "")
     wants_paged_fmha = [k for k in ("enable_kv_cache_reuse", "enable_chunked_context") if params[k] == "true"]
     if wants_paged_fmha and plan.plugin_config is not None and plan.plugin_config.use_paged_context_fmha is False:
         raise UserError(f"the plan sets {' and '.join(wants_paged_fmha)} but builds the engine without "
