@@ -67,3 +67,29 @@ def test_each_request_is_answered_when_its_own_rows_are_done(checkpoint, monkeyp
     assert a[-1][0] < b[cut][0]       # a's final answer came in the step it ended, before b's next token
     assert c[0][0] < b[3][0]          # c's whole answer right after its 3rd token, not after b's last
     assert log[-1][0] == "b"
+
+
+def test_a_top_p_of_zero_or_below_is_unset_as_in_nvidias_backend(checkpoint, monkeypatch):
+    """NVIDIA's backend resets runtime_top_p <= 0 to unset (utils.cc@c2e65b8:558-563): the answer is the one without
+    top_p (greedy with top_k 0), where the cpu model used to refuse it; above 1 stays a refusal."""
+    module = load_cpu_model(monkeypatch)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({"model_transaction_policy": {"decoupled": True},
+                                                  "parameters": {"checkpoint_dir": {
+                                                      "string_value": str(checkpoint("gqa"))}}})})
+    prompt = [3, 14, 15, 92, 65]
+    answers = {}
+    for name, extra in (("unset", {}), ("zero", {"runtime_top_p": np.float32(0.0)}),
+                        ("negative", {"runtime_top_p": np.float32(-0.5)})):
+        log = []
+        model.execute([Request(name, log, prompt, 6, **extra)])
+        answers[name] = log[-1][1]
+    assert answers["zero"] == answers["negative"] == answers["unset"]
+
+    class Refused(Request):
+        def send(self, response, flags=0):
+            self.log.append(response.error.message if response.error else None)
+
+    log = []
+    model.execute([Refused("high", log, prompt, 6, runtime_top_p=np.float32(1.5))])
+    assert log and "top_p must be <= 1" in log[-1]

@@ -150,8 +150,8 @@ def test_bad_requests_were_rejected_by_the_right_layer(good_report):
 
 
 @pytest.mark.parametrize("request_name, parameter, allowed", [
-    ("negative temperature", "temperature", ">= 0"), ("top_p 0", "top_p", "in (0, 1]"),
-    ("top_p above 1", "top_p", "in (0, 1]"), ("negative top_k", "top_k", ">= 0")])
+    ("negative temperature", "temperature", ">= 0"), ("top_p above 1", "top_p", "in (0, 1]"),
+    ("negative top_k", "top_k", ">= 0")])
 def test_each_bad_sampling_value_gets_400_naming_the_parameter_and_its_range(good_report, request_name, parameter,
                                                                              allowed):
     outcome = next(o for o in checks_of(good_report[0])["bad_requests"].data["outcomes"]
@@ -232,7 +232,7 @@ def test_model_that_accepts_bad_requests_fails(pool, tmp_path):
     assert not check.passed
     accepted = {o["request"] for o in check.data["outcomes"] if not o["rejected"]}
     assert accepted == {"empty text_input", "max_tokens 0", "max_tokens far beyond the context",
-                        "negative temperature", "top_p 0", "top_p above 1", "negative top_k"}
+                        "negative temperature", "top_p above 1", "negative top_k"}
     assert check.data["healthy_after"]
 
 
@@ -521,6 +521,6 @@ def test_smollm2_cpu_repository_rejects_bad_requests(smollm2_report):
     assert check.data["not_sent"] == []  # deploy's ensemble declares temperature, top_p and top_k
     answers = {o["request"]: o["answer"] for o in check.data["outcomes"]}
     for request, message in (("negative temperature", "temperature must be >= 0"),
-                             ("top_p 0", "top_p must be in (0, 1]"), ("top_p above 1", "top_p must be in (0, 1]"),
+                             ("top_p above 1", "top_p must be <= 1"),
                              ("negative top_k", "top_k must be >= 0")):
         assert answers[request].startswith("400: ") and message in answers[request], answers[request]

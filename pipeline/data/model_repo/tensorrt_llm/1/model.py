@@ -42,7 +42,8 @@ UNSUPPORTED_UNLESS = {"beam_width": 1, "num_return_sequences": 1, "repetition_pe
 #: checkTopP, checkTemperature): tensor name -> (the ensemble's name for it, test, the range in words).
 SAMPLING_RANGES = {
     "runtime_top_k": ("top_k", lambda v: v >= 0, ">= 0 (0: no top-k limit)"),
-    "runtime_top_p": ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    # NVIDIA's backend resets a top_p <= 0 to unset before the executor sees it (utils.cc@c2e65b8:558-563)
+    "runtime_top_p": ("top_p", lambda v: v <= 1, "<= 1 (<= 0: unset)"),
     "temperature": ("temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
     "min_tokens": ("min_tokens", lambda v: v >= 0, ">= 0"),   # checkMinTokens
 }
@@ -143,8 +144,8 @@ class Job:
                 value = scalar(tensor, r, None)
                 if value is not None and not valid(value):  # `not valid`: NaN is refused too
                     raise RequestError(f"{name} must be {allowed}, got {value:g} (tensorrt_llm input {tensor})")
-            sampling = trtllm_sampling(   # values in SAMPLING_RANGES (top_p 0 only as the unset default)
-                top_k=int(scalar("runtime_top_k", r, 0)), top_p=float(scalar("runtime_top_p", r, 0.0)),
+            sampling = trtllm_sampling(   # values in SAMPLING_RANGES; a top_p <= 0 is unset (0), as NVIDIA's
+                top_k=int(scalar("runtime_top_k", r, 0)), top_p=max(0.0, float(scalar("runtime_top_p", r, 0.0))),
                 temperature=float(scalar("temperature", r, 1.0)), max_new_tokens=int(max_new[r]),
                 end_id=scalar("end_id", r, None), seed=scalar("seed", r, None),
                 stop_words=stop_sequences(stops[r]) if stops is not None else [],
