@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -97,6 +98,16 @@ def save_word_tokenizer(directory: Path) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "\u0120w1", "pad_token": "\u0120w1"}))
 
 
+def buildable_copy(hf_dir: Path, directory: Path) -> Path:
+    """`hf_dir` copied to `directory` with the word tokenizer and a context long enough for build's default
+    workload (1024 + 256 tokens): a model `trtpipe build` takes."""
+    shutil.copytree(hf_dir, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    save_word_tokenizer(directory)
+    return directory
+
+
 def deploy_tiny_llmapi(checkpoint: Path, tokenizer: Path, root: Path) -> Path:
     """The cpu llmapi repository (backend reference-llmapi, context 64) of a tiny checkpoint, deployed through the
     CLI under `root`."""
@@ -119,18 +130,12 @@ def deploy_tiny_llmapi(checkpoint: Path, tokenizer: Path, root: Path) -> Path:
 def tiny_cpu_checkpoint(hf_dir: Path, root: Path) -> tuple[Path, Path]:
     """A copy of the tiny HF model `hf_dir` under `root` with the word tokenizer and the cpu plan's context, its
     float32 checkpoint and cpu plan.json: (checkpoint, plan path)."""
-    import shutil
-
     from pipeline.convert import convert_model
     from pipeline.plan import make_plan, resolve_model_info
     from pipeline.sources import resolve_model
     from pipeline.targets import get_target
 
-    model = root / "model"
-    shutil.copytree(hf_dir, model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))  # the plan's context
-    save_word_tokenizer(model)
+    model = buildable_copy(hf_dir, root / "model")
     ckpt = convert_model(resolve_model(str(model)), root / "ckpt", dtype="float32", progress=False).path
     plan = make_plan(resolve_model_info(str(model)), get_target("cpu"), "fp32")
     (root / "plan.json").write_text(json.dumps(plan.to_dict()))

@@ -6,11 +6,10 @@ FakeLoad), since what failed there was the planning that comes before any trial 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
-from conftest import save_word_tokenizer
+from conftest import buildable_copy
 from test_tune import fake_load  # noqa: F401  (the fixture)
 
 from pipeline.cli import main
@@ -24,12 +23,7 @@ TUNE = ["--slo", "ttft_p99<=600s", "--trials", "2", "--concurrency", "1,2", "--p
 @pytest.fixture(scope="module")
 def model(tiny_llama, tmp_path_factory):
     """The tiny Llama with its word tokenizer and a context for build's default workload (1024 + 256 tokens)."""
-    path = tmp_path_factory.mktemp("chain") / "tiny"
-    shutil.copytree(tiny_llama("gqa"), path)
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    save_word_tokenizer(path)
-    return path
+    return buildable_copy(tiny_llama("gqa"), tmp_path_factory.mktemp("chain") / "tiny")
 
 
 def build(model, out, target: str, precision: str, *extra: str):

@@ -8,7 +8,6 @@ validated (that needs a GPU and TensorRT-LLM), and the verdict says so."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -27,14 +26,9 @@ def build(*args):
 @pytest.fixture(scope="module")
 def tiny_model(tiny_llama, tmp_path_factory):
     """The tiny random Llama with a word-level tokenizer and a context long enough for build's default workload."""
-    from conftest import save_word_tokenizer
+    from conftest import buildable_copy
 
-    model = tmp_path_factory.mktemp("tiny-pytorch") / "tiny"
-    shutil.copytree(tiny_llama("gqa"), model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    save_word_tokenizer(model)
-    return model
+    return buildable_copy(tiny_llama("gqa"), tmp_path_factory.mktemp("tiny-pytorch") / "tiny")
 
 
 def summary_of(out):
