@@ -448,5 +448,9 @@ def test_trials_are_loaded_into_a_running_server_with_model_control(build, tmp_p
         config = requests.get(f"{process.http_url}/v2/models/tensorrt_llm/config", timeout=30).json()
         assert config["max_batch_size"] == trials[-1]["params"]["max_batch_size"]
         assert config["instance_group"][0]["count"] == trials[-1]["params"]["tensorrt_llm_instances"]
+        # an empty parameter reaches the models as {"string_value": ""} (Triton 2.51's JSON of the config), which
+        # NVIDIA's preprocessing reads with [] (nvidia_contract: multimodal_model_path, fatal when missing)
+        pre = requests.get(f"{process.http_url}/v2/models/preprocessing/config", timeout=30).json()
+        assert pre["parameters"]["multimodal_model_path"] == {"string_value": ""}
     finally:
         triton.stop_server(process.process)
