@@ -217,9 +217,9 @@ class StubError:
         self.message, self.code = message, code
 
 
-def load_cpu_model(monkeypatch):
-    """pipeline/data/model_repo/tensorrt_llm/1/model.py, imported with stand-ins for Triton's Python backend
-    (triton_python_backend_utils: tensors, responses, errors, the decoupled policy)."""
+def load_cpu_model(monkeypatch, model: str = "tensorrt_llm"):
+    """pipeline/data/model_repo/MODEL/1/model.py (default: the cpu target's tensorrt_llm), imported with stand-ins for
+    Triton's Python backend (triton_python_backend_utils: tensors, responses, errors, the decoupled policy)."""
     import importlib.util
     import sys
     import types
@@ -231,8 +231,8 @@ def load_cpu_model(monkeypatch):
         config.get("model_transaction_policy", {}).get("decoupled"))
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
     monkeypatch.setattr(sys, "path", list(sys.path))   # the model puts its own directory first
-    path = Path(__file__).parent.parent / "pipeline" / "data" / "model_repo" / "tensorrt_llm" / "1" / "model.py"
-    spec = importlib.util.spec_from_file_location("cpu_tensorrt_llm_model", path)
+    path = Path(__file__).parent.parent / "pipeline" / "data" / "model_repo" / model / "1" / "model.py"
+    spec = importlib.util.spec_from_file_location(f"cpu_{model}_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

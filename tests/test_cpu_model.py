@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from conftest import StubTensor, load_cpu_model
 from pipeline.runtime import ReferenceModel, SamplingConfig
@@ -93,3 +94,17 @@ def test_a_top_p_of_zero_or_below_is_unset_as_in_nvidias_backend(checkpoint, mon
     log = []
     model.execute([Refused("high", log, prompt, 6, runtime_top_p=np.float32(1.5))])
     assert log and "top_p must be <= 1" in log[-1]
+
+
+def test_an_empty_prompt_is_encoded_as_nvidias_preprocessing_encodes_it(smollm2_checkpoint, monkeypatch):
+    """NVIDIA's preprocessing encodes text_input with the tokenizer's special tokens, so "" becomes SmolLM2's BOS
+    alone and is answered (trtpipe refused it with 400); a tokenizer adding nothing still gets the refusal."""
+    module = load_cpu_model(monkeypatch, "preprocessing")
+    model = module.TritonPythonModel()
+    tokenizer = str(smollm2_checkpoint / "tokenizer")
+    model.initialize({"model_config": json.dumps({"parameters": {"tokenizer_dir": {"string_value": tokenizer}}})})
+    bos = model.tokenizer.bos_token_id
+    assert model.encode("") == [bos] and model.encode("Hi")[0] == bos
+    model.add_special_tokens = False
+    with pytest.raises(ValueError, match="text_input is empty"):
+        model.encode("")

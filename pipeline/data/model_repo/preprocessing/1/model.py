@@ -82,10 +82,12 @@ class TritonPythonModel:
         ]
 
     def encode(self, query: str) -> list:
-        # Judge emptiness without special tokens: a tokenizer that adds BOS turns "" into one token.
-        if not self.tokenizer.encode(query, add_special_tokens=False):
+        # As NVIDIA's preprocessing: the query with the tokenizer's special tokens, so "" is the BOS alone where the
+        # tokenizer adds one (and is answered); only a prompt of no tokens at all is refused.
+        ids = self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
+        if not ids:
             raise ValueError("text_input is empty: it tokenizes to no tokens")
-        return self.tokenizer.encode(query, add_special_tokens=self.add_special_tokens)
+        return ids
 
     def word_lists(self, words, batch: int) -> np.ndarray:
         """[batch, 2, N]: each row's words tokenized and concatenated, then the cumulative end offsets."""
