@@ -20,8 +20,9 @@ FINAL = 1
 class Request:
     """A Triton request of one row: its input tensors, and a sender that writes every response into `log`."""
 
-    def __init__(self, name: str, log: list, prompt: list, max_tokens: int, **scalars):
-        self.name, self.log = name, log
+    def __init__(self, name: str, log: list, prompt: list, max_tokens: int, parameters: dict | None = None,
+                 **scalars):
+        self.name, self.log, self.params = name, log, parameters or {}
         tensors = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
                    "request_output_len": np.array([[max_tokens]], np.int32)}
         tensors.update({key: np.array([[value]]) for key, value in scalars.items()})
@@ -35,6 +36,10 @@ class Request:
 
     def is_cancelled(self) -> bool:
         return False
+
+    def parameters(self) -> str:
+        """The request parameters as Triton hands them to a Python model: a JSON object."""
+        return json.dumps(self.params)
 
     def send(self, response, flags=0):
         assert response.error is None, response.error.message
@@ -108,3 +113,29 @@ def test_an_empty_prompt_is_encoded_as_nvidias_preprocessing_encodes_it(smollm2_
     model.add_special_tokens = False
     with pytest.raises(ValueError, match="text_input is empty"):
         model.encode("")
+
+
+def test_a_field_the_deployment_does_not_know_is_refused_not_dropped(checkpoint, monkeypatch):
+    """Triton's generate endpoint turns a JSON field that names no input into a request parameter and the ensemble
+    forwards it (checked on Triton 2.51): a misspelt `tmperature` used to get 200 with the default temperature.
+    The endpoint's own fields and NVIDIA's request_type pass; another request_type is refused."""
+    module = load_cpu_model(monkeypatch)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({"model_transaction_policy": {"decoupled": True},
+                                                  "parameters": {"checkpoint_dir": {
+                                                      "string_value": str(checkpoint("gqa"))}}})})
+
+    class Answer(Request):
+        def send(self, response, flags=0):
+            self.log.append(response.error.message if response.error else "ok")
+
+    cases = {"typo": {"tmperature": 0.5}, "triton's": {"id": "a1", "sequence_id": 0, "priority": 0, "timeout": 0},
+             "nvidia's": {"request_type": "context_and_generation"}, "disaggregated": {"request_type": "context_only"}}
+    answers = {}
+    for name, params in cases.items():
+        log = []
+        model.execute([Answer(name, log, [3, 14, 15], 2, parameters=params)])
+        answers[name] = log[-1]
+    assert "unknown field(s) tmperature" in answers["typo"]
+    assert answers["triton's"] == answers["nvidia's"] == "ok"
+    assert "request_type 'context_only' is not supported" in answers["disaggregated"]

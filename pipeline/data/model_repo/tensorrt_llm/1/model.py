@@ -53,6 +53,28 @@ class RequestError(ValueError):
     """A request this model refuses; the message goes back to the client."""
 
 
+#: Request parameters a request may carry. Triton's generate endpoint turns every JSON field that names no input
+#: into a request parameter and the ensemble forwards them to this model (checked on Triton 2.51): the
+#: endpoint's own (`id`, the sequence fields, `priority`, `timeout`) and NVIDIA's `request_type`
+#: (utils.cc@c2e65b8:331-351). Any other is a field the deployment does not know (a misspelt `tmperature`), and is
+#: refused instead of being dropped with a 200.
+KNOWN_REQUEST_PARAMETERS = {"id", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                            "request_type"}
+#: The only request_type the reference runtime serves: context and generation in one request (NVIDIA's default).
+REQUEST_TYPE = "context_and_generation"
+
+
+def check_request_parameters(request) -> None:
+    params = json.loads(request.parameters() or "{}")
+    unknown = sorted(set(params) - KNOWN_REQUEST_PARAMETERS)
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}: the deployment has no input or parameter of that "
+                           "name (check the spelling against the ensemble's inputs)")
+    if params.get("request_type", REQUEST_TYPE) != REQUEST_TYPE:
+        raise RequestError(f"request_type {params['request_type']!r} is not supported by the cpu target's reference "
+                           f"runtime (only {REQUEST_TYPE}: no disaggregated context/generation)")
+
+
 def intra_op_threads(config: dict) -> int:
     """The runtime's threads for one step (torch's, or ONNX Runtime's intra-op pool: both runtimes alike): the
     parameter `intra_op_threads`, else every core this process may use but one. That core is for Triton's
@@ -112,6 +134,7 @@ class Job:
 
     def parse(self, request, model: "TritonPythonModel") -> None:
         """Read the request's rows; RequestError for anything this model refuses."""
+        check_request_parameters(request)
         inputs = tensors_of(request)
         input_ids = inputs["input_ids"]
         self.batch = input_ids.shape[0]
