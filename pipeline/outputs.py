@@ -120,6 +120,15 @@ def write_manifest(directory: Path, stage: str, inputs: dict, params: dict, extr
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def check_output_is_no_input(out: Path, inputs: dict) -> None:
+    """Refuse an output directory that is, or holds, a file the stage reads (`fingerprint_inputs`' keys)."""
+    out = Path(out).resolve()
+    inside = next((name for name in inputs if Path(name) == out or out in Path(name).parents), None)
+    if inside is not None:
+        raise UserError(f"output {out} would replace the stage's own input {inside}: choose an -o outside the "
+                        "input (--force never replaces an input)")
+
+
 def check_output_free(out: Path, force: bool) -> None:
     """Refuse to overwrite an existing output unless --force was given."""
     if out.exists() and not force:
@@ -177,6 +186,8 @@ def stage_output(out: Path, stage: str, inputs: dict, params: dict, *, force: bo
     - `out` holds this stage's output of the same `inputs` (see `fingerprint_inputs`), `params` and tool
       version: yields `StageWrite(up_to_date=True)` and touches nothing (the caller returns its skipped
       result from inside the block);
+    - `out` is or contains one of the stage's input files: UserError, whatever `force` says (replacing it would
+      delete the inputs: `convert SRC -o SRC --force` deleted the model it converted);
     - `out` exists otherwise and `force` is false: UserError before anything is written;
     - else yields a temporary sibling of `out` in `.dir`; when the block ends without an exception the
       manifest (inputs, params, the outputs' sizes and hashes, `extra`) is written into it and it replaces
@@ -189,6 +200,7 @@ def stage_output(out: Path, stage: str, inputs: dict, params: dict, *, force: bo
             output.extra["seconds"] = ...
     """
     out = Path(out)
+    check_output_is_no_input(out, inputs)
     if is_up_to_date(out, stage, inputs, params):
         yield StageWrite(up_to_date=True)
         return

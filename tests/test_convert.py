@@ -316,3 +316,16 @@ def test_the_command_table_names_every_commands_module():
     for name, module in COMMAND_MODULES.items():
         owner = registered[name]
         assert owner == f"pipeline.cli.{module}" or name == "versions", (name, owner)
+
+
+@pytest.mark.parametrize("where", ["the source", "above the source"])
+def test_an_output_that_is_or_holds_the_source_is_refused_even_with_force(tiny_llama, tmp_path, where):
+    """`convert SRC -o SRC --force` exited 0 and deleted the Hugging Face model it converted (issue 25)."""
+    src = tmp_path / "models" / "tiny"
+    shutil.copytree(tiny_llama("gqa"), src)
+    before = sorted(p.name for p in src.iterdir())
+    out = src if where == "the source" else src.parent
+    result = CliRunner().invoke(main, ["convert", str(src), "-o", str(out), "--force"])
+    assert result.exit_code == 2, result.output
+    assert "would replace the stage's own input" in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in src.iterdir()) == before
