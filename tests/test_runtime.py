@@ -473,3 +473,29 @@ def test_eval_cli_reports_bad_input_in_one_line(checkpoint, tmp_path):
     assert missing_ranks.exit_code == 2 and "missing rank0.safetensors" in missing_ranks.output
     unknown = runner.invoke(main, ["eval", str(checkpoint("gqa")), "--dataset", "no-such-dataset-anywhere"])
     assert unknown.exit_code == 2 and "could not be loaded offline" in unknown.output
+
+
+def test_a_nan_weight_is_refused_by_name_by_calibrate_and_the_runtime(tiny_llama, tmp_path):
+    """NaN/inf weights converted and calibrated with exit 0 and "perplexity float nan" (issue 25 case 2)."""
+    from click.testing import CliRunner
+    from conftest import save_word_tokenizer
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.cli import main
+    from pipeline.convert import convert_model
+    from pipeline.errors import UserError
+    from pipeline.sources import resolve_model
+
+    ckpt = convert_model(resolve_model(str(tiny_llama("gqa"))), tmp_path / "ckpt", dtype="float32",
+                         progress=False).path
+    (ckpt / "tokenizer").mkdir(exist_ok=True)
+    save_word_tokenizer(ckpt / "tokenizer")
+    tensors = load_file(str(ckpt / "rank0.safetensors"))
+    tensors["transformer.layers.2.mlp.fc.weight"][3, 5] = float("nan")
+    save_file(tensors, str(ckpt / "rank0.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=r"transformer\.layers\.2\.mlp\.fc\.weight holds 1 NaN or infinite"):
+        ReferenceModel.load(ckpt)
+    result = CliRunner().invoke(main, ["calibrate", str(ckpt), "--precision", "fp8", "--samples", "2", "--seq-len",
+                                       "16", "--eval-samples", "0", "--quiet", "-o", str(tmp_path / "fp8")])
+    assert result.exit_code == 2 and "transformer.layers.2.mlp.fc.weight holds 1 NaN" in result.output, result.output
+    assert not (tmp_path / "fp8").exists()

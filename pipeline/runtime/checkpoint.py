@@ -251,7 +251,20 @@ def merge_layer(cfg: CheckpointConfig, stage: list[RankFile], local: int, layer:
         scale = same_on_all_ranks(stage, p + "attention.kv_cache_scaling_factor", g + "attention")
         kv_quant = TensorQuant(cfg.kv_cache_quant_algo.lower(), float(scale.reshape(-1)[0]))
     norms = {n.name: stage[0].read(p + n.name + ".weight").float() for n in family.layer_norms(cfg.arch)}
+    check_finite({**{f"{g}{name}.weight": lin.weight for name, lin in linears.items()},
+                  **{f"{g}{name}.bias": lin.bias for name, lin in linears.items() if lin.bias is not None},
+                  **{f"{g}{name}.weight": norm for name, norm in norms.items()}})
     return Layer(linears, norms, kv_quant)
+
+
+def check_finite(tensors: dict[str, torch.Tensor]) -> None:
+    """A NaN or infinite weight makes every output NaN (calibrate reported "perplexity nan" with exit 0): refuse
+    it by name where the runtime first reads it."""
+    for name, tensor in tensors.items():
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise UserError(f"{name} holds {bad} NaN or infinite value(s): the checkpoint is corrupt (convert it "
+                            "again from an intact source)")
 
 
 def merge_linear(cfg: CheckpointConfig, lin: LinearSpec, stage: list[RankFile], local: str, module: str) -> Linear:
