@@ -102,6 +102,7 @@ def package_build(build_dir: Path, out: Path) -> Packaged:
     machine = BuildMachine.of(build_dir, summary)
     contents = {rel: data for rel, data in collect(machine, engine=backend == ENGINE)}
     artifact = describe(machine, summary, report, target, contents)
+    artifact["directories"] = empty_directories(build_dir / "model_repo", build_dir)
     members = {MANIFEST: (json.dumps(artifact, indent=2) + "\n").encode(), **contents}
     write_tar(members, Path(out))
     return Packaged(Path(out), len(contents), sum(len(d) if isinstance(d, bytes) else d.stat().st_size
@@ -125,6 +126,13 @@ def collect(machine: BuildMachine, engine: bool):
     for pattern in VALIDATION_FILES:
         for path in sorted((build_dir / "validation").glob(pattern)):
             yield path.relative_to(build_dir).as_posix(), portable_file(path, machine)
+
+
+def empty_directories(root: Path, base: Path) -> list[str]:
+    """Directories under ROOT holding no file at any depth (the ensemble's `1/`: Triton loads no model without a
+    version directory, and a tar of files alone drops it), relative to BASE."""
+    return sorted(d.relative_to(base).as_posix() for d in root.rglob("*")
+                  if d.is_dir() and not any(p.is_file() for p in d.rglob("*")))
 
 
 def shipped_summary(machine: BuildMachine) -> bytes:
@@ -265,8 +273,10 @@ class Verification:
         return "\n".join(lines)
 
 
-def verify_archive(archive: Path, target: str | None = None) -> Verification:
-    """Read every member of ARCHIVE against its artifact.json; problems are collected, not raised."""
+def verify_archive(archive: Path, target: str | None = None, extract_to: Path | None = None) -> Verification:
+    """Read every member of ARCHIVE against its artifact.json; problems are collected, not raised. With
+    EXTRACT_TO, each listed, safe member is written there as it is hashed: what is extracted is exactly what was
+    verified (reading the archive twice let a file swapped in between be extracted unverified)."""
     archive = Path(archive)
     wanted = get_target(target) if target else None     # an unknown --target is the user's mistake
     if not archive.is_file():
@@ -274,20 +284,30 @@ def verify_archive(archive: Path, target: str | None = None) -> Verification:
     result = Verification(str(archive))
     try:
         with tarfile.open(archive, "r:") as tar:
-            seen = check_members(tar, result)
+            seen = check_members(tar, result, extract_to)
     except (tarfile.TarError, EOFError, OSError) as exc:
         result.problems.append(f"{archive}: unreadable or truncated archive ({exc})")
         return result
     expected = result.artifact.get("files", {})
     result.problems += [f"{name}: listed in {MANIFEST} but missing from the archive"
                         for name in expected if name not in seen]
+    result.problems += [f"{name}: directory {why}" for name in result.artifact.get("directories", [])
+                        if (why := unsafe_directory(name))]
     if wanted is not None and result.artifact:
         result.problems += target_mismatches(result.artifact, wanted)
     return result
 
 
-def check_members(tar: tarfile.TarFile, result: Verification) -> set[str]:
-    """Hash every regular member; artifact.json must come first (package writes it first)."""
+def unsafe_directory(name) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "not a name"
+    path = PurePosixPath(name)
+    return "outside the archive" if path.is_absolute() or escapes(path) or ".." in path.parts else None
+
+
+def check_members(tar: tarfile.TarFile, result: Verification, extract_to: Path | None = None) -> set[str]:
+    """Hash every regular member (and write it under EXTRACT_TO); artifact.json must come first (package writes it
+    first). An unsafe or unlisted member is never written."""
     seen: set[str] = set()
     for info in tar:
         unsafe = unsafe_reason(info)
@@ -298,11 +318,15 @@ def check_members(tar: tarfile.TarFile, result: Verification) -> set[str]:
             if info.name != MANIFEST:
                 result.problems.append(f"{info.name}: the archive does not start with {MANIFEST}")
                 return seen
+            data = tar.extractfile(info).read()
             try:
-                result.artifact = json.loads(tar.extractfile(info).read())
+                result.artifact = json.loads(data)
             except ValueError as exc:
                 result.problems.append(f"{MANIFEST}: not valid JSON ({exc})")
                 return seen
+            if extract_to is not None:
+                extract_to.mkdir(parents=True, exist_ok=True)
+                (extract_to / MANIFEST).write_bytes(data)
             continue
         listed = result.artifact.get("files", {}).get(info.name)
         seen.add(info.name)
@@ -310,7 +334,7 @@ def check_members(tar: tarfile.TarFile, result: Verification) -> set[str]:
             result.problems.append(f"{info.name}: not listed in {MANIFEST}")
             continue
         try:
-            got = stream_digest(tar.extractfile(info))
+            got = stream_digest(tar.extractfile(info), None if extract_to is None else extract_to / info.name)
         except (tarfile.TarError, EOFError, OSError) as exc:
             result.problems.append(f"{info.name}: truncated ({exc})")
             continue
@@ -352,11 +376,22 @@ def escapes(path: PurePosixPath) -> bool:
     return False
 
 
-def stream_digest(f) -> dict:
+def stream_digest(f, copy_to: Path | None = None) -> dict:
+    """sha256 and size of the stream F, written to COPY_TO as it is read when given."""
     digest, size = hashlib.sha256(), 0
-    while chunk := f.read(CHUNK):
-        digest.update(chunk)
-        size += len(chunk)
+    sink = None
+    if copy_to is not None:
+        copy_to.parent.mkdir(parents=True, exist_ok=True)
+        sink = open(copy_to, "wb")
+    try:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if sink is not None:
+                sink.write(chunk)
+    finally:
+        if sink is not None:
+            sink.close()
     return {"size": size, "sha256": digest.hexdigest()}
 
 
@@ -401,18 +436,14 @@ def unpack_archive(archive: Path, out: Path, target: str | None = None) -> Verif
     out = Path(out).absolute()
     if out.exists():
         raise UserError(f"{out} already exists; unpack into a new directory")
-    result = verify_archive(archive, target)
-    if not result.ok:
-        return result
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with tarfile.open(archive, "r:") as tar:
-            for info in tar:
-                dest = tmp / info.name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(info) as src, open(dest, "wb") as dst:
-                    shutil.copyfileobj(src, dst, CHUNK)
+        result = verify_archive(archive, target, extract_to=tmp)   # one read: extracted = verified
+        if not result.ok:
+            return result
+        for name in result.artifact.get("directories", []):
+            (tmp / name).mkdir(parents=True, exist_ok=True)
         for name in set(result.artifact.get("relocate", [])) & set(result.artifact["files"]):  # verified members
             path = tmp / name
             path.write_bytes(path.read_bytes().replace(ROOT_PLACEHOLDER.encode(), str(out).encode()))

@@ -84,6 +84,34 @@ def test_round_trip_package_verify_unpack(cpu_build, archive, tmp_path):
     assert all((out / n).read_bytes() == d for n, d in content.items())
     check = invoke("check", out / "model_repo")
     assert check.exit_code == 0, check.output
+    # the ensemble's empty version directory, which Triton needs to load it, comes back too (issue 25 case 7)
+    assert "model_repo/ensemble/1" in artifact["directories"] and (out / "model_repo" / "ensemble" / "1").is_dir()
+
+
+def test_unpack_extracts_the_bytes_it_verified_even_if_the_file_is_swapped(archive, tmp_path, monkeypatch):
+    """unpack verified the archive, then opened the path again to extract: an archive swapped in between was
+    extracted unverified, its `../` member outside the target (issue 25 case 9). Now one read does both."""
+    import pipeline.artifact as artifact_module
+
+    victim = tmp_path / "incoming.tar"
+    victim.write_bytes(archive.read_bytes())
+    evil = add_member(archive, tmp_path / "evil.tar", tarfile.TarInfo("model_repo/../../escaped"), b"x")
+    real_open, opened = tarfile.open, []
+
+    def open_then_swap(name, *args, **kwargs):
+        handle = real_open(name, *args, **kwargs)
+        opened.append(name)
+        if len(opened) == 1:
+            os.replace(evil, victim)    # the swap, right after the first open
+        return handle
+
+    monkeypatch.setattr(artifact_module.tarfile, "open", open_then_swap)
+    out = tmp_path / "deploy" / "out"
+    result = invoke("unpack", victim, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert len(opened) == 1
+    assert not (tmp_path / "deploy" / "escaped").exists() and not (tmp_path / "escaped").exists()
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(members(archive))
 
 
 def test_nothing_packaged_names_the_build_directory_or_home(cpu_build, archive):
