@@ -12,6 +12,7 @@ manifest -> rename); the pieces below it are what it is made of.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -201,11 +202,37 @@ def stage_output(out: Path, stage: str, inputs: dict, params: dict, *, force: bo
     """
     out = Path(out)
     check_output_is_no_input(out, inputs)
-    if is_up_to_date(out, stage, inputs, params):
-        yield StageWrite(up_to_date=True)
-        return
-    check_output_free(out, force)
-    with atomic_output_dir(out) as tmp:
-        output = StageWrite(up_to_date=False, dir=tmp, extra=dict(extra or {}))
-        yield output
-        write_manifest(tmp, stage, inputs, params, output.extra)
+    with output_lock(out):
+        if is_up_to_date(out, stage, inputs, params):
+            yield StageWrite(up_to_date=True)
+            return
+        check_output_free(out, force)
+        with atomic_output_dir(out) as tmp:
+            output = StageWrite(up_to_date=False, dir=tmp, extra=dict(extra or {}))
+            yield output
+            write_manifest(tmp, stage, inputs, params, output.extra)
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """One writer per output directory: an exclusive lock on `.NAME.lock` beside it, held while the stage runs. A
+    second process is refused at once (two `calibrate -o SAME` both printed "wrote" and one output was lost).
+    Holding the lock, every `.NAME.partial-*` / `.NAME.old-*` sibling is a killed run's leftover and is removed."""
+    out = Path(out).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.parent / f".{out.name}.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{out} is being written by another trtpipe process right now; wait for it to finish "
+                            "or choose another -o") from None
+        for stale in [*out.parent.glob(f".{out.name}.partial-*"), *out.parent.glob(f".{out.name}.old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

@@ -329,3 +329,29 @@ def test_an_output_that_is_or_holds_the_source_is_refused_even_with_force(tiny_l
     assert result.exit_code == 2, result.output
     assert "would replace the stage's own input" in result.output and "Traceback" not in result.output
     assert sorted(p.name for p in src.iterdir()) == before
+
+
+def test_a_second_writer_of_the_same_output_is_refused_and_a_killed_runs_partial_is_removed(tiny_llama, tmp_path):
+    """Two `calibrate -o SAME` at once both printed "wrote" and one output was lost; a killed run's
+    `.NAME.partial-PID` stayed forever (issue 25 cases 3, 8). The lock is held by another process here."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)"), str(tmp_path / ".ckpt.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = CliRunner().invoke(main, ["convert", str(tiny_llama("gqa")), "-o", str(out)])
+        assert busy.exit_code == 2 and "being written by another trtpipe process" in busy.output, busy.output
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    stale = tmp_path / ".ckpt.partial-4242"
+    (stale / "half").mkdir(parents=True)
+    done = CliRunner().invoke(main, ["convert", str(tiny_llama("gqa")), "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    assert not stale.exists() and not (tmp_path / ".ckpt.lock").exists()
