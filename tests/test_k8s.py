@@ -441,3 +441,28 @@ def test_a_packaged_artifact_is_fetched_verified_and_unpacked_by_every_pod(build
     assert "emptyDir" in volume and "persistentVolumeClaim" not in volume
     triton = spec["containers"][0]
     assert any(a.startswith("--model-repository=/trtpipe/model_repo") for a in triton["command"])
+
+
+def test_every_pod_runs_unprivileged_with_bounded_resources(builds, tmp_path):
+    """issue 25 case 12: no securityContext, helper containers without limits. Every container (Triton, the
+    artifact fetcher, the loader): non-root pod, RuntimeDefault seccomp, no privilege escalation, all capabilities
+    dropped, read-only root (with /tmp a volume), requests and limits; the manifests still validate strictly."""
+    url = "https://artifacts.example/a.tar"
+    fetched = objects(write_k8s(builds["rtx4090"], tmp_path / "a",
+                                K8sOptions(image="registry.example/trtpipe:0.1.0", repo_source=f"artifact:{url}")).out)
+    claimed = objects(write_k8s(builds["cpu"], tmp_path / "c", K8sOptions(image="registry.example/trtpipe:0.1.0")).out)
+    pods = [fetched["Deployment"]["spec"]["template"]["spec"], claimed["Deployment"]["spec"]["template"]["spec"]]
+    loader = yaml.safe_load((tmp_path / "c" / "model-repo-loader.yaml").read_text())
+    pods.append(loader["spec"])
+    for spec in pods:
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert c["resources"]["limits"]["memory"] and c["resources"]["limits"]["cpu"], c["name"]
+    assert len(pods[0]["initContainers"]) == 1
+    for version in K8S_VERSIONS:
+        for obj in (fetched["Deployment"], claimed["Deployment"], loader):
+            assert kubernetes_validate.validate(obj, version, strict=True)

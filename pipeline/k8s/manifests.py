@@ -43,6 +43,11 @@ LOAD_BYTES_PER_S = 100e6
 PROBE_PERIOD_S = 10
 #: Seconds the pod keeps serving after it is told to stop, while the Service stops sending it requests.
 PRESTOP_S = 10
+#: Who the pods run as: not root. NVIDIA's Triton images create the unprivileged user triton-server (uid 1000) for
+#: this; fsGroup makes the repository volume the init container fills writable by that group.
+RUN_AS = 1000
+#: What the short-lived helper containers (the artifact fetcher, the loader) may use.
+HELPER_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
 #: The shortest drain Triton is given (its own --exit-timeout-secs default).
 MIN_DRAIN_S = 30
 
@@ -110,6 +115,19 @@ def server_command(plan: Plan, sizing: PodSizing) -> list[str]:
                                                    (f"--exit-timeout-secs={sizing.drain_s}",))
 
 
+def pod_security() -> dict:
+    """The pod's securityContext: non-root, the runtime's default seccomp profile (Pod Security "restricted")."""
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security(read_only_root: bool = True) -> dict:
+    """Every container: no privilege escalation, no capabilities, the root filesystem read-only (writable paths
+    are volumes: /tmp, /dev/shm and the repository)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": read_only_root}
+
+
 def probe(path: str, period: int, failures: int) -> dict:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
 
@@ -119,7 +137,7 @@ def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
     if sizing.gpus:
         resources["nvidia.com/gpu"] = str(sizing.gpus)
     mounts = [{"name": "model-repo", "mountPath": VOLUME_ROOT, "readOnly": True},
-              {"name": "dshm", "mountPath": "/dev/shm"}]
+              {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
     if src.engine_config is not None:
         mounts.append({"name": "engine-config", "mountPath": f"{VOLUME_ROOT}/model_repo/tensorrt_llm/config.pbtxt",
                        "subPath": "config.pbtxt", "readOnly": True})
@@ -134,6 +152,7 @@ def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
         "readinessProbe": probe("/v2/health/ready", 5, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
         "resources": {"requests": resources, "limits": dict(resources)},
+        "securityContext": container_security(),
         "volumeMounts": mounts,
     }
 
@@ -152,7 +171,9 @@ def gpu_scheduling(target: str) -> dict:
 def volumes(src: DeploymentSource, source: RepoSource, sizing: PodSizing) -> list[dict]:
     repo = ({"name": "model-repo", "emptyDir": {"sizeLimit": quantity(volume_size(src))}} if source.artifact_url
             else {"name": "model-repo", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
-    found = [repo, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(sizing.shm_bytes)}}]
+    found = [repo, {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(sizing.shm_bytes)}},
+             # /tmp: the read-only root's scratch space, and where the init container downloads the archive
+             {"name": "tmp", "emptyDir": {"sizeLimit": quantity(volume_size(src)) if source.artifact_url else "1Gi"}}]
     if src.engine_config is not None:
         found.append({"name": "engine-config", "configMap": {"name": f"{src.name}-engine-config"}})
     return found
@@ -162,6 +183,7 @@ def deployment(src: DeploymentSource, image: str, replicas: Replicas, source: Re
                sizing: PodSizing) -> dict:
     pod_spec = {
         "terminationGracePeriodSeconds": sizing.grace_s,
+        "securityContext": pod_security(),
         **({"initContainers": [artifact_fetcher(src, image, source.artifact_url)]} if source.artifact_url else {}),
         "containers": [container(src, image, sizing)],
         "volumes": volumes(src, source, sizing),
@@ -212,8 +234,9 @@ def artifact_fetcher(src: DeploymentSource, image: str, url: str) -> dict:
               f'trtpipe unpack /tmp/artifact.tar --target {src.plan.target.name} -o {staging} && '
               f'mv {staging}/* {VOLUME_ROOT}/ && rm -rf {staging} /tmp/artifact.tar')
     return {"name": "fetch-artifact", "image": image, "command": ["sh", "-c", script],
-            "env": [{"name": "ARTIFACT_URL", "value": url}],
-            "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT}]}
+            "env": [{"name": "ARTIFACT_URL", "value": url}], "resources": HELPER_RESOURCES,
+            "securityContext": container_security(),
+            "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT}, {"name": "tmp", "mountPath": "/tmp"}]}
 
 
 def volume_size(src: DeploymentSource) -> int:
@@ -231,8 +254,9 @@ def volume_claim(src: DeploymentSource, source: RepoSource) -> dict:
 def loader_pod(name: str, source: RepoSource) -> dict:
     """A pod that mounts the claim writable so `kubectl cp` can fill it (applied by hand, then deleted)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-loader", "labels": labels(name)},
-            "spec": {"restartPolicy": "Never",
+            "spec": {"restartPolicy": "Never", "securityContext": pod_security(),
                      "containers": [{"name": "loader", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                                     "resources": HELPER_RESOURCES, "securityContext": container_security(),
                                      "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT}]}],
                      "volumes": [{"name": "model-repo", "persistentVolumeClaim": {"claimName": source.claim}}]}}
 
