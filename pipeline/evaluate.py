@@ -10,6 +10,7 @@ calibration never sees the evaluation lines.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from contextlib import contextmanager
@@ -55,7 +56,9 @@ class EvalResult:
     seconds: float
 
     def to_dict(self) -> dict:
-        return {"perplexity": self.perplexity, "tokens": self.tokens}
+        """JSON: a non-finite perplexity (an overflow) is null, since NaN is not JSON (`eval --json` printed NaN)."""
+        finite = self.perplexity if math.isfinite(self.perplexity) else None
+        return {"perplexity": finite, "tokens": self.tokens}
 
     def summary(self) -> str:
         runner = "reference runtime" if self.kind == "checkpoint" else "transformers"

@@ -355,3 +355,15 @@ def test_a_second_writer_of_the_same_output_is_refused_and_a_killed_runs_partial
     done = CliRunner().invoke(main, ["convert", str(tiny_llama("gqa")), "-o", str(out)])
     assert done.exit_code == 0, done.output
     assert not stale.exists() and not (tmp_path / ".ckpt.lock").exists()
+
+
+@pytest.mark.parametrize("args, flag", [(["calibrate", "CKPT", "-o", "OUT", "--precision", "fp8", "--eval-samples",
+                                          "-1"], "--eval-samples"),
+                                        (["calibrate", "CKPT", "-o", "OUT", "--precision", "fp8", "--samples", "0"],
+                                         "--samples"),
+                                        (["eval", "CKPT", "--max-samples", "0"], "--max-samples")])
+def test_a_count_below_its_range_is_exit_2_naming_the_option(args, flag, tmp_path):
+    """`--eval-samples -1` was accepted (issue 25, unclear cases)."""
+    args = [str(tmp_path / a) if a in ("CKPT", "OUT") else a for a in args]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and flag in result.output and "Traceback" not in result.output

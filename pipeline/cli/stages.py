@@ -74,7 +74,8 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--dry-run", is_flag=True, help="Do everything that needs no GPU; print the engine build command.")
 @click.option("--url", default=None, help="Validate on this running Triton server instead of the embedded one.")
 @click.option("--load-test", is_flag=True, help="Add the bounded load test to validation.")
-@click.option("--samples", type=int, default=None, help="Calibration samples (default: the recipe's).")
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help="Calibration samples (default: the recipe's).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @device_option("calibration and the golden reference run")
 @click.option("--backend", type=click.Choice(sorted(BACKEND_NAMES)), default=None,
@@ -158,8 +159,10 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
               help="Recipe name (news, cnn_dailymail), local .txt/.jsonl/.json/.parquet/.csv file, or a "
                    "Hugging Face dataset name in the local cache (default: the offline news recipe).")
 @click.option("--text-field", default=None, help="Field holding the text (default: the recipe's, else 'text').")
-@click.option("--samples", type=int, default=None, help="Number of calibration samples (default: the recipe's).")
-@click.option("--seq-len", type=int, default=None, help="Tokens per sample at most (default: the recipe's).")
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help="Number of calibration samples (default: the recipe's).")
+@click.option("--seq-len", type=click.IntRange(min=2), default=None,
+              help="Tokens per sample at most (default: the recipe's).")
 @click.option("--seed", type=int, default=None, help="Seed of the sample order (default: the recipe's).")
 @click.option("--alpha", type=float, default=None,
               help="SmoothQuant migration strength (int8-sq; default 0.8, chosen by measurement).")
@@ -172,7 +175,7 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
                    "measurement).")
 @click.option("--exclude", multiple=True, help="Keep matching modules unquantized (fnmatch on names such as "
               "transformer.layers.0.mlp.proj; repeatable). lm_head is always excluded.")
-@click.option("--eval-samples", type=int, default=40, show_default=True,
+@click.option("--eval-samples", type=click.IntRange(min=0), default=40, show_default=True,
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
 @device_option("the model runs")
 @click.option("--format", "formats", type=click.Choice(CALIBRATION_FORMATS), default="trtllm", show_default=True,
@@ -214,8 +217,9 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
                    "cache (default: the held-out part of the offline news corpus).")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
               help="Tokenizer directory (default: CHECKPOINT/tokenizer, or the model's own).")
-@click.option("--window", type=int, default=512, show_default=True, help="Tokens per scored window.")
-@click.option("--max-samples", type=int, default=None, help="Score only the first N samples.")
+@click.option("--window", type=click.IntRange(min=2), default=512, show_default=True,
+              help="Tokens per scored window.")
+@click.option("--max-samples", type=click.IntRange(min=1), default=None, help="Score only the first N samples.")
 @device_option("the model runs")
 @click.option("--json", "as_json", is_flag=True, help='Print {"perplexity": ..., "tokens": ...}.')
 def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
