@@ -499,3 +499,14 @@ def test_a_nan_weight_is_refused_by_name_by_calibrate_and_the_runtime(tiny_llama
                                        "16", "--eval-samples", "0", "--quiet", "-o", str(tmp_path / "fp8")])
     assert result.exit_code == 2 and "transformer.layers.2.mlp.fc.weight holds 1 NaN" in result.output, result.output
     assert not (tmp_path / "fp8").exists()
+
+
+def test_eval_json_writes_an_overflowed_perplexity_as_null():
+    """`eval --json` printed NaN, which no JSON parser reads (issue 25, unclear cases)."""
+    import json
+
+    from pipeline.evaluate import EvalResult
+
+    for value in (float("nan"), float("inf")):
+        text = json.dumps(EvalResult(value, 10, "m", "checkpoint", "d", 0.1).to_dict(), allow_nan=False)
+        assert json.loads(text) == {"perplexity": None, "tokens": 10}
