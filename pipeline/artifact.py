@@ -35,6 +35,7 @@ verified archive.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -299,10 +300,8 @@ def verify_archive(archive: Path, target: str | None = None, extract_to: Path | 
 
 
 def unsafe_directory(name) -> str | None:
-    if not isinstance(name, str) or not name:
-        return "not a name"
-    path = PurePosixPath(name)
-    return "outside the archive" if path.is_absolute() or escapes(path) or ".." in path.parts else None
+    """Why creating artifact.json's directory `name` could reach outside the extraction directory."""
+    return "not a name" if not isinstance(name, str) or not name else path_problem(name)
 
 
 def check_members(tar: tarfile.TarFile, result: Verification, extract_to: Path | None = None) -> set[str]:
@@ -349,10 +348,8 @@ def check_members(tar: tarfile.TarFile, result: Verification, extract_to: Path |
 def unsafe_reason(info: tarfile.TarInfo) -> str | None:
     """Why extracting this member could write outside the directory, or something other than a file."""
     path = PurePosixPath(info.name)
-    if path.is_absolute() or info.name.startswith(("/", "\\")):
-        return "absolute path"
-    if ".." in path.parts:
-        return "path with '..'"
+    if problem := path_problem(info.name):
+        return problem
     if info.issym() or info.islnk():
         base = path.parent if info.issym() else PurePosixPath()   # a hard link names a member of the archive
         outside = escapes(base / info.linkname)
@@ -361,6 +358,15 @@ def unsafe_reason(info: tarfile.TarInfo) -> str | None:
         return "device or fifo"
     if not info.isfile():
         return f"not a regular file (type {info.type!r})"
+    return None
+
+
+def path_problem(name: str) -> str | None:
+    """Why a member or directory name, taken relative to the extraction directory, could lead out of it."""
+    if PurePosixPath(name).is_absolute() or name.startswith(("/", "\\")):
+        return "absolute path"
+    if ".." in PurePosixPath(name).parts:
+        return "path with '..'"
     return None
 
 
@@ -379,19 +385,14 @@ def escapes(path: PurePosixPath) -> bool:
 def stream_digest(f, copy_to: Path | None = None) -> dict:
     """sha256 and size of the stream F, written to COPY_TO as it is read when given."""
     digest, size = hashlib.sha256(), 0
-    sink = None
     if copy_to is not None:
         copy_to.parent.mkdir(parents=True, exist_ok=True)
-        sink = open(copy_to, "wb")
-    try:
+    with open(copy_to, "wb") if copy_to is not None else contextlib.nullcontext() as sink:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
             size += len(chunk)
             if sink is not None:
                 sink.write(chunk)
-    finally:
-        if sink is not None:
-            sink.close()
     return {"size": size, "sha256": digest.hexdigest()}
 
 

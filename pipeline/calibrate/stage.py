@@ -57,7 +57,7 @@ class CalibrateOptions:
     damp: float = DEFAULT_DAMP
     eval_samples: int = 40
     device: str = "auto"
-    format: str = "trtllm"        # FORMATS: both adds OUT/hf, hf writes the Hugging Face FP8 checkpoint alone to OUT
+    format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf writes the HF FP8 checkpoint alone
     force: bool = False
     progress: bool = True
 

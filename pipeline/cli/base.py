@@ -23,7 +23,7 @@ MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging
 
 #: Each command -> the module of this package that registers it on `main` when imported. A command's module is
 #: imported only when that command runs (or help lists them all), so `trtpipe convert` does not pay for the
-#: server, requests and the backends at start-up (tests/test_cli.py checks the table against the modules).
+#: server, requests and the backends at start-up (tests/test_convert.py checks the table against the modules).
 COMMAND_MODULES = {
     **dict.fromkeys(("setup", "convert", "calibrate", "eval", "export-onnx", "targets", "plan", "compile", "deploy",
                      "build"), "stages"),

@@ -121,11 +121,11 @@ def pod_security() -> dict:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def container_security(read_only_root: bool = True) -> dict:
+def container_security() -> dict:
     """Every container: no privilege escalation, no capabilities, the root filesystem read-only (writable paths
     are volumes: /tmp, /dev/shm and the repository)."""
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": read_only_root}
+            "readOnlyRootFilesystem": True}
 
 
 def probe(path: str, period: int, failures: int) -> dict:

@@ -129,12 +129,21 @@ def qdq(g: GraphBuilder, x: str, quant: TensorQuant, name: str) -> str:
     return g.op("DequantizeLinear", [g.op("QuantizeLinear", [x, scale, zp]), scale, zp])
 
 
-def linear_input(g: GraphBuilder, x: str, lin: Linear, name: str) -> str:
-    """quant(x * prequant), the smoothed input (before Q/DQ) named `name`."""
+def smoothed_input(g: GraphBuilder, x: str, lin: Linear, name: str) -> str:
+    """x * prequant (SmoothQuant's smoothing, when the linear has it), named `name` (the calibration cache's name)."""
     if lin.prequant is not None:
         x = g.op("Mul", [x, g.const(name + ".prequant_scaling_factor", lin.prequant.numpy())])
-    x = g.op("Identity", [x], out=name)
+    return g.op("Identity", [x], out=name)
+
+
+def linear_input(g: GraphBuilder, x: str, lin: Linear, name: str) -> str:
+    """quant(x * prequant), the smoothed input (before Q/DQ) named `name`."""
+    x = smoothed_input(g, x, lin, name)
     return x if lin.act_quant is None else qdq(g, x, lin.act_quant, name + ".activation")
+
+
+def with_bias(g: GraphBuilder, y: str, lin: Linear, name: str) -> str:
+    return y if lin.bias is None else g.op("Add", [y, g.float_weight(name + ".bias", lin.bias)])
 
 
 def matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
@@ -144,10 +153,7 @@ def matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, nam
     else:
         data, scale = weight_tensor(name + ".weight", qw)
         weight = g.op("DequantizeLinear", [g.tensor(data), g.tensor(scale)], axis=1)
-    y = g.op("MatMul", [x, weight])
-    if lin.bias is not None:
-        y = g.op("Add", [y, g.float_weight(name + ".bias", lin.bias)])
-    return y
+    return with_bias(g, g.op("MatMul", [x, weight]), lin, name)
 
 
 def linear(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
@@ -161,9 +167,7 @@ def rank_blocked_matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeigh
     the ranks compute it: the smoothed input split into the ranks' slices, each quantized (the one activation scale,
     a Q/DQ pair per slice so that ONNX Runtime fuses each into an integer GEMM) and multiplied by its slice of the
     weight, the partial products summed (the ranks' all-reduce), then the bias."""
-    if lin.prequant is not None:
-        x = g.op("Mul", [x, g.const(name + ".prequant_scaling_factor", lin.prequant.numpy())])
-    x = g.op("Identity", [x], out=name)
+    x = smoothed_input(g, x, lin, name)
     width = qw.values.shape[1] // qw.blocks
     widths = g.const(name + ".rank_widths", np.array([width] * qw.blocks, np.int64))
     partial = []
@@ -171,10 +175,7 @@ def rank_blocked_matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeigh
         piece = qdq(g, piece, lin.act_quant, f"{name}.rank{rank}.activation")
         data, scale = weight_tensor(f"{name}.rank{rank}.weight", qw.block(rank))
         partial.append(g.op("MatMul", [piece, g.op("DequantizeLinear", [g.tensor(data), g.tensor(scale)], axis=1)]))
-    y = g.op("Sum", partial)
-    if lin.bias is not None:
-        y = g.op("Add", [y, g.float_weight(name + ".bias", lin.bias)])
-    return y
+    return with_bias(g, g.op("Sum", partial), lin, name)
 
 
 def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quantized: dict, x: str,

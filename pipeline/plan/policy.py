@@ -84,8 +84,8 @@ def resolve_kv_cache_dtype(kv_cache: str, precision: str, dtype: str,
 
 
 def kv_cache_request(plan: Plan) -> str:
-    """The --kv-cache value that plans `plan`'s KV cache again: one rule for every command that re-plans from a
-    plan.json (tune, density, versions).
+    """The --kv-cache value that plans `plan`'s KV cache again: the one rule for re-planning from a plan.json
+    (`replan`; tune's candidates are planned with it).
 
     A quantized cache is named by its algorithm. An unquantized one is requested by the engine dtype of the plan's
     precision (`engine_dtype`), which is not always `plan.dtype`: that is the dtype the backend computes in, and the
