@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from . import TRTLLM_VERSION
 from .backends.nvidia_contract import FATAL, LITERAL, PYTHON_MODELS, TENSORRTLLM, UNSET, Parameter, required_keys
 from .errors import UserError
+from .triton_contract import MODELS as NVIDIA_TENSORS, declared_differently
 from .tritonconfig import dtype_name, parse_pbtxt
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -29,8 +30,8 @@ PAGED_FMHA_PARAMETERS = ("enable_kv_cache_reuse", "enable_chunked_context")
 
 @dataclass(frozen=True)
 class Finding:
-    code: str        # schema | placeholder | parameter | wiring | batch-size | streaming | paged-context-fmha |
-    #                  preferred-batch-size | engine-version | engine | llm-api
+    code: str        # schema | placeholder | parameter | wiring | tensor | batch-size | streaming |
+    #                  paged-context-fmha | preferred-batch-size | engine-version | engine | llm-api
     severity: str    # error | warning | info
     file: str        # relative to the repository
     field: str
@@ -110,6 +111,7 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
     findings += check_preferred_batch_sizes(models)
     for ensemble in (m for m in models.values() if m.config.platform == "ensemble"):
         findings += check_ensemble(ensemble, models, unparsed)
+        findings += check_tensor_contract(models)
     findings += check_streaming(models)
     findings += check_llm_api_yaml(repo)
     engine_path = None
@@ -342,6 +344,31 @@ def check_ensemble(ensemble: Model, models: dict[str, Model], unparsed: set[str]
         if name not in produced and name not in unknown:
             add(f"output[{name}]", f"ensemble output {name!r} is produced by no step",
                 "map a step output to it or remove it")
+    return findings
+
+
+def check_tensor_contract(models: dict[str, Model]) -> list[Finding]:
+    """An inflight_batcher_llm repository's tensors against NVIDIA's (`triton_contract`): one NVIDIA's own Python
+    models request and clients send. A missing tensor is a warning (the feature is lost, and NVIDIA's
+    preprocessing or BLS fail on the config); one declared otherwise than NVIDIA declares it is an error."""
+    findings = []
+    for name, (inputs, outputs) in NVIDIA_TENSORS.items():
+        model = models.get(name)
+        if model is None:
+            continue
+        for specs, declared, kind in ((inputs, model.inputs(), "input"), (outputs, model.outputs(), "output")):
+            missing = [s.name for s in specs if s.name not in declared]
+            if missing:
+                findings.append(Finding("tensor", "warning", model.file, f"{kind}s",
+                                        f"{len(missing)} of NVIDIA's {len(specs)} {kind}s are not declared: "
+                                        f"{', '.join(missing)}",
+                                        "declare them as NVIDIA's config.pbtxt does (`trtpipe deploy` writes all); "
+                                        "an undeclared tensor is refused by Triton"))
+            for spec in (s for s in specs if s.name in declared):
+                problem = declared_differently(spec, declared[spec.name], dtype_name, kind == "input")
+                if problem:
+                    findings.append(Finding("tensor", "error", model.file, f"{kind}[{spec.name}]", problem,
+                                            "declare it as NVIDIA's config.pbtxt does"))
     return findings
 
 

@@ -1,7 +1,7 @@
 """The deploy stage: a plan (+ engine or checkpoint) -> a Triton model repository.
 
 The repository has the five models of NVIDIA's inflight_batcher_llm layout with NVIDIA's tensor
-contract (see `tritonconfig`): `ensemble`, `preprocessing`, `tensorrt_llm`, `postprocessing` and
+contract (`triton_contract`): `ensemble`, `preprocessing`, `tensorrt_llm`, `postprocessing` and
 `tensorrt_llm_bls`. Every config.pbtxt is a `ModelConfig` protobuf message serialized with text_format.
 
 Four models are the same for every plan; `tensorrt_llm` is the plan's backend's (`pipeline.backends`,
@@ -13,9 +13,9 @@ chosen by `plan.backend`):
 - reference: a Python-backend model (data/model_repo/tensorrt_llm) that runs trtpipe's reference runtime
   over the checkpoint copied into `tensorrt_llm/1/checkpoint`, with the runtime package copied beside it.
 
-Tokenizer files are copied into `preprocessing/1/tokenizer` and `postprocessing/1/tokenizer` and the
-Python models resolve every path relative to their own directory: the repository is self-contained
-and relocatable (the GPU engine excepted, which is referenced, not copied).
+Tokenizer files are copied into `preprocessing/1/tokenizer` and `postprocessing/1/tokenizer`, named relative
+to the repository's root (`tokenizer_parameter`): the repository is self-contained and relocatable (the GPU
+engine excepted, which is referenced, not copied).
 
 What the repository serves is recorded in its manifest under `deployment` (see `Deployment`): the model,
 precision, backend, target and the served checkpoint's dtype. `trtpipe validate REPO` reads it there
@@ -40,10 +40,11 @@ from .errors import UserError
 from .outputs import fingerprint_inputs, read_manifest, stage_output
 from .plan import Plan
 from .precisions import QUANT_ALGO
-from .tritonconfig import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, POSTPROCESSING_INPUTS,
-                           POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
-                           TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS, Batching, ModelSpec, build_model_config,
-                           to_pbtxt)
+from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, POSTPROCESSING_INPUTS,
+                              POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
+                              TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS, TENSORRT_LLM_INPUTS,
+                              TENSORRT_LLM_OUTPUTS)
+from .tritonconfig import Batching, ModelSpec, build_model_config, to_pbtxt
 
 STAGE = "deploy"
 MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
@@ -111,7 +112,7 @@ class DeployResult:
                 else f"serve it{gpus} in the trtpipe image with:\n  ")
         return (f"wrote Triton model repository {self.path} for target {self.target}: "
                 f"{', '.join(self.models)} ({backend})\ncheck it with `trtpipe check {self.path}`\n{here}"
-                f"MODEL_REPOSITORY={shlex.quote(str(self.path))} {shell_command(self.deployment.serve_command)}")
+                f"cd {shlex.quote(str(self.path))} && MODEL_REPOSITORY=. {shell_command(self.deployment.serve_command)}")
 
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
@@ -214,22 +215,33 @@ def settings_from_plan(plan: Plan, engine: Path | None) -> DeploySettings:
 
 # ------------------------------------------------------------------------------------------ the configs
 
+def tokenizer_parameter(model: str) -> dict[str, str]:
+    """`tokenizer_dir` relative to the repository's root. NVIDIA's pre/postprocessing hand the value to
+    `AutoTokenizer.from_pretrained` as it is (preprocessing/1/model.py:63-64, 108-111), so a relative path is
+    relative to tritonserver's working directory; every server trtpipe starts or writes a command for runs in
+    the repository's root (server._launch, the Kubernetes pod's workingDir, the recorded serve command), and
+    trtpipe's own models resolve it against the root too, whatever the working directory. An absolute path
+    would name this machine; a bare "tokenizer" made NVIDIA's models fall back to the Hugging Face Hub."""
+    return {"tokenizer_dir": f"{model}/1/tokenizer"}
+
+
 def model_specs(s: DeploySettings) -> list[ModelSpec]:
-    tokenizer = {"tokenizer_dir": "tokenizer"}
     return [
         ModelSpec("ensemble", s.max_batch_size, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, platform="ensemble",
                   steps=ENSEMBLE_STEPS),
         ModelSpec("preprocessing", s.max_batch_size, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, backend="python",
-                  batching=s.batching(), instance_count=1, parameters={**tokenizer, "add_special_tokens": "true",
-                                                           # NVIDIA's preprocessing reads it with []: "" = text only
-                                                           "multimodal_model_path": ""}),
+                  batching=s.batching(), instance_count=1,
+                  # NVIDIA's preprocessing reads multimodal_model_path with []: "" = text only
+                  parameters={**tokenizer_parameter("preprocessing"), "add_special_tokens": "true",
+                              "multimodal_model_path": ""}),
         ModelSpec("tensorrt_llm", s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS,
                   backend=s.triton_backend, batching=s.batching(), decoupled=s.decoupled, instance_count=1,
                   parameters=s.trtllm_parameters),
         ModelSpec("postprocessing", s.max_batch_size, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
                   backend="python", batching=Batching(), instance_count=1,
-                  parameters={**tokenizer, "skip_special_tokens": "true"}),
-        ModelSpec("tensorrt_llm_bls", s.max_batch_size, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, backend="python",
+                  parameters={**tokenizer_parameter("postprocessing"), "skip_special_tokens": "true"}),
+        ModelSpec("tensorrt_llm_bls", s.max_batch_size, TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS,
+                  backend="python",
                   decoupled=s.decoupled, instance_count=1,
                   parameters={"tensorrt_llm_model_name": "tensorrt_llm", "accumulate_tokens": "false"}),
     ]

@@ -288,10 +288,12 @@ def _address_in_use(log_tail: str) -> bool:
 
 
 def _launch(command: list[str], environment: dict[str, str], ports: tuple[int, int, int], host: str,
-            log_path: Path) -> TritonServer:
+            log_path: Path, repo: Path) -> TritonServer:
+    """tritonserver started in the repository's root: NVIDIA's Python models resolve a relative tokenizer_dir
+    against the working directory (deploy.tokenizer_parameter)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log,
+        process = subprocess.Popen(command, stdout=log, cwd=repo,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                                    start_new_session=True, preexec_fn=_die_with_parent)
     connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -333,7 +335,7 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
         for attempt in range(3):
             ports = (http_port, http_port + 1, http_port + 2) if http_port else (free_port(), free_port(), free_port())
             command = server_command(dist, repo, backends, ports, host, model_control)
-            server = _launch(command, environment, ports, host, log_path)
+            server = _launch(command, environment, ports, host, log_path, repo)
             try:
                 wait_until_ready(server, ready_timeout)
                 break

@@ -162,7 +162,7 @@ def test_cpu_repository_is_self_contained(cpu_repo, plans, tiny_checkpoint):
     assert (version / "checkpoint" / "rank0.safetensors").stat().st_size == \
         (tiny_checkpoint / "rank0.safetensors").stat().st_size
     for model in ("preprocessing", "postprocessing"):
-        assert params(c[model])["tokenizer_dir"] == "tokenizer"
+        assert params(c[model])["tokenizer_dir"] == f"{model}/1/tokenizer"   # relative to the repository's root
         assert (cpu_repo / model / "1" / "tokenizer" / "tokenizer.json").is_file()
     inputs = [str(tiny_checkpoint), str(tiny_checkpoint.parent), str(Path(__file__).parents[1])]
     for f in cpu_repo.rglob("*"):
@@ -203,8 +203,29 @@ def test_repository_is_relocatable(cpu_repo, tmp_path):
     moved = tmp_path / "elsewhere" / "repo"
     shutil.copytree(cpu_repo, moved)
     assert check_repository(moved).ok
-    tok_dir = moved / "preprocessing" / "1" / params(configs(moved)["preprocessing"])["tokenizer_dir"]
+    tok_dir = moved / params(configs(moved)["preprocessing"])["tokenizer_dir"]
     assert AutoTokenizer.from_pretrained(tok_dir).encode("Hello world")
+
+
+def test_servers_run_in_the_repository_root_where_nvidias_models_resolve_tokenizer_dir(cpu_repo, tmp_path,
+                                                                                        monkeypatch):
+    """NVIDIA's preprocessing hands tokenizer_dir to AutoTokenizer as it is: relative to the working directory.
+    The repository-relative value resolves from the repository's root, where the embedded server starts."""
+    from transformers import AutoTokenizer
+
+    from pipeline import server
+
+    started = {}
+
+    class Popen:
+        def __init__(self, command, **kwargs):
+            started.update(kwargs)
+
+    monkeypatch.setattr(server.subprocess, "Popen", Popen)
+    server._launch(["tritonserver"], {}, (1, 2, 3), "127.0.0.1", tmp_path / "log", cpu_repo)
+    monkeypatch.chdir(started["cwd"])
+    for model in ("preprocessing", "postprocessing"):
+        assert AutoTokenizer.from_pretrained(params(configs(cpu_repo)[model])["tokenizer_dir"]).encode("Hi")
 
 
 def test_rerun_with_same_inputs_does_nothing_and_changed_inputs_need_force(plans, tiny_checkpoint, tmp_path):

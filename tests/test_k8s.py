@@ -20,7 +20,7 @@ from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
 from pipeline.k8s import K8sOptions, monitoring as mon, scale_ratio, write_k8s
 from pipeline.k8s.dashboard import dashboard_expressions
-from pipeline.k8s.manifests import GPU_PRODUCTS, LOAD_BYTES_PER_S, SHM_PER_RANK
+from pipeline.k8s.manifests import GPU_PRODUCTS, LOAD_BYTES_PER_S, SHM_PER_RANK, VOLUME_ROOT
 from pipeline.k8s.source import read_source
 from pipeline.plan import Workload, load_plan, make_plan, resolve_model_info, save_plan
 from pipeline.server import ServerPool
@@ -191,6 +191,8 @@ def test_cpu_target_gets_the_same_manifests_without_gpus(builds, written):
     spec = pod(written["cpu"])
     assert "affinity" not in spec and "tolerations" not in spec
     assert "--allow-gpu-metrics=false" in spec["containers"][0]["command"]
+    # NVIDIA's Python models resolve the repository-relative tokenizer_dir against the working directory
+    assert spec["containers"][0]["workingDir"] == f"{VOLUME_ROOT}/model_repo"
     plan = load_plan(builds["cpu"] / "plan.json")
     memory = int(spec["containers"][0]["resources"]["requests"]["memory"].removesuffix("Gi")) * GIB
     assert memory >= plan.memory.weights_bytes_per_rank + plan.memory.kv_cache_bytes + SHM_PER_RANK

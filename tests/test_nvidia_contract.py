@@ -73,3 +73,61 @@ def test_removing_one_is_caught_by_check(repositories, tmp_path):
     path.write_text(to_pbtxt(config))
     assert [f.field for f in check_repository(repo).findings if f.code == "parameter"] == [
         "parameters[guided_decoding_backend]"]
+
+
+def written_tensor_contract() -> dict[tuple[str, str], list[tuple]]:
+    """docs/upstream-facts.md §B3's blocks: (model, inputs|outputs) -> [(name, type, dims, opt, scalar, ragged)],
+    and (step MODEL, input_map|output_map) -> [(model tensor, ensemble tensor)]."""
+    text = FACTS.read_text()
+    blocks = re.findall(r"^```contract (.+?) (\w+)\n(.*?)^```$", text, re.M | re.S)
+    contract = {}
+    for model, kind, body in blocks:
+        if model.startswith("step "):
+            contract[(model, kind)] = [tuple((item.split(":") + [item])[:2]) for item in body.split()]
+            continue
+        rows = []
+        for line in body.strip().splitlines():
+            name, dtype, dims, *flags = line.split()
+            rows.append((name, "TYPE_FP32" if dtype == "LOGITS" else f"TYPE_{dtype}",
+                         tuple(int(d) for d in dims.split(",")), "opt" in flags, "scalar" in flags, "ragged" in flags))
+        contract[(model, kind)] = rows
+    return contract
+
+
+def declared(config, kind: str) -> list[tuple]:
+    from pipeline.tritonconfig import dtype_name
+
+    if kind == "outputs":
+        return [(t.name, dtype_name(t.data_type), tuple(t.dims)) for t in config.output]
+    return [(t.name, dtype_name(t.data_type), tuple(t.dims), t.optional, t.HasField("reshape"), t.allow_ragged_batch)
+            for t in config.input]
+
+
+def test_the_written_contract_has_nvidias_counts():
+    """The counts the issue read in NVIDIA's 1.2.0rc8 configs (inputs/outputs), the ensemble's duplicate counted once."""
+    counts = {key: len(rows) for key, rows in written_tensor_contract().items() if not key[0].startswith("step")}
+    assert counts == {("ensemble", "inputs"): 36, ("ensemble", "outputs"): 19, ("preprocessing", "inputs"): 14,
+                      ("preprocessing", "outputs"): 20, ("tensorrt_llm", "inputs"): 62, ("tensorrt_llm", "outputs"): 21,
+                      ("postprocessing", "inputs"): 2, ("postprocessing", "outputs"): 1,
+                      ("tensorrt_llm_bls", "inputs"): 42, ("tensorrt_llm_bls", "outputs"): 19}
+
+
+@pytest.mark.parametrize("kind", ["gpu", "cpu"])
+def test_every_tensor_of_nvidias_contract_is_declared_as_nvidia_declares_it(repositories, kind):
+    """Names, data types, dims, optional, reshape and ragged batching of all five models, and the ensemble's maps:
+    removing or changing one tensor in a generated repository fails here."""
+    contract = written_tensor_contract()
+    repo = repositories[kind]
+    for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
+        config = parse_pbtxt((repo / model / "config.pbtxt").read_text())
+        for io in ("inputs", "outputs"):
+            got = declared(config, io)
+            want = [w if io == "inputs" else w[:3] for w in contract[(model, io)]]  # outputs: no input properties
+            assert got == want, (kind, model, io, set(want) ^ set(got))
+    ensemble = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text())
+    for step in ensemble.ensemble_scheduling.step:
+        for io in ("input_map", "output_map"):
+            assert sorted(getattr(step, io).items()) == sorted(contract[(f"step {step.model_name}", io)]), (
+                step.model_name, io)
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm",
+                                                                         "postprocessing"]

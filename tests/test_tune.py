@@ -436,7 +436,7 @@ def test_trials_are_loaded_into_a_running_server_with_model_control(build, tmp_p
     command = triton.server_command(dist, build / "model_repo", backends, ports, "127.0.0.1", "explicit")
     process = triton._launch(command,
                              triton.server_environment(dist, tmp_path / "ws"), ports, "127.0.0.1",
-                             tmp_path / "server.log")
+                             tmp_path / "server.log", build / "model_repo")
     try:
         triton.wait_until_ready(process, 600)
         out = tmp_path / "study"

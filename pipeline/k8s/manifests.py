@@ -145,6 +145,7 @@ def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
         "name": "triton",
         "image": image,
         "command": server_command(src.plan, sizing),
+        "workingDir": f"{VOLUME_ROOT}/model_repo",   # NVIDIA's models resolve tokenizer_dir against it (deploy)
         "ports": [{"name": "http", "containerPort": HTTP}, {"name": "grpc", "containerPort": GRPC},
                   {"name": "metrics", "containerPort": METRICS}],
         "startupProbe": probe("/v2/health/ready", PROBE_PERIOD_S, sizing.startup_s // PROBE_PERIOD_S),

@@ -20,7 +20,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..runtime.generate import EndCallback, TokenCallback, check_requests, generate
+from ..runtime.generate import (
+    EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, token_steps,
+)
 from ..runtime.sampling import SamplingConfig
 from . import CONFIG_FILE
 
@@ -86,8 +88,13 @@ class OrtDecoder:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
                  on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> list[list[int]]:
         """New tokens of every prompt, as `ReferenceModel.generate` makes them."""
+        return [result.tokens for result in self.generate_rows(prompts, sampling, token_steps(on_token), on_end)]
+
+    def generate_rows(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
+                      on_step: StepCallback | None = None, on_end: EndCallback | None = None) -> list[RowResult]:
+        """Each request's record, as `ReferenceModel.generate_rows` makes it."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate(OrtBatch(self, prompts), configs, on_token, on_end)
+        return generate_rows(OrtBatch(self, prompts), configs, on_step, on_end, prompts)
 
 
 def session_options(ort, precision: str, threads: int | None):
@@ -117,6 +124,15 @@ class OrtBatch:
         self.cache = decoder.empty_cache(0)
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
+        return torch.from_numpy(self._prefill(rows)[:, -1])
+
+    def prefill_context(self, rows: list[int]) -> list[torch.Tensor]:
+        """Each row's logits at every prompt position: the graph computes them all anyway, left-padded."""
+        logits = self._prefill(rows)
+        return [torch.from_numpy(logits[i, logits.shape[1] - len(self.prompts[r]):].copy()) for i, r in enumerate(rows)]
+
+    def _prefill(self, rows: list[int]) -> np.ndarray:
+        """The rows' prompts, left-padded, into a new cache: logits [len(rows), longest prompt, vocab]."""
         width = max(len(self.prompts[r]) for r in rows)
         ids, positions, mask = (np.zeros((len(rows), width), np.int64) for _ in range(3))
         for i, r in enumerate(rows):
@@ -124,7 +140,7 @@ class OrtBatch:
             ids[i, width - n:], positions[i, width - n:], mask[i, width - n:] = self.prompts[r], np.arange(n), 1
         logits, self.cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask)
         self.rows, self.next = rows, positions[:, -1:] + 1
-        return torch.from_numpy(logits[:, -1])
+        return logits
 
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
         if rows != self.rows:

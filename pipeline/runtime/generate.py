@@ -2,19 +2,22 @@
 
 A runtime provides a `Decoder` for one batch of prompts: `prefill(rows)` computes the prompts of those
 rows and returns the logits of each prompt's last token, `decode(rows, tokens)` feeds one new token per
-row after everything that row has seen and returns the next logits. `generate` picks tokens with
-`TokenSelector` (pipeline/runtime/sampling.py) and decides when each request ends, so the torch reference
+row after everything that row has seen and returns the next logits. A `ContextDecoder` can also return the
+logits of every prompt position (`prefill_context`), which `generate_rows` asks for only when a request wants
+its context logits. `generate_rows` picks tokens with `TokenSelector` (pipeline/runtime/sampling.py), decides
+when each request ends and records what each request asked for in a `RowResult`, so the torch reference
 runtime (pipeline/runtime/model.py) and ONNX Runtime (pipeline/onnx/runner.py) generate alike.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from ..errors import UserError
-from .sampling import SamplingConfig, TokenSelector
+from .sampling import Choice, SamplingConfig, TokenSelector
 
 #: on_token(row, token), called for every output token; returning False ends that row now (its client is gone)
 TokenCallback = Callable[[int, int], "bool | None"]
@@ -31,10 +34,64 @@ class Decoder(Protocol):
         """float32 [len(rows), vocab]: the logits after feeding `tokens[i]` to row `rows[i]`."""
 
 
+@runtime_checkable
+class ContextDecoder(Decoder, Protocol):
+    def prefill_context(self, rows: list[int]) -> list[torch.Tensor]:
+        """What `prefill` does, returning each row's logits at every prompt position: float32 [prompt_len, vocab]
+        per row, whose last row is what `prefill` returns."""
+
+
+@dataclass
+class RowResult:
+    """What one request produced, filled in as it generates (a streaming callback sees it grow).
+
+    tokens: the output tokens (no end id). log_probs: one per output token when the request asks for them
+    (see TokenSelector for which distribution). end_log_prob: the end id's log probability when the request
+    ended with it: TensorRT-LLM adds the sampled token's log prob to cum_log_probs before it checks for the end
+    id (kernels/samplingTopKKernels.cu @ 0396172), so `cum_log_prob` includes it. context_logits: float32
+    [prompt_len, vocab], the raw logits of every prompt position. generation_logits: the raw model logits
+    [vocab] of each step that produced an output token (`generation_logits_tensor()` stacks them).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] | None = None
+    end_log_prob: float | None = None
+    context_logits: torch.Tensor | None = None
+    generation_logits: list[torch.Tensor] | None = None
+
+    @classmethod
+    def for_request(cls, cfg: SamplingConfig) -> "RowResult":
+        return cls(log_probs=[] if cfg.log_probs else None, generation_logits=[] if cfg.generation_logits else None)
+
+    @property
+    def cum_log_prob(self) -> float | None:
+        if self.log_probs is None:
+            return None
+        return sum(self.log_probs) + (self.end_log_prob or 0.0)
+
+    def generation_logits_tensor(self) -> torch.Tensor | None:
+        """float32 [len(tokens), vocab], or None when the request did not ask for generation logits."""
+        if self.generation_logits is None:
+            return None
+        return torch.stack(self.generation_logits) if self.generation_logits else torch.empty(0, 0)
+
+    def add(self, choice: Choice, logits: torch.Tensor) -> None:
+        self.tokens.append(choice.token)
+        if self.log_probs is not None:
+            self.log_probs.append(choice.log_prob)
+        if self.generation_logits is not None:
+            self.generation_logits.append(logits.detach().clone().float())
+
+
+#: on_step(row, result), called after every output token with that row's record (the token is
+#: result.tokens[-1], its log prob result.log_probs[-1]); returning False ends that row now
+StepCallback = Callable[[int, RowResult], "bool | None"]
+
+
 def check_requests(prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
                    vocab_size: int, max_positions: int) -> list[SamplingConfig]:
-    """One SamplingConfig per prompt; UserError for an empty prompt, an id outside the vocabulary or a
-    request longer than the model's positions."""
+    """One SamplingConfig per prompt; UserError for an empty prompt, an id outside the vocabulary, a
+    request longer than the model's positions or an embedding bias that is not [vocab_size]."""
     configs = [sampling] * len(prompts) if isinstance(sampling, SamplingConfig) else list(sampling)
     if len(configs) != len(prompts):
         raise UserError(f"got {len(configs)} sampling configs for {len(prompts)} prompts")
@@ -47,40 +104,81 @@ def check_requests(prompts: Sequence[Sequence[int]], sampling: SamplingConfig | 
         if total > max_positions:
             raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
                             f"max_position_embeddings {max_positions}")
+        if cfg.embedding_bias is not None and cfg.embedding_bias.numel() != vocab_size:
+            raise UserError(f"prompt {r}: embedding_bias has {cfg.embedding_bias.numel()} entries, the vocabulary "
+                            f"{vocab_size}")
     return configs
 
 
 def generate(decoder: Decoder, configs: list[SamplingConfig], on_token: TokenCallback | None,
-             on_end: EndCallback | None = None) -> list[list[int]]:
-    """New tokens of every row. Rows share batched decode steps; a finished row leaves the batch."""
-    selectors = [TokenSelector(c) for c in configs]
-    outputs: list[list[int]] = [[] for _ in configs]
+             on_end: EndCallback | None = None, prompts: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+    """New tokens of every row (`generate_rows` without the records). Without `prompts`, penalties and bad
+    words see only each row's output."""
+    return [result.tokens for result in generate_rows(decoder, configs, token_steps(on_token), on_end, prompts)]
+
+
+def token_steps(on_token: TokenCallback | None) -> StepCallback | None:
+    """An on_token(row, token) callback as an on_step(row, result) one."""
+    return None if on_token is None else (lambda r, result: on_token(r, result.tokens[-1]))
+
+
+def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: StepCallback | None = None,
+                  on_end: EndCallback | None = None,
+                  prompts: Sequence[Sequence[int]] | None = None) -> list[RowResult]:
+    """Every row's RowResult. Rows share batched decode steps; a finished row leaves the batch. A row with
+    max_new_tokens 0 is still prefilled when it asks for its context logits."""
+    histories = prompts if prompts is not None else [()] * len(configs)
+    selectors = [TokenSelector(c, p) for c, p in zip(configs, histories)]
+    results = [RowResult.for_request(c) for c in configs]
     end = on_end or (lambda _row: None)
-    active = [r for r, c in enumerate(configs) if c.max_new_tokens]
-    for r in sorted(set(range(len(configs))) - set(active)):
+    prefilled = [r for r, c in enumerate(configs) if c.max_new_tokens or c.context_logits]
+    for r in sorted(set(range(len(configs))) - set(prefilled)):
         end(r)
-    logits = decoder.prefill(active) if active else None
+    logits = prefill(decoder, prefilled, configs, results) if prefilled else None
+    active = [r for r in prefilled if configs[r].max_new_tokens]
+    for r in prefilled:
+        if r not in active:
+            end(r)
+    if active != prefilled:
+        logits = logits[[prefilled.index(r) for r in active]]
     while active:
         fed = []
         for i, r in enumerate(active):
-            if accept(r, selectors[r](logits[i], len(outputs[r])), configs[r], outputs[r], on_token):
+            if advance(r, logits[i], selectors[r], configs[r], results[r], on_step):
                 fed.append(r)
             else:
                 end(r)
         active = fed
         if active:
-            logits = decoder.decode(active, [outputs[r][-1] for r in active])
-    return outputs
+            logits = decoder.decode(active, [results[r].tokens[-1] for r in active])
+    return results
 
 
-def accept(r: int, token: int, cfg: SamplingConfig, out: list[int], on_token: TokenCallback | None) -> bool:
-    """Record a new token; True when the request continues. end_id ends it without being output; on_token
-    returning False ends it after this token."""
-    if cfg.end_id is not None and token == cfg.end_id:
+def prefill(decoder: Decoder, rows: list[int], configs: list[SamplingConfig], results: list[RowResult]) -> torch.Tensor:
+    """The rows' last-prompt-token logits; every prompt position's too (into the results) only when a row asks."""
+    if not any(configs[r].context_logits for r in rows):
+        return decoder.prefill(rows)
+    if not isinstance(decoder, ContextDecoder):
+        raise UserError(f"{type(decoder).__name__} cannot return context logits")
+    context = decoder.prefill_context(rows)
+    for r, logits in zip(rows, context):
+        if configs[r].context_logits:
+            results[r].context_logits = logits
+    return torch.stack([logits[-1] for logits in context])
+
+
+def advance(r: int, logits: torch.Tensor, selector: TokenSelector, cfg: SamplingConfig, result: RowResult,
+            on_step: StepCallback | None) -> bool:
+    """Choose and record row r's next token; True when the request continues. end_id ends it without being
+    output; on_step returning False ends it after this token."""
+    choice = selector.choose(logits, len(result.tokens))
+    if cfg.end_id is not None and choice.token == cfg.end_id:
+        result.end_log_prob = choice.log_prob
         return False
-    out.append(token)
-    if on_token is not None and on_token(r, token) is False:
+    result.add(choice, logits)
+    if on_step is not None and on_step(r, result) is False:
         return False
+    out = result.tokens
     if len(out) >= cfg.max_new_tokens:
         return False
     return not any(len(out) >= len(s) and out[-len(s):] == list(s) for s in cfg.stop_words)

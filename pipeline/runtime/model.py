@@ -25,7 +25,9 @@ from ..errors import UserError
 from ..checkpoint import CheckpointConfig
 from .checkpoint import Layer, Linear, ModelWeights, load_checkpoint
 from .rope import RotaryTable
-from .generate import EndCallback, TokenCallback, check_requests, generate
+from .generate import (
+    EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, token_steps,
+)
 from .sampling import SamplingConfig
 
 Observer = Callable[[str, torch.Tensor], None]
@@ -136,8 +138,16 @@ class ReferenceModel:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
                  on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> list[list[int]]:
         """New tokens of every prompt. Requests share batched decode steps but never each other's cache rows."""
+        return [result.tokens for result in self.generate_rows(prompts, sampling, token_steps(on_token), on_end)]
+
+    @torch.inference_mode()
+    def generate_rows(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
+                      on_step: StepCallback | None = None, on_end: EndCallback | None = None) -> list[RowResult]:
+        """`generate` with each request's record: its tokens and the log probs and logits it asked for."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate(CacheDecoder(self, prompts, configs), configs, on_token, on_end) if prompts else []
+        if not prompts:
+            return []
+        return generate_rows(CacheDecoder(self, prompts, configs), configs, on_step, on_end, prompts)
 
 
 class CacheDecoder:
@@ -151,10 +161,17 @@ class CacheDecoder:
     def prefill(self, rows: list[int]) -> torch.Tensor:
         logits = torch.empty(len(rows), self.model.vocab_size)
         for i, r in enumerate(rows):
-            ids = torch.tensor([list(self.prompts[r])])
-            hidden = self.model._hidden(ids, torch.arange(ids.shape[1])[None], self.cache, torch.tensor([r]), None)
-            logits[i] = self.model._logits(hidden[0, -1])
+            logits[i] = self.model._logits(self._prompt_hidden(r)[-1])
         return logits
+
+    def prefill_context(self, rows: list[int]) -> list[torch.Tensor]:
+        """Each row's logits at every prompt position (the lm_head over all of them: only when asked)."""
+        return [self.model._logits(self._prompt_hidden(r)) for r in rows]
+
+    def _prompt_hidden(self, r: int) -> torch.Tensor:
+        """Row r's prompt through the model into its cache row: the final hidden states [prompt_len, hidden]."""
+        ids = torch.tensor([list(self.prompts[r])])
+        return self.model._hidden(ids, torch.arange(ids.shape[1])[None], self.cache, torch.tensor([r]), None)[0]
 
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
         cache_rows = None if rows == list(range(len(self.prompts))) else torch.tensor(rows)

@@ -1,7 +1,8 @@
 """postprocessing: token ids -> text, with the tensor contract of NVIDIA's inflight_batcher_llm postprocessing.
 
 TOKENS_BATCH [batch, beams, tokens] and SEQUENCE_LENGTH [batch, beams] in, OUTPUT [batch, beams] out
-(UTF-8 strings). The tokenizer directory is resolved relative to this file, so the repository can move.
+(UTF-8 strings). The tokenizer directory is resolved relative to the repository's root, so the repository can
+move.
 """
 
 import json
@@ -11,7 +12,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
-HERE = Path(__file__).resolve().parent
+#: relative paths in the config are relative to the repository's root, as NVIDIA's models read them when
+#: tritonserver runs there (trtpipe.deploy.tokenizer_parameter), whatever the working directory
+REPOSITORY = Path(__file__).resolve().parents[2]
 TRUE = ("true", "1", "t", "y", "yes")
 
 
@@ -23,8 +26,8 @@ def parameter(config: dict, key: str, default: str) -> str:
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        directory = Path(parameter(config, "tokenizer_dir", "tokenizer"))
-        self.tokenizer = AutoTokenizer.from_pretrained(directory if directory.is_absolute() else HERE / directory,
+        directory = Path(parameter(config, "tokenizer_dir", "postprocessing/1/tokenizer"))
+        self.tokenizer = AutoTokenizer.from_pretrained(directory if directory.is_absolute() else REPOSITORY / directory,
                                                        legacy=False, padding_side="left")
         self.skip_special_tokens = parameter(config, "skip_special_tokens", "true").lower() in TRUE
 

@@ -3,8 +3,11 @@
 Inputs QUERY, REQUEST_OUTPUT_LEN and optional BAD_WORDS_DICT, STOP_WORDS_DICT, EMBEDDING_BIAS_WORDS,
 EMBEDDING_BIAS_WEIGHTS, END_ID, PAD_ID; outputs INPUT_ID (right-padded with the end id), REQUEST_INPUT_LEN,
 BAD_WORDS_IDS / STOP_WORDS_IDS ([2, N]: flat ids, then cumulative offsets padded with -1),
-EMBEDDING_BIAS, REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID. The tokenizer directory is resolved relative
-to this file, so the repository can move.
+EMBEDDING_BIAS, REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID, and, as NVIDIA's preprocessing does for a
+decoder-only model, DECODER_INPUT_ID = [pad id] with REQUEST_DECODER_INPUT_LEN = 1 (the tensorrtllm backend
+reads them only for encoder-decoder engines). The inputs of NVIDIA's contract this model does not implement
+(images, video, a decoder query, prompt-table ids: `REFUSED`) are refused by name when a request sends them. The tokenizer directory is resolved relative
+to the repository's root, so the repository can move.
 """
 
 import json
@@ -14,8 +17,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
-HERE = Path(__file__).resolve().parent
+#: relative paths in the config are relative to the repository's root, as NVIDIA's models read them when
+#: tritonserver runs there (trtpipe.deploy.tokenizer_parameter), whatever the working directory
+REPOSITORY = Path(__file__).resolve().parents[2]
 TRUE = ("true", "1", "t", "y", "yes")
+#: NVIDIA's preprocessing inputs this model does not implement, with what serves them instead.
+REFUSED = {name: "multimodal input needs NVIDIA's preprocessing with a multimodal model (multimodal_model_path)"
+           for name in ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")}
+REFUSED["DECODER_QUERY"] = "decoder_text_input is for encoder-decoder models; this deployment is decoder-only"
+REFUSED["PROMPT_TABLE_EXTRA_ID"] = "prompt_table_extra_id (p-tuning with a prompt table) is not supported by trtpipe"
 
 
 def parameter(config: dict, key: str, default: str) -> str:
@@ -24,8 +34,8 @@ def parameter(config: dict, key: str, default: str) -> str:
 
 
 def load_tokenizer(config: dict):
-    directory = Path(parameter(config, "tokenizer_dir", "tokenizer"))
-    tokenizer = AutoTokenizer.from_pretrained(directory if directory.is_absolute() else HERE / directory,
+    directory = Path(parameter(config, "tokenizer_dir", "preprocessing/1/tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(directory if directory.is_absolute() else REPOSITORY / directory,
                                               legacy=False, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -59,6 +69,9 @@ class TritonPythonModel:
         return responses
 
     def preprocess(self, request) -> list:
+        for name, reason in REFUSED.items():
+            if pb_utils.get_input_tensor_by_name(request, name) is not None:
+                raise ValueError(f"{name}: {reason}")
         queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
         batch = queries.shape[0]
         output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy()
@@ -72,6 +85,8 @@ class TritonPythonModel:
         return [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(i)] for i in ids], np.int32)),
+            pb_utils.Tensor("DECODER_INPUT_ID", pad_id.reshape(batch, 1).copy()),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.ones((batch, 1), np.int32)),
             pb_utils.Tensor("BAD_WORDS_IDS", self.word_lists(optional(request, "BAD_WORDS_DICT"), batch)),
             pb_utils.Tensor("STOP_WORDS_IDS", self.word_lists(optional(request, "STOP_WORDS_DICT"), batch)),
             pb_utils.Tensor("EMBEDDING_BIAS", self.embedding_bias(optional(request, "EMBEDDING_BIAS_WORDS"),
