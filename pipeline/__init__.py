@@ -9,3 +9,7 @@ TRTLLM_VERSION = "1.2.1"
 #: (triton-inference-server/server docs/introduction/compatibility.md; 25.12 ships 1.1.0, 26.03 ships 1.2.0).
 #: The Dockerfile builds on it; ci.py, compile.py and doctor.py name it (docs/upstream-facts.md).
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+#: Where TRITON_IMAGE holds NVIDIA's inflight_batcher_llm model files (tensorrtllm_backend's
+#: dockerfile/Dockerfile.triton.trt_llm_backend: `WORKDIR /app`, `COPY ... triton_backend/all_models all_models`;
+#: docs/upstream-facts.md §0). `trtpipe deploy --python-models nvidia` ships them from here.
+NVIDIA_MODEL_FILES = "/app/all_models/inflight_batcher_llm"

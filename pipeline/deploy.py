@@ -30,7 +30,7 @@ import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import TRTLLM_VERSION
+from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
 from .backends import backend_for
 from .backends.base import MODEL_SOURCES, shell_command
 from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
@@ -112,13 +112,17 @@ class DeployResult:
                 else f"serve it{gpus} in the trtpipe image with:\n  ")
         return (f"wrote Triton model repository {self.path} for target {self.target}: "
                 f"{', '.join(self.models)} ({backend})\ncheck it with `trtpipe check {self.path}`\n{here}"
-                f"cd {shlex.quote(str(self.path))} && MODEL_REPOSITORY=. {shell_command(self.deployment.serve_command)}")
+                f"cd {shlex.quote(str(self.path))} && "
+                f"MODEL_REPOSITORY=. {shell_command(self.deployment.serve_command)}")
 
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
-                      tokenizer: Path | None = None, force: bool = False, runtime: str | None = None) -> DeployResult:
+                      tokenizer: Path | None = None, force: bool = False, runtime: str | None = None,
+                      python_models: Path | None = None) -> DeployResult:
     """Write the model repository for `plan` at `out` (a no-op when `out` is up to date); `runtime` (cpu target:
-    torch or onnxruntime, `backends.base.RUNTIMES`) overrides the plan's."""
+    torch or onnxruntime, `backends.base.RUNTIMES`) overrides the plan's; `python_models`: a directory of
+    NVIDIA's inflight_batcher_llm models whose pre/postprocessing and BLS model files are shipped instead of
+    trtpipe's (`nvidia_python_models`)."""
     out = Path(out)
     if runtime is not None:
         plan = with_runtime(plan, runtime)
@@ -130,7 +134,8 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
     tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
     deployment = describe_deployment(plan, checkpoint)
-    inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *model_source_files(),
+    sources = nvidia_python_models(python_models, llmapi) if python_models else model_source_files()
+    inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *sources,
                                  *backend.repository_inputs(engine, checkpoint)])
     params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None}
     with stage_output(out, STAGE, inputs, params, force=force,
@@ -141,7 +146,7 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
         if llmapi:
             write_llmapi_repository(output.dir, plan, checkpoint, tokenizer_dir)
         else:
-            write_repository(output.dir, settings, tokenizer_dir)
+            write_repository(output.dir, settings, tokenizer_dir, python_models)
         backend.write_model(output.dir / "tensorrt_llm" / "1", checkpoint)
         refuse_if_check_fails(output.dir, engine)
     return DeployResult(out, settings.target, False, models, engine, deployment)
@@ -258,14 +263,35 @@ def model_source_files() -> list[Path]:
     return files
 
 
-def write_repository(repo: Path, s: DeploySettings, tokenizer_dir: Path) -> None:
-    """Every config.pbtxt, and the files of the models every backend shares."""
+def nvidia_python_models(directory: Path, llmapi: bool) -> list[Path]:
+    """The files of NVIDIA's preprocessing, postprocessing and BLS models under `directory` (NVIDIA's
+    all_models/inflight_batcher_llm: `NVIDIA_MODEL_FILES` in the container): each model.py, and the BLS's lib/."""
+    if llmapi:
+        raise UserError("--python-models is for the inflight_batcher_llm layout; this plan's backend deploys "
+                        "NVIDIA's llmapi model")
+    directory = Path(directory)
+    files = [directory / name / "1" / "model.py" for name in COMMON_PYTHON_MODELS]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise UserError(f"NVIDIA's model files are not in {directory} (missing {', '.join(missing)}); in "
+                        f"NVIDIA's Triton container they are at {NVIDIA_MODEL_FILES}")
+    lib = directory / "tensorrt_llm_bls" / "1" / "lib"
+    return files + sorted(p for p in lib.rglob("*.py") if p.is_file())
+
+
+def write_repository(repo: Path, s: DeploySettings, tokenizer_dir: Path, python_models: Path | None = None) -> None:
+    """Every config.pbtxt, and the files of the models every backend shares (trtpipe's, or NVIDIA's from
+    `python_models`)."""
     for spec in model_specs(s):
         model_dir = repo / spec.name
         (model_dir / "1").mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(to_pbtxt(build_model_config(spec, LOGITS_DTYPE)))
+    source = Path(python_models) if python_models else MODEL_SOURCES
     for name in COMMON_PYTHON_MODELS:
-        shutil.copyfile(MODEL_SOURCES / name / "1" / "model.py", repo / name / "1" / "model.py")
+        shutil.copyfile(source / name / "1" / "model.py", repo / name / "1" / "model.py")
+    if python_models and (source / "tensorrt_llm_bls" / "1" / "lib").is_dir():
+        shutil.copytree(source / "tensorrt_llm_bls" / "1" / "lib", repo / "tensorrt_llm_bls" / "1" / "lib",
+                        ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("preprocessing", "postprocessing"):
         copy_tokenizer(tokenizer_dir, repo / name / "1" / "tokenizer")
     (repo / "tensorrt_llm_bls" / "1" / "wiring.json").write_text(json.dumps(bls_wiring(), indent=2) + "\n")

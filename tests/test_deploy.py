@@ -469,3 +469,28 @@ def test_the_recorded_model_path_resolves_against_the_repository_not_the_working
         (repo / "manifest.json").write_text(json.dumps({"deployment": {**record, "model": recorded}}))
         monkeypatch.chdir(tmp_path)
         assert read_deployment(repo).model == expected
+
+
+def test_nvidias_python_models_are_shipped_with_trtpipes_configs(plans, tiny_checkpoint, cpu_repo, tmp_path):
+    """--python-models DIR ships NVIDIA's pre/postprocessing and BLS files (model.py and the BLS's lib/) from an
+    inflight_batcher_llm directory instead of trtpipe's; the configs stay trtpipe's. A directory without them is
+    one clear error naming where NVIDIA's container has them."""
+    nvidia = tmp_path / "all_models" / "inflight_batcher_llm"
+    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        (nvidia / name / "1").mkdir(parents=True)
+        (nvidia / name / "1" / "model.py").write_text(f"# NVIDIA's {name}\n")
+    (nvidia / "tensorrt_llm_bls" / "1" / "lib").mkdir()
+    (nvidia / "tensorrt_llm_bls" / "1" / "lib" / "decode.py").write_text("# NVIDIA's decode\n")
+    repo = deploy_repository(load_plan(plans["cpu"]), tmp_path / "repo", checkpoint=tiny_checkpoint,
+                             python_models=nvidia).path
+    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        assert (repo / name / "1" / "model.py").read_text() == f"# NVIDIA's {name}\n"
+    assert (repo / "tensorrt_llm_bls" / "1" / "lib" / "decode.py").is_file()
+    assert "import" in (repo / "tensorrt_llm" / "1" / "model.py").read_text()   # the cpu model stays trtpipe's
+    for name in ("ensemble", "preprocessing", "tensorrt_llm_bls"):
+        assert (repo / name / "config.pbtxt").read_text() == (cpu_repo / name / "config.pbtxt").read_text()
+    (nvidia / "postprocessing" / "1" / "model.py").unlink()
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(tiny_checkpoint), "--plan", str(plans["cpu"]),
+                                       "-o", str(tmp_path / "other"), "--python-models", str(nvidia)])
+    assert result.exit_code == 2 and "/app/all_models/inflight_batcher_llm" in result.output
+    assert not (tmp_path / "other").exists()

@@ -104,8 +104,9 @@ def declared(config, kind: str) -> list[tuple]:
 
 
 def test_the_written_contract_has_nvidias_counts():
-    """The counts the issue read in NVIDIA's 1.2.0rc8 configs (inputs/outputs), the ensemble's duplicate counted once."""
-    counts = {key: len(rows) for key, rows in written_tensor_contract().items() if not key[0].startswith("step")}
+    """The counts read in NVIDIA's 1.2.0rc8 configs (inputs, outputs), the ensemble's duplicate counted once."""
+    contract = written_tensor_contract()
+    counts = {key: len(rows) for key, rows in contract.items() if not key[0].startswith("step ")}
     assert counts == {("ensemble", "inputs"): 36, ("ensemble", "outputs"): 19, ("preprocessing", "inputs"): 14,
                       ("preprocessing", "outputs"): 20, ("tensorrt_llm", "inputs"): 62, ("tensorrt_llm", "outputs"): 21,
                       ("postprocessing", "inputs"): 2, ("postprocessing", "outputs"): 1,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from .. import NVIDIA_MODEL_FILES
 from ..backends.base import NAMES as BACKEND_NAMES
 from ..backends.base import RUNTIMES
 from ..errors import UserError
@@ -457,8 +458,12 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, force, as_j
 @click.option("--runtime", type=click.Choice(list(RUNTIMES)), default=None,
               help="cpu target: what the tensorrt_llm Python model computes with (default: the plan's backend; "
                    "onnxruntime exports the checkpoint to ONNX into the repository). Same repository contract.")
+@click.option("--python-models", default="trtpipe", metavar="trtpipe|nvidia|DIR",
+              help="Whose preprocessing, postprocessing and BLS model.py to ship with trtpipe's configs: trtpipe's "
+                   f"(default), NVIDIA's from their container ('nvidia': {NVIDIA_MODEL_FILES}), or NVIDIA's "
+                   "inflight_batcher_llm directory DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def deploy(engine, checkpoint, plan_path, out, tokenizer, force, runtime, as_json):
+def deploy(engine, checkpoint, plan_path, out, tokenizer, force, runtime, python_models, as_json):
     """Write a Triton model repository (NVIDIA's inflight_batcher_llm layout) from a plan.
 
     \b
@@ -468,10 +473,12 @@ def deploy(engine, checkpoint, plan_path, out, tokenizer, force, runtime, as_jso
       trtpipe deploy --checkpoint out/ckpt --plan out/plan.json -o out/model_repo          # cpu target
       trtpipe deploy --checkpoint out/ckpt --plan out/plan.json --runtime onnxruntime -o out/model_repo
       trtpipe deploy --engine out/engine --plan out/plan.json --tokenizer ./Llama-3-8B -o out/model_repo
+      trtpipe deploy --engine out/engine --plan out/plan.json --python-models nvidia -o out/repo  # NVIDIA's image
     """
     from ..deploy import deploy_repository
     from ..plan import load_plan
 
+    models = {"trtpipe": None, "nvidia": Path(NVIDIA_MODEL_FILES)}.get(python_models, Path(python_models))
     result = deploy_repository(load_plan(plan_path), out, engine=engine, checkpoint=checkpoint, tokenizer=tokenizer,
-                               force=force, runtime=runtime)
+                               force=force, runtime=runtime, python_models=models)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

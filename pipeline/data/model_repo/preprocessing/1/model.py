@@ -6,7 +6,8 @@ BAD_WORDS_IDS / STOP_WORDS_IDS ([2, N]: flat ids, then cumulative offsets padded
 EMBEDDING_BIAS, REQUEST_OUTPUT_LEN, OUT_END_ID, OUT_PAD_ID, and, as NVIDIA's preprocessing does for a
 decoder-only model, DECODER_INPUT_ID = [pad id] with REQUEST_DECODER_INPUT_LEN = 1 (the tensorrtllm backend
 reads them only for encoder-decoder engines). The inputs of NVIDIA's contract this model does not implement
-(images, video, a decoder query, prompt-table ids: `REFUSED`) are refused by name when a request sends them. The tokenizer directory is resolved relative
+(images, video, a decoder query, prompt-table ids: `REFUSED`) are refused by name when a request sends them.
+The tokenizer directory is resolved relative
 to the repository's root, so the repository can move.
 """
 
@@ -25,7 +26,8 @@ TRUE = ("true", "1", "t", "y", "yes")
 REFUSED = {name: "multimodal input needs NVIDIA's preprocessing with a multimodal model (multimodal_model_path)"
            for name in ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")}
 REFUSED["DECODER_QUERY"] = "decoder_text_input is for encoder-decoder models; this deployment is decoder-only"
-REFUSED["PROMPT_TABLE_EXTRA_ID"] = "prompt_table_extra_id (p-tuning with a prompt table) is not supported by trtpipe"
+REFUSED["PROMPT_TABLE_EXTRA_ID"] = ("prompt_table_extra_id (p-tuning) is not supported by trtpipe's preprocessing; "
+                                   "deploy with --python-models nvidia on a GPU")
 
 
 def parameter(config: dict, key: str, default: str) -> str:
