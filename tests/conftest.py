@@ -229,6 +229,7 @@ def load_cpu_model(monkeypatch, model: str = "tensorrt_llm"):
     stub.Tensor, stub.InferenceResponse, stub.TritonError = StubTensor, StubResponse, StubError
     stub.using_decoupled_model_transaction_policy = lambda config: bool(
         config.get("model_transaction_policy", {}).get("decoupled"))
+    stub.get_input_tensor_by_name = lambda request, name: next((t for t in request.inputs() if t.name() == name), None)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
     monkeypatch.setattr(sys, "path", list(sys.path))   # the model puts its own directory first
     path = Path(__file__).parent.parent / "pipeline" / "data" / "model_repo" / model / "1" / "model.py"

@@ -34,6 +34,9 @@ class Request:
     def get_response_sender(self):
         return self
 
+    def request_id(self) -> str:
+        return self.name
+
     def is_cancelled(self) -> bool:
         return False
 
@@ -61,7 +64,8 @@ def test_each_request_is_answered_when_its_own_rows_are_done(checkpoint, monkeyp
     requests = [Request("a", log, prompt, 24, end_id=end, streaming=True),
                 Request("b", log, [7, 1, 8], cut + 4, streaming=True),
                 Request("c", log, [2, 7, 18], 3)]              # not streamed: one response, prompt + 3 tokens
-    assert model.execute(requests) is None                     # decoupled: everything went through the senders
+    assert model.execute(requests) is None                     # decoupled: the worker answers through the senders
+    model.queue.join()
 
     def responses(name):
         return [(i, ids, final) for i, (n, ids, final) in enumerate(log) if n == name]
@@ -89,6 +93,7 @@ def test_a_top_p_of_zero_or_below_is_unset_as_in_nvidias_backend(checkpoint, mon
                         ("negative", {"runtime_top_p": np.float32(-0.5)})):
         log = []
         model.execute([Request(name, log, prompt, 6, **extra)])
+        model.queue.join()
         answers[name] = log[-1][1]
     assert answers["zero"] == answers["negative"] == answers["unset"]
 
@@ -135,6 +140,7 @@ def test_a_field_the_deployment_does_not_know_is_refused_not_dropped(checkpoint,
     for name, params in cases.items():
         log = []
         model.execute([Answer(name, log, [3, 14, 15], 2, parameters=params)])
+        model.queue.join()
         answers[name] = log[-1]
     assert "unknown field(s) tmperature" in answers["typo"]
     assert answers["triton's"] == answers["nvidia's"] == "ok"

@@ -1,7 +1,7 @@
 """Per-request sampling parameters, TensorRT-LLM's logits processing and token selection.
 
 One request's next token is chosen in TensorRT-LLM's decoder-layer order (cpp/tensorrt_llm/layers/layersFactory.h
-@ TensorRT-LLM 0.1x-1.x: PENALTY_LAYER, BAN_WORDS_LAYER, then the sampling layer): `process_logits` applies the
+@ c629546: PENALTY_LAYER, BAN_WORDS_LAYER, then the sampling layer): `process_logits` applies the
 penalty layer's kernel (embedding bias, temperature, repetition/presence/frequency penalties, min length; see its
 docstring) and then bans bad words; `TokenSelector` draws from what is left (greedy, top-k, top-p) and reports the
 chosen token's log probability.
@@ -125,7 +125,7 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig, history: Sequence[
     `counts[t] > 0` times in the prompt and the output so far (the kernel counts the prompt's tokens in the
     context step and adds each generated one): repetition (logit < 0 ? logit * p : logit / p), presence
     (- p, once), frequency (- p * count); then the end id is masked while generated < min_tokens. The ban
-    words layer runs after the penalty layer (layers/layersFactory.h) with banBadWords.cu @ 829d3e2: a
+    words layer runs after the penalty layer (layers/layersFactory.h @ c629546) with banBadWords.cu @ 829d3e2: a
     one-token bad word is always banned, a longer one bans its last token when its other tokens end the
     sequence so far (prompt included: the kernel reads the request's whole output_ids from its sequence
     length back); ids outside the vocabulary are ignored. Upstream scales by 1/(temperature + 1e-6); this

@@ -19,7 +19,10 @@ fewer than the process may use (`intra_op_threads`).
 
 import json
 import os
+import queue
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +32,49 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
 from pipeline.runtime import ReferenceModel, SamplingConfig  # noqa: E402
+from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-#: Per-request inputs the reference runtime cannot honour, with the value that means "not used".
-UNSUPPORTED_UNLESS = {"beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
-                      "presence_penalty": 0.0, "frequency_penalty": 0.0, "return_log_probs": False,
-                      "return_context_logits": False, "return_generation_logits": False}
+
+#: What this model does with each input of NVIDIA's tensorrt_llm contract it does not simply compute with (the
+#: ones it computes with are read in Job.parse). Beam-search-only inputs have no effect at beam width 1, in
+#: TensorRT-LLM as here; the decoder inputs are what NVIDIA's preprocessing sends a decoder-only model, which the
+#: tensorrtllm backend reads only for encoder-decoder engines (utils.cc@c2e65b8:959-984).
+UNUSED_AT_BEAM_WIDTH_1 = ("len_penalty", "early_stopping", "beam_search_diversity_rate")
+DECODER_ONLY_UNUSED = ("decoder_input_ids", "decoder_input_lengths")
+#: The request's return_* inputs (each defaults to false).
+RETURN_FLAGS = ("return_log_probs", "return_context_logits", "return_generation_logits", "return_perf_metrics",
+                "return_num_input_tokens", "return_num_output_tokens")
+#: Every input of NVIDIA's contract this model accepts: the ones Job.parse computes with, and the two groups above.
+HONOURED = ("input_ids", "input_lengths", "request_output_len", "num_return_sequences", "end_id", "pad_id",
+            "stop_words_list", "bad_words_list", "embedding_bias", "beam_width", "temperature", "runtime_top_k",
+            "runtime_top_p", "repetition_penalty", "min_tokens", "presence_penalty", "frequency_penalty", "seed",
+            *RETURN_FLAGS, "exclude_input_in_output", "stop", "streaming", *UNUSED_AT_BEAM_WIDTH_1,
+            *DECODER_ONLY_UNUSED)
+#: Inputs refused by name when a request sends them: what the reference runtime cannot do.
+REFUSED = {
+    **{name: "speculative decoding (draft tokens) is not supported"
+       for name in ("draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
+    **{name: "encoder-decoder and cross-attention inputs are for encoder-decoder models; this one is decoder-only"
+       for name in ("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
+                    "skip_cross_attn_blocks")},
+    **{name: "top-p decay is not supported" for name in ("runtime_top_p_min", "runtime_top_p_decay",
+                                                          "runtime_top_p_reset_ids")},
+    **{name: "p-tuning (a prompt embedding table) is not supported"
+       for name in ("prompt_embedding_table", "prompt_table_extra_ids", "prompt_vocab_size")},
+    **{name: "multimodal rotary embeddings are not supported" for name in ("mrope_rotary_cos_sin",
+                                                                           "mrope_position_deltas")},
+    **{name: "LoRA adapters are not supported" for name in ("lora_task_id", "lora_weights", "lora_config")},
+    "context_phase_params": "disaggregated serving (context_phase_params) is not supported",
+    **{name: "KV-cache retention priorities are not supported (the reference runtime keeps no cache between "
+             "requests)" for name in ("retention_token_range_starts", "retention_token_range_ends",
+                                      "retention_token_range_priorities", "retention_token_range_durations_ms",
+                                      "retention_decode_priority", "retention_decode_duration_ms")},
+    **{name: "guided decoding is not supported" for name in ("guided_decoding_guide_type", "guided_decoding_guide")},
+    **{name: "lookahead decoding is not supported" for name in ("lookahead_window_size", "lookahead_ngram_size",
+                                                                 "lookahead_verification_set_size")},
+}
 
 
 #: Sampling inputs and their valid ranges, as TensorRT-LLM's executor checks them (SamplingConfig::checkTopK,
@@ -107,12 +146,23 @@ def stop_sequences(words_list) -> list:
     return sequences
 
 
-class Row:
-    """One prompt of a request and the tokens generated for it."""
+def word_lists(words_list) -> list:
+    return stop_sequences(words_list) if words_list is not None else []
 
-    def __init__(self, job, index: int, prompt: list, sampling: SamplingConfig):
-        self.job, self.index, self.prompt, self.sampling = job, index, prompt, sampling
-        self.tokens: list = []
+
+class Row:
+    """One sequence of a request (prompt `index` of its batch, return sequence `sequence`) and what it produced."""
+
+    def __init__(self, job, index: int, sequence: int, prompt: list, sampling: SamplingConfig, pad_id):
+        self.job, self.index, self.sequence, self.prompt, self.sampling = job, index, sequence, prompt, sampling
+        # what pads this row's output_ids where a response carries rows of other lengths: pad_id, else end_id
+        self.pad = next((v for v in (pad_id, sampling.end_id) if v is not None), 0)
+        self.result = None          # the runtime's RowResult, once generation started
+        self.sent = 0               # output tokens already streamed
+
+    @property
+    def tokens(self) -> list:
+        return self.result.tokens if self.result is not None else []
 
     def is_done(self) -> bool:
         """What the runtime decides after a token: max_new_tokens reached or a stop sequence ends the output."""
@@ -122,20 +172,25 @@ class Row:
 
 
 class Job:
-    """One Triton request: its rows, and how its answer goes back."""
+    """One Triton request: its rows, what it asked to be returned, and how its answer goes back."""
 
     def __init__(self, request, decoupled: bool):
         self.request = request
         self.sender = request.get_response_sender() if decoupled else None
         self.response = None        # non-decoupled mode: the one response
         self.finished = False
+        self.stopped = False        # a `stop` request for this request's id arrived: end at the next token
         self.rows: list = []
         self.rows_running = 0
+        self.arrival_ns = time.monotonic_ns()
+        self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
 
     def parse(self, request, model: "TritonPythonModel") -> None:
         """Read the request's rows; RequestError for anything this model refuses."""
         check_request_parameters(request)
         inputs = tensors_of(request)
+        for name in sorted(set(inputs) & set(REFUSED)):
+            raise RequestError(f"{name}: {REFUSED[name]} by the cpu target's reference runtime")
         input_ids = inputs["input_ids"]
         self.batch = input_ids.shape[0]
 
@@ -147,19 +202,13 @@ class Job:
         if self.stream and self.sender is None:
             raise RequestError("Streaming is only supported if model is deployed using decoupled mode.")
         self.exclude_input = bool(scalar("exclude_input_in_output", 0, model.exclude_input_default))
-        for name, unused in UNSUPPORTED_UNLESS.items():
-            if any(scalar(name, r, unused) != unused for r in range(self.batch)):
-                raise RequestError(f"{name} is not supported by the cpu target's reference runtime "
-                                   f"(leave it unset or {unused})")
-        bad_words = inputs.get("bad_words_list")
-        if bad_words is not None and (bad_words[:, 1] >= 0).any():
-            raise RequestError("bad_words is not supported by the cpu target's reference runtime")
-        bias = inputs.get("embedding_bias")
-        if bias is not None and np.any(bias):
-            raise RequestError("embedding_bias is not supported by the cpu target's reference runtime")
+        self.wants = {name: bool(scalar(name, 0, False)) for name in RETURN_FLAGS}
+        for r in range(self.batch):
+            if scalar("beam_width", r, 1) != 1:
+                raise RequestError(f"beam_width {scalar('beam_width', r, 1)}: beam search is not supported by the "
+                                   "cpu target's reference runtime (leave it unset or 1)")
         lengths = inputs["input_lengths"].reshape(self.batch)
         max_new = inputs["request_output_len"].reshape(self.batch)
-        stops = inputs.get("stop_words_list")
         for r in range(self.batch):
             prompt = [int(t) for t in input_ids[r, :int(lengths[r])]]
             model.check_lengths(prompt, int(max_new[r]))
@@ -167,31 +216,58 @@ class Job:
                 value = scalar(tensor, r, None)
                 if value is not None and not valid(value):  # `not valid`: NaN is refused too
                     raise RequestError(f"{name} must be {allowed}, got {value:g} (tensorrt_llm input {tensor})")
-            sampling = trtllm_sampling(   # values in SAMPLING_RANGES; a top_p <= 0 is unset (0), as NVIDIA's
+            sequences = int(scalar("num_return_sequences", r, 1))
+            if sequences < 1 or (sequences > 1 and self.sender is None):
+                raise RequestError(f"num_return_sequences must be >= 1 (> 1 needs the decoupled mode: one response "
+                                   f"per sequence), got {sequences}")
+            seed = scalar("seed", r, None)
+            for sequence in range(sequences):
+                sampling = self.sampling(inputs, scalar, r, int(max_new[r]), model,
+                                         None if seed is None else int(seed) + sequence)
+                self.rows.append(Row(self, r, sequence, prompt, sampling, scalar("pad_id", r, None)))
+        self.sequences = len(self.rows) // self.batch
+        self.rows_running = len(self.rows)
+
+    def sampling(self, inputs: dict, scalar, r: int, max_new: int, model: "TritonPythonModel",
+                 seed) -> SamplingConfig:
+        """Row r's SamplingConfig. A top_p <= 0 is unset (0), as NVIDIA's backend makes it; each return sequence
+        draws from its own generator (the request's seed + the sequence's index)."""
+        bias = inputs.get("embedding_bias")
+        bias = None if bias is None or bias.shape[-1] == 0 or not np.any(bias[r]) else torch.from_numpy(
+            np.ascontiguousarray(bias[r].reshape(-1), np.float32))
+        try:
+            return trtllm_sampling(
                 top_k=int(scalar("runtime_top_k", r, 0)), top_p=max(0.0, float(scalar("runtime_top_p", r, 0.0))),
-                temperature=float(scalar("temperature", r, 1.0)), max_new_tokens=int(max_new[r]),
-                end_id=scalar("end_id", r, None), seed=scalar("seed", r, None),
-                stop_words=stop_sequences(stops[r]) if stops is not None else [],
-                min_tokens=int(scalar("min_tokens", r, 0)))
-            self.rows.append(Row(self, r, prompt, sampling))
-        self.rows_running = self.batch
+                temperature=float(scalar("temperature", r, 1.0)), max_new_tokens=max_new,
+                end_id=scalar("end_id", r, None), seed=seed,
+                stop_words=word_lists(None if inputs.get("stop_words_list") is None else inputs["stop_words_list"][r]),
+                bad_words=word_lists(None if inputs.get("bad_words_list") is None else inputs["bad_words_list"][r]),
+                min_tokens=int(scalar("min_tokens", r, 0)),
+                repetition_penalty=float(scalar("repetition_penalty", r, 1.0)),
+                presence_penalty=float(scalar("presence_penalty", r, 0.0)),
+                frequency_penalty=float(scalar("frequency_penalty", r, 0.0)), embedding_bias=bias,
+                log_probs=self.wants["return_log_probs"], normalize_log_probs=model.normalize_log_probs,
+                context_logits=self.wants["return_context_logits"],
+                generation_logits=self.wants["return_generation_logits"])
+        except UserError as exc:
+            raise RequestError(str(exc)) from None
 
     # ------------------------------------------------------------------ answering
 
-    def on_token(self, row: Row, token: int) -> bool:
-        """Record (and stream) a token; False once the client cancelled the request, so its rows stop
-        generating instead of running to max_tokens for nobody."""
+    def on_step(self, row: Row, result) -> bool:
+        """Record (and stream) a token; False ends the row: the client cancelled (an error answer) or a `stop`
+        request arrived (the answer so far, as TensorRT-LLM's cancelRequest ends a request)."""
+        row.result = result
+        self.last_token_ns = time.monotonic_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
         if self.finished or self.request.is_cancelled():
             self.fail("the request was cancelled", pb_utils.TritonError.CANCELLED)
             return False
-        row.tokens.append(token)
-        if not self.stream:
-            return True
-        # final when this token ends the job's last running row (on_row_end follows, with nothing left to send)
-        self.send(self.tensors([row], [[token]]), final=row.is_done() and self.rows_running == 1)
-        return True
+        if self.stream:   # final when this token ends the job's last running row (on_row_end sends nothing then)
+            self.send([row], final=(row.is_done() or self.stopped) and self.rows_running == 1)
+        return not self.stopped
 
-    def on_row_end(self) -> None:
+    def on_row_end(self, row: Row) -> None:
         """One of the job's rows left the batch: once all have, the job is answered now, while the other
         requests of the batch go on generating (in decoupled mode its client has the answer at once)."""
         self.rows_running -= 1
@@ -204,14 +280,12 @@ class Job:
         if self.finished:
             return
         if self.stream:
-            self.send(self.tensors([self.rows[-1]], [[]]), final=True)
-            return
-        outputs = [(row.prompt if not self.exclude_input else []) + row.tokens for row in self.rows]
-        if self.sender is None or self.batch == 1:
-            self.send(self.tensors(self.rows, outputs), final=True)
+            self.send([self.rows[-1]], final=True, empty=True)
+        elif self.sender is None or len(self.rows) == 1:
+            self.send(self.rows, final=True)
         else:  # decoupled: one response per row, as NVIDIA's backend answers batched requests
-            for i, (row, out) in enumerate(zip(self.rows, outputs)):
-                self.send(self.tensors([row], [out]), final=i == self.batch - 1)
+            for i, row in enumerate(self.rows):
+                self.send([row], final=i == len(self.rows) - 1)
 
     def fail(self, message: str, code=None) -> None:
         if self.finished:
@@ -223,24 +297,93 @@ class Job:
         self.response = response
         self.finished = True
 
-    def tensors(self, rows: list, outputs: list) -> list:
-        width = max(len(o) for o in outputs)
-        pad = [row.sampling.end_id if row.sampling.end_id is not None else 0 for row in rows]
-        ids = np.array([[o + [p] * (width - len(o))] for o, p in zip(outputs, pad)], np.int32).reshape(
-            len(rows), 1, width)
-        tensors = [pb_utils.Tensor("output_ids", ids),
-                   pb_utils.Tensor("sequence_length", np.array([[len(o)] for o in outputs], np.int32))]
-        if self.batch > 1 and len(rows) == 1:
-            tensors.append(pb_utils.Tensor("batch_index", np.array([[rows[0].index]], np.int32)))
-        return tensors
-
-    def send(self, tensors: list, final: bool) -> None:
-        response = pb_utils.InferenceResponse(output_tensors=tensors)
+    def send(self, rows: list, final: bool, empty: bool = False) -> None:
+        response = pb_utils.InferenceResponse(output_tensors=self.tensors(rows, empty))
         if self.sender is not None:
             self.sender.send(response, flags=FINAL if final else 0)
         else:
             self.response = response
         self.finished = self.finished or final
+
+    def tensors(self, rows: list, empty: bool) -> list:
+        """The outputs of one response: NVIDIA's shapes ([rows, beam 1, ...]) for the tokens this response carries
+        (a stream: the new ones; else the whole output, after the prompt unless excluded)."""
+        pieces = [[] if empty else row.tokens[row.sent:] for row in rows]
+        first = all(row.sent == 0 for row in rows)
+        if self.stream:
+            for row, piece in zip(rows, pieces):
+                row.sent += len(piece)
+        outputs = [p if self.stream or self.exclude_input else row.prompt + p for row, p in zip(rows, pieces)]
+        width = max(len(o) for o in outputs)
+        ids = np.array([o + [row.pad] * (width - len(o)) for o, row in zip(outputs, rows)], np.int32)
+        ids = ids.reshape(len(rows), 1, width)
+        tensors = [pb_utils.Tensor("output_ids", ids),
+                   pb_utils.Tensor("sequence_length", np.array([[len(o)] for o in outputs], np.int32))]
+        if self.batch > 1 and len(rows) == 1:
+            tensors.append(pb_utils.Tensor("batch_index", np.array([[rows[0].index]], np.int32)))
+        if self.sequences > 1 and len(rows) == 1:
+            tensors.append(pb_utils.Tensor("sequence_index", np.array([[rows[0].sequence]], np.int32)))
+        tensors += requested_outputs(self, rows, pieces, outputs, first)
+        return tensors
+
+
+def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: bool) -> list:
+    """The outputs a request asked for with its return_* inputs, as NVIDIA's backend fills them
+    (model_instance_state.cc@c2e65b8 fillTritonResponse, num tokens from TensorRT-LLM 1.2.0rc8's copy):
+    log probs of the tokens this response carries (cum_log_probs: all so far, the end id's included), context
+    logits once (the first response of the row), generation logits of the carried tokens, the token counts
+    (num_output_tokens: the ids in this response's output_ids, prompt included when it is, NVIDIA's count) and
+    the perf metrics (monotonic-clock ns, as TensorRT-LLM's steady-clock TimePoint; one contiguous KV block per
+    sequence and nothing reused or drafted: the reference runtime's cache is one preallocated row)."""
+    wants, tensors = job.wants, []
+    results = [row.result for row in rows]
+
+    def padded(values: list, fill: float) -> np.ndarray:
+        width = max([len(v) for v in values] + [0])
+        return np.array([[list(v) + [fill] * (width - len(v))] for v in values], np.float32).reshape(
+            len(values), 1, width)
+
+    if wants["return_log_probs"]:
+        logs = [[] if r is None else r.log_probs[len(r.tokens) - len(p):len(r.tokens)] for r, p in zip(results, pieces)]
+        cum = [0.0 if r is None else r.cum_log_prob for r in results]
+        tensors += [pb_utils.Tensor("cum_log_probs", np.array([[c] for c in cum], np.float32)),
+                    pb_utils.Tensor("output_log_probs", padded(logs, -1.0))]
+    if wants["return_context_logits"] and first:
+        context = [r.context_logits.numpy() for r in results if r is not None and r.context_logits is not None]
+        if len(context) == len(rows):
+            width = max(c.shape[0] for c in context)
+            tensors.append(pb_utils.Tensor("context_logits", np.stack(
+                [np.pad(c, ((0, width - c.shape[0]), (0, 0))) for c in context]).astype(np.float32)))
+    if wants["return_generation_logits"]:
+        steps = [np.zeros((0, 0), np.float32) if r is None or not p else
+                 r.generation_logits_tensor().numpy()[len(r.tokens) - len(p):len(r.tokens)]
+                 for r, p in zip(results, pieces)]
+        vocab = max(s.shape[1] for s in steps)
+        width = max(s.shape[0] for s in steps)
+        block = np.zeros((len(rows), 1, width, vocab), np.float32)
+        for i, s in enumerate(steps):
+            block[i, 0, :s.shape[0], :s.shape[1]] = s
+        tensors.append(pb_utils.Tensor("generation_logits", block))
+    if wants["return_num_input_tokens"]:
+        tensors.append(pb_utils.Tensor("num_input_tokens", np.array([[len(row.prompt)] for row in rows], np.int32)))
+    if wants["return_num_output_tokens"]:
+        tensors.append(pb_utils.Tensor("num_output_tokens", np.array([[len(o)] for o in outputs], np.int32)))
+    if wants["return_perf_metrics"]:
+        tensors += [pb_utils.Tensor(name, np.full((len(rows), 1), value, dtype)) for name, value, dtype in (
+            ("kv_cache_alloc_new_blocks", 1, np.int32), ("kv_cache_reused_blocks", 0, np.int32),
+            ("kv_cache_alloc_total_blocks", 1, np.int32), ("arrival_time_ns", job.arrival_ns, np.int64),
+            ("first_scheduled_time_ns", job.scheduled_ns, np.int64),
+            ("first_token_time_ns", job.first_token_ns, np.int64),
+            ("last_token_time_ns", job.last_token_ns, np.int64), ("acceptance_rate", 0.0, np.float32),
+            ("total_accepted_draft_tokens", 0, np.int32), ("total_draft_tokens", 0, np.int32))]
+    return tensors
+
+
+def is_stop_request(request) -> bool:
+    """NVIDIA's cancellation: a request with `stop` true (its BLS sends one with empty input_ids when a stream
+    hit a stop word; utils.cc@c2e65b8:372-384, model_instance_state.cc:871-906)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "stop")
+    return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
 
 
 class TritonPythonModel:
@@ -258,6 +401,14 @@ class TritonPythonModel:
         self.max_seq_len = min(limit, self.model.max_position_embeddings) if limit > 0 else \
             self.model.max_position_embeddings
         self.exclude_input_default = parameter(config, "exclude_input_in_output", "false").lower() == "true"
+        # NVIDIA's default when the parameter is unset (model_instance_state.cc@c2e65b8:503-506)
+        self.normalize_log_probs = parameter(config, "normalize_log_probs", "true").lower() == "true"
+        self.running: dict = {}          # Triton request id -> the jobs generating for it (for `stop`)
+        self.lock = threading.Lock()
+        self.queue: queue.Queue = queue.Queue()
+        if self.decoupled:   # execute returns at once; one worker generates, so a `stop` is read while it runs
+            self.worker = threading.Thread(target=self.serve, daemon=True)
+            self.worker.start()
 
     def check_lengths(self, prompt: list, max_new: int) -> None:
         if not prompt:
@@ -271,21 +422,88 @@ class TritonPythonModel:
             raise RequestError(f"input_ids holds ids outside the vocabulary (0..{self.model.vocab_size - 1})")
 
     def execute(self, requests):
-        jobs = []
+        """Decoupled: the requests are queued for the worker (a `stop` is answered here, at once); otherwise they
+        are generated now and answered in order."""
+        jobs, answers = [], []
         for request in requests:
+            if is_stop_request(request):
+                answers.append(self.stop(request))
+                continue
             job = Job(request, self.decoupled)
             try:
                 job.parse(request, self)
             except RequestError as exc:
                 job.fail(str(exc))
             jobs.append(job)
+            answers.append(job)
         live = [job for job in jobs if not job.finished]
-        rows = [row for job in live for row in job.rows]
+        if self.decoupled:
+            if live:
+                self.queue.put(live)
+            return None
+        self.generate(live)
+        return [a.response if isinstance(a, Job) else a for a in answers]
+
+    def stop(self, request):
+        """Stop every job of the request's id (each ends at its next token with what it has, as TensorRT-LLM's
+        cancelRequest ends it) and answer the stop request with an empty final response; an id with nothing
+        running (it finished already) is not an error, as in NVIDIA's handleStopRequest."""
+        request_id = request.request_id()
+        error = None if request_id else pb_utils.TritonError("Trying to stop a request but request ID is not provided")
+        with self.lock:
+            for job in self.running.get(request_id, ()):
+                job.stopped = True
+        response = pb_utils.InferenceResponse(output_tensors=[], error=error)
+        if self.decoupled:
+            request.get_response_sender().send(response, flags=FINAL)
+        return response
+
+    def serve(self) -> None:
+        """The worker: every queued job in one batch, until finalize."""
+        while True:
+            jobs = self.queue.get()
+            if jobs is None:
+                self.queue.task_done()
+                return
+            batches = 1
+            while not self.queue.empty():
+                more = self.queue.get()
+                batches += 1
+                if more is None:
+                    self.queue.put(None)
+                    self.queue.task_done()
+                    batches -= 1
+                    break
+                jobs = jobs + more
+            try:
+                self.generate(jobs)
+            finally:
+                for _ in range(batches):
+                    self.queue.task_done()
+
+    def generate(self, jobs: list) -> None:
+        rows = [row for job in jobs for row in job.rows]
+        if not rows:
+            return
+        with self.lock:
+            for job in jobs:
+                job.scheduled_ns = time.monotonic_ns()
+                self.running.setdefault(job.request.request_id(), []).append(job)
         try:
-            self.model.generate([row.prompt for row in rows], [row.sampling for row in rows],
-                                on_token=lambda i, token: rows[i].job.on_token(rows[i], token),
-                                on_end=lambda i: rows[i].job.on_row_end())
+            self.model.generate_rows([row.prompt for row in rows], [row.sampling for row in rows],
+                                     on_step=lambda i, result: rows[i].job.on_step(rows[i], result),
+                                     on_end=lambda i: rows[i].job.on_row_end(rows[i]))
         except Exception as exc:  # the runtime failed for the whole batch: every request gets the reason
-            for job in live:
+            for job in jobs:
                 job.fail(f"generation failed: {type(exc).__name__}: {exc}")
-        return None if self.decoupled else [job.response for job in jobs]
+        finally:
+            with self.lock:
+                for job in jobs:
+                    self.running.get(job.request.request_id(), []).remove(job)
+                    if not self.running.get(job.request.request_id()):
+                        self.running.pop(job.request.request_id(), None)
+
+    def finalize(self):
+        if self.decoupled:
+            self.queue.put(None)
+            self.worker.join(timeout=60)
