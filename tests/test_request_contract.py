@@ -253,3 +253,13 @@ def test_a_stream_with_stop_words_through_the_bls_ends_at_the_stop_word_without_
     assert response.status_code == 200 and "error" not in response.text
     streamed = "".join(e["text_output"] for e in events(response)).split()
     assert streamed == free[:free.index(stop) + 1]
+
+
+@pytest.mark.slow
+def test_the_bls_takes_nvidias_scalar_inputs_and_refuses_what_only_nvidias_bls_does(served):
+    """The BLS config reshapes return_log_probs (and others) to a scalar, as NVIDIA's does; forwarded as it
+    arrived it was refused by tensorrt_llm ("unexpected shape"). Draft-model inputs are refused by name."""
+    answered = post(served, "tensorrt_llm_bls", return_log_probs=True, num_return_sequences=1)
+    assert answered.status_code == 200 and len(answered.json()["output_log_probs"]) == 6
+    refused = post(served, "tensorrt_llm_bls", num_draft_tokens=2)
+    assert refused.status_code == 400 and "num_draft_tokens: speculative decoding" in refused.text

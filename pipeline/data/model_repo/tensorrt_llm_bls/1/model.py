@@ -16,6 +16,12 @@ import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: BLS inputs of NVIDIA's contract that only NVIDIA's BLS implements (multimodal encoders, a draft model),
+#: refused by name instead of being dropped.
+REFUSED = {**{name: "multimodal input needs NVIDIA's BLS with a multimodal encoder (multimodal_encoders_name)"
+              for name in ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")},
+           **{name: "speculative decoding needs NVIDIA's BLS with a draft model (tensorrt_llm_draft_model_name)"
+              for name in ("num_draft_tokens", "use_draft_logits")}}
 
 
 def parameter(config: dict, key: str, default: str) -> str:
@@ -76,6 +82,8 @@ class TritonPythonModel:
     def generate(self, request):
         """Yield the responses for one request: preprocessing -> LLM (streamed or not) -> postprocessing."""
         client = {t.name(): t.as_numpy() for t in request.inputs()}
+        for name in sorted(set(client) & set(REFUSED)):
+            raise pb_utils.TritonModelException(f"{name}: {REFUSED[name]}")
         stream = bool(client["stream"].reshape(-1)[0]) if "stream" in client else False
         if stream and not self.decoupled:
             raise pb_utils.TritonModelException("Streaming is only supported if model is deployed using "
@@ -99,7 +107,10 @@ class TritonPythonModel:
 
     @staticmethod
     def inputs_for(step: dict, tensors: dict) -> dict:
-        return {key: tensors[value] for key, value in step["input_map"].items() if value in tensors}
+        """The step's inputs. An input this model's config reshapes to a scalar arrives as [batch]; the called
+        model's config declares it [batch, 1] (its own reshape applies after), so it goes on as [batch, 1]."""
+        return {key: tensors[value].reshape(-1, 1) if tensors[value].ndim == 1 else tensors[value]
+                for key, value in step["input_map"].items() if value in tensors}
 
     def accumulate_ids(self, accumulated, step: dict):
         """Replace the step's new tokens by all tokens so far (one beam per row while streaming)."""
