@@ -89,7 +89,9 @@ class ReferenceBackend:
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return {"checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
-                "exclude_input_in_output": parameter_string(plan.triton.exclude_input_in_output)}
+                "exclude_input_in_output": parameter_string(plan.triton.exclude_input_in_output),
+                # as the engine repository writes it (NVIDIA's default): greedy log probs are then 0
+                "normalize_log_probs": "true"}
 
     def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
                       extra_args: tuple[str, ...] = ()) -> list[str]:

@@ -5,16 +5,18 @@ copied into this directory by `trtpipe deploy`, so the server's Python needs tor
 numpy but not trtpipe. With the parameter `runtime` = onnxruntime (backend reference-onnx) it runs the
 checkpoint's ONNX export in `onnx/` with ONNX Runtime (`pipeline.onnx.runner.OrtDecoder`, also copied;
 onnxruntime is then needed too); the generation loop and sampling are the same (pipeline/runtime/generate.py).
-Every request Triton's dynamic batcher hands to one `execute` call is generated
-together (the rows of all requests share batched decode steps). In decoupled mode a streaming request
-gets one response per new token, the last one flagged final; otherwise one response holds the prompt
-and the completion (the completion alone with exclude_input_in_output), as NVIDIA's backend does. In
-decoupled mode a request is answered as soon as its own rows are done, while the rest of the batch goes on.
-min_tokens is honoured as TensorRT-LLM does it (the end id is masked until the output is that long).
-Features the reference runtime cannot honour (beam search, penalties, bad words, embedding bias, log
-probs, logits) are refused per request with a clear error instead of being ignored, and so are sampling
-values outside the ranges TensorRT-LLM's executor accepts (`SAMPLING_RANGES`). torch computes with one core
-fewer than the process may use (`intra_op_threads`).
+In decoupled mode `execute` queues the requests and returns; one worker thread generates every queued request
+together (their rows share batched decode steps), so a `stop` request (NVIDIA's cancellation) is read while a
+stream runs. A streaming request gets one response per new token, the last one flagged final; otherwise one
+response per sequence holds the prompt and the completion (the completion alone with exclude_input_in_output),
+as NVIDIA's backend answers; a request is answered as soon as its own rows are done, while the rest go on.
+
+Every input of NVIDIA's tensorrt_llm contract (pipeline/triton_contract.py) is honoured (`HONOURED`: sampling,
+min_tokens, penalties, bad/stop words, embedding bias, num_return_sequences, log probs, logits, token counts,
+perf metrics, stop) or refused by name when a request sends it (`REFUSED`: beam search > 1, LoRA, p-tuning,
+draft tokens, guided and lookahead decoding, encoder-decoder and multimodal inputs, KV retention); sampling values
+outside the ranges TensorRT-LLM's executor accepts are refused too (`SAMPLING_RANGES`). torch computes with one
+core fewer than the process may use (`intra_op_threads`).
 """
 
 import json
