@@ -172,6 +172,23 @@ def checkpoint(tiny_llama, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_cpu_server(tiny_llama, tmp_path_factory):
+    """A tiny cpu repository (word tokenizer " w0".." w100") deployed by the CLI, in the embedded Triton server."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.server import embedded_server
+
+    root = tmp_path_factory.mktemp("tiny-cpu-server")
+    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
+                                       "-o", str(root / "repo")])
+    assert result.exit_code == 0, result.output
+    with embedded_server(root / "repo", ready_timeout=300) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf_dir() -> Path:
     """SmolLM2-135M-Instruct dequantized from the offline GGUF into a float32 HF directory (cached)."""
     from pipeline.sources import resolve_model
@@ -200,6 +217,36 @@ class StubTensor:
 
     def as_numpy(self):
         return self._array
+
+
+class StubRequest:
+    """A Triton request of one row as the cpu model reads it (its tensors, id, parameters); subclasses decide what
+    the sender does with each response (`send`)."""
+
+    def __init__(self, name: str, prompt: list, max_tokens: int, parameters: dict | None = None, **inputs):
+        import numpy as np
+
+        self.name, self.params = name, parameters or {}
+        tensors = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+                   "request_output_len": np.array([[max_tokens]], np.int32)}
+        tensors.update({k: v if isinstance(v, np.ndarray) else np.array([[v]]) for k, v in inputs.items()})
+        self.tensors = [StubTensor(k, v) for k, v in tensors.items()]
+
+    def inputs(self):
+        return self.tensors
+
+    def get_response_sender(self):
+        return self
+
+    def request_id(self) -> str:
+        return self.name
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def parameters(self) -> str:
+        """The request parameters as Triton hands them to a Python model: a JSON object."""
+        return json.dumps(self.params)
 
 
 class StubResponse:

@@ -11,38 +11,19 @@ import json
 import numpy as np
 import pytest
 
-from conftest import StubTensor, load_cpu_model
+from conftest import StubRequest, load_cpu_model
 from pipeline.runtime import ReferenceModel, SamplingConfig
 
 FINAL = 1
 
 
-class Request:
-    """A Triton request of one row: its input tensors, and a sender that writes every response into `log`."""
+class Request(StubRequest):
+    """A Triton request of one row whose sender writes every response into `log`."""
 
     def __init__(self, name: str, log: list, prompt: list, max_tokens: int, parameters: dict | None = None,
                  **scalars):
-        self.name, self.log, self.params = name, log, parameters or {}
-        tensors = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
-                   "request_output_len": np.array([[max_tokens]], np.int32)}
-        tensors.update({key: np.array([[value]]) for key, value in scalars.items()})
-        self.tensors = [StubTensor(key, value) for key, value in tensors.items()]
-
-    def inputs(self):
-        return self.tensors
-
-    def get_response_sender(self):
-        return self
-
-    def request_id(self) -> str:
-        return self.name
-
-    def is_cancelled(self) -> bool:
-        return False
-
-    def parameters(self) -> str:
-        """The request parameters as Triton hands them to a Python model: a JSON object."""
-        return json.dumps(self.params)
+        super().__init__(name, prompt, max_tokens, parameters, **scalars)
+        self.log = log
 
     def send(self, response, flags=0):
         assert response.error is None, response.error.message

@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests
 import torch
-from click.testing import CliRunner
-from conftest import tiny_cpu_checkpoint
 
 from pipeline.errors import UserError
 from pipeline.runtime import ReferenceModel, SamplingConfig
@@ -76,19 +73,9 @@ def test_reference_runtime_honours_min_tokens(checkpoint):
 
 # ------------------------------------------------------------------------------ served for real
 
-@pytest.fixture(scope="module")
-def served(tiny_llama, tmp_path_factory):
-    """A tiny cpu repository (word tokenizer " w0".." w100") in the embedded Triton server."""
-    from pipeline.cli import main
-    from pipeline.server import embedded_server
-
-    root = tmp_path_factory.mktemp("min-tokens")
-    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
-                                       "-o", str(root / "repo")])
-    assert result.exit_code == 0, result.output
-    with embedded_server(Path(root / "repo"), ready_timeout=300) as server:
-        yield server
+@pytest.fixture
+def served(tiny_cpu_server):
+    return tiny_cpu_server
 
 
 def words(server, path: str = "generate", **body) -> tuple[int, list[str]]:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 import torch
-from click.testing import CliRunner
-from conftest import StubTensor, load_cpu_model, tiny_cpu_checkpoint
+from conftest import StubRequest, StubTensor, load_cpu_model
 
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.triton_contract import TENSORRT_LLM_INPUTS
@@ -22,31 +20,13 @@ FINAL = 1
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32]
 
 
-class Request:
+class Request(StubRequest):
     """One Triton request of one row, whose sender records (outputs, final, error) in `log`."""
 
     def __init__(self, name: str, prompt: list, max_tokens: int, **inputs):
-        self.name, self.log = name, []
-        tensors = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
-                   "request_output_len": np.array([[max_tokens]], np.int32)}
-        tensors.update({k: v if isinstance(v, np.ndarray) else np.array([[v]]) for k, v in inputs.items()})
-        self.tensors = [StubTensor(k, v) for k, v in tensors.items()]
+        super().__init__(name, prompt, max_tokens, **inputs)
+        self.log = []
         self.done = threading.Event()
-
-    def inputs(self):
-        return self.tensors
-
-    def get_response_sender(self):
-        return self
-
-    def request_id(self) -> str:
-        return self.name
-
-    def is_cancelled(self) -> bool:
-        return False
-
-    def parameters(self) -> str:
-        return "{}"
 
     def send(self, response=None, flags=0):
         error = response.error.message if response is not None and response.error else None
@@ -200,19 +180,9 @@ def test_num_return_sequences_samples_each_sequence_with_its_own_index(cpu_model
 
 # ------------------------------------------------------------------------------ served for real
 
-@pytest.fixture(scope="module")
-def served(tiny_llama, tmp_path_factory):
-    """A tiny cpu repository (word tokenizer " w0".." w100") in the embedded Triton server."""
-    from pipeline.cli import main
-    from pipeline.server import embedded_server
-
-    root = tmp_path_factory.mktemp("request-contract")
-    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
-                                       "-o", str(root / "repo")])
-    assert result.exit_code == 0, result.output
-    with embedded_server(Path(root / "repo"), ready_timeout=300) as server:
-        yield server
+@pytest.fixture
+def served(tiny_cpu_server):
+    return tiny_cpu_server
 
 
 def post(server, model: str = "ensemble", path: str = "generate", **body):
