@@ -15,6 +15,7 @@ from .errors import UserError
 
 CATALOGUE_PATH = Path(__file__).parent / "data" / "targets.json"
 GIB = 1 << 30
+MIB = 1 << 20
 #: FP8 tensor cores (and TensorRT-LLM's FP8 paths) need compute capability 8.9 or newer.
 FP8_MIN_SM = 89
 
@@ -36,6 +37,7 @@ class Target:
     interconnect: str
     sources: dict
     triton_max_batch_size: int | None = None   # cpu target only
+    board_power_w: float | None = None         # rated maximum board power (GPUs): an upper bound of the draw
 
     @property
     def is_gpu(self) -> bool:
@@ -64,15 +66,24 @@ class Target:
         return d
 
 
+def usable_memory_bytes(entry: dict) -> int:
+    """What the card reports to the driver (nvidia-smi, default ECC), else the catalogue's capacity (the cpu
+    target's RAM figure)."""
+    if "usable_memory_mib" in entry:
+        return entry["usable_memory_mib"] * MIB
+    return round(entry["memory_gib"] * GIB)
+
+
 def _target_from_entry(entry: dict) -> Target:
     return Target(
         name=entry["name"], sku=entry["sku"], kind=entry["kind"], sm=entry["sm"],
-        memory_bytes=round(entry["memory_gib"] * GIB),
+        memory_bytes=usable_memory_bytes(entry),
         bandwidth_bytes_per_s=entry["bandwidth_gbps"] * 1e9,
         fp32_tflops=entry["fp32_tflops"], fp16_tflops=entry["fp16_tflops"],
         fp8_tflops=entry["fp8_tflops"], int8_tops=entry["int8_tops"],
         max_gpus=entry["max_gpus"], p2p=entry["p2p"], interconnect=entry["interconnect"],
         sources=entry["sources"], triton_max_batch_size=entry.get("triton_max_batch_size"),
+        board_power_w=entry.get("board_power_w"),
     )
 
 
@@ -99,7 +110,7 @@ def render_targets() -> object:
     for col in ("sm", "memory", "bandwidth", "FP16 TFLOPS", "FP8 TFLOPS", "INT8 TOPS", "GPUs", "P2P"):
         table.add_column(col)
     for t in catalogue().values():
-        table.add_row(t.name, t.compute_capability or "-", f"{t.memory_bytes / GIB:g} GiB",
+        table.add_row(t.name, t.compute_capability or "-", f"{t.memory_bytes / GIB:.2f} GiB",
                       f"{t.bandwidth_bytes_per_s / 1e9:g} GB/s", _fmt(t.fp16_tflops), _fmt(t.fp8_tflops),
                       _fmt(t.int8_tops), str(t.max_gpus), "yes" if t.p2p else "no")
     return table

@@ -219,6 +219,17 @@ class StubTensor:
         return self._array
 
 
+@pytest.fixture
+def no_aic(monkeypatch):
+    """Plans made as on a machine without aiconfigurator-core: trtpipe's own memory model and speed-of-light bound."""
+    from pipeline.plan import performance
+
+    def missing():
+        raise ImportError("No module named 'aiconfigurator_core'")
+
+    monkeypatch.setattr(performance, "aic", missing)
+
+
 class StubRequest:
     """A Triton request of one row as the cpu model reads it (its tensors, id, parameters); subclasses decide what
     the sender does with each response (`send`)."""

@@ -30,8 +30,8 @@ def test_vllm_gets_the_plans_batch_context_and_kv_bytes_as_a_share_of_total_memo
     assert vllm["--max-num-seqs"] == str(plan.build_config.max_batch_size)
     assert vllm["--max-model-len"] == str(plan.max_seq_len) == "8192"
     assert vllm["--max-num-batched-tokens"] == str(plan.build_config.max_num_tokens)
-    # not TensorRT-LLM's 0.9 of the free memory: weights + activations + the KV bytes, of 24 GiB
-    share = (m.weights_bytes_per_rank + m.activation_bytes + m.kv_cache_bytes) / (24 << 30)
+    # not TensorRT-LLM's 0.9 of the free memory: weights + activations + the KV bytes, of the 24564 MiB it reports
+    share = (m.weights_bytes_per_rank + m.activation_bytes + m.kv_cache_bytes) / (24564 << 20)
     assert vllm["--gpu-memory-utilization"] == f"{share:.3f}"
     assert float(vllm["--gpu-memory-utilization"]) != m.kv_cache_free_gpu_mem_fraction
     assert vllm["--kv-cache-dtype"] == "fp8_e4m3" and vllm["--dtype"] == "bfloat16"

@@ -28,7 +28,10 @@ from ..plan.memory import (
     roofline,
     runtime_reserve_bytes,
     weights_per_rank_by_stage,
+    weights_read_per_step,
 )
+from ..plan.performance import Workpoint
+from ..plan.serving_choice import largest_batch, plan_serving
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import BuildConfig, MemoryBudget, Overrides, Plan, PluginConfig, TritonParams, Workload
 from ..precisions import QUANT_ALGO
@@ -178,18 +181,6 @@ def choose_plugins(precision: str, kv_cache_dtype: str, dtype: str, target: Targ
     return plugin, warnings
 
 
-def largest_batch(fits, upper: int) -> int:
-    """The largest b in [1, upper] with fits(b), for a fits() that only turns false as b grows (1 if none)."""
-    lo, hi = 1, upper
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 def _round_down_to_blocks(tokens: int, tokens_per_block: int) -> int:
     return tokens // tokens_per_block * tokens_per_block
 
@@ -241,8 +232,9 @@ def plan_engine(request: PlanRequest) -> Plan:
                         f"GPU; {target.name} has {format_gib(memory)}: "
                         f"{too_big_hint(target, precision, tp, pp, weights_per_rank)}")
 
-    def kv_tokens_for(batch: int) -> tuple[int, int, int, int]:
-        act = activation_bytes(arch, precision, dtype, tp, min(max_num_tokens, max_seq_len * batch), batch)
+    def kv_tokens_for(batch: int, tokens: int | None = None) -> tuple[int, int, int, int]:
+        tokens = max_num_tokens if tokens is None else tokens
+        act = activation_bytes(arch, precision, dtype, tp, min(tokens, max_seq_len * batch), batch)
         reserve = runtime_reserve_bytes(arch, tp, batch, max_seq_len)
         free = memory - weights_per_rank - act - reserve
         kv_bytes = int(max(free, 0) * fraction)
@@ -271,8 +263,9 @@ def plan_engine(request: PlanRequest) -> Plan:
     fit = kv_tokens // seq_tokens
     context = workload.input_len + workload.output_len / 2
     prefill_s = prefill_seconds(arch, workload.input_len, precision, tp, target)
+    read = weights_read_per_step(arch, precision, dtype, tp, pp)
     if workload.p99_latency_s is not None:
-        cap = latency_batch_cap(workload.p99_latency_s, prefill_s, workload, weights_per_rank, context,
+        cap = latency_batch_cap(workload.p99_latency_s, prefill_s, workload, read, context,
                                 kv_per_token, target)
         if overrides.max_batch_size is not None and overrides.max_batch_size > cap:
             raise UserError(f"--max-batch-size {overrides.max_batch_size} contradicts --p99-latency "
@@ -281,6 +274,20 @@ def plan_engine(request: PlanRequest) -> Plan:
             batch = cap
             act, reserve, free, kv_tokens = kv_tokens_for(batch)
             fit = kv_tokens // seq_tokens
+    if max_num_tokens > max_seq_len * batch:
+        if overrides.max_num_tokens is not None:
+            raise UserError(f"--max-num-tokens {max_num_tokens} exceeds max_seq_len x max_batch_size "
+                            f"({max_seq_len} x {batch}); trtllm-build would clamp it")
+        max_num_tokens = max_seq_len * batch
+    point = Workpoint(arch, precision, kv_dtype, plugin.use_fp8_context_fmha, tp, pp, batch, workload.input_len,
+                      workload.output_len, max_num_tokens)
+    sol_step = decode_step_seconds(read, batch, context, kv_per_token, target)
+    point, performance, serving_warnings = plan_serving(request, point, chunked, max_seq_len, prefill_s, sol_step)
+    warnings += serving_warnings
+    if (point.batch, point.max_num_tokens) != (batch, max_num_tokens):
+        batch, max_num_tokens = point.batch, point.max_num_tokens
+        act, reserve, free, kv_tokens = kv_tokens_for(batch)
+        fit = kv_tokens // seq_tokens
     if overrides.max_batch_size is not None and overrides.max_batch_size > fit:
         warnings.append(f"--max-batch-size {overrides.max_batch_size} is more than the {fit} sequences of "
                         f"{seq_tokens} tokens the KV cache holds; the scheduler will queue the rest")
@@ -290,14 +297,9 @@ def plan_engine(request: PlanRequest) -> Plan:
                         f"({limit} at {workload.input_len}+{workload.output_len} tokens); the rest queue in Triton")
     concurrent = min(batch, fit)
     if tp > 1 and not target.p2p:
-        warnings.append(no_p2p_warning(arch, target, dtype, tp, pp, concurrent, weights_per_rank, kv_per_token,
+        warnings.append(no_p2p_warning(arch, target, dtype, tp, pp, concurrent, read, kv_per_token,
                                        context))
 
-    if max_num_tokens > max_seq_len * batch:
-        if overrides.max_num_tokens is not None:
-            raise UserError(f"--max-num-tokens {max_num_tokens} exceeds max_seq_len x max_batch_size "
-                            f"({max_seq_len} x {batch}); trtllm-build would clamp it")
-        max_num_tokens = max_seq_len * batch
     opt_num_tokens = overrides.opt_num_tokens
     if opt_num_tokens is not None and not 1 <= opt_num_tokens <= max_num_tokens:
         raise UserError(f"--opt-num-tokens {opt_num_tokens} must be between 1 and max_num_tokens {max_num_tokens}")
@@ -331,8 +333,8 @@ def plan_engine(request: PlanRequest) -> Plan:
         engine={"builder": "trtllm-build", "tensorrt_llm_version": TRTLLM_VERSION,
                 "world_size": tp * pp, "sm": target.sm},
         build_config=build, plugin_config=plugin, optimization_profiles=derive_profiles(build, plugin),
-        triton=triton, roofline=roofline(target, workload, weights_per_rank, kv_per_token, concurrent, prefill_s),
-        warnings=warnings)
+        triton=triton, roofline=roofline(target, workload, read, kv_per_token, concurrent, prefill_s),
+        warnings=warnings, performance=performance)
 
 
 def engine_serve_command(world_size: int, model_repository: str, extra_args: tuple[str, ...] = ()) -> list[str]:

@@ -80,6 +80,15 @@ def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: i
     return stages
 
 
+def weights_read_per_step(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int) -> int:
+    """Bytes of weights one GPU reads in a decode step: its weights less the input embedding table, of which a
+    step gathers only the batch's rows (a tied lm_head still reads the shared table whole). The busiest stage."""
+    stages = weights_per_rank_by_stage(arch, precision, dtype, tp, pp)
+    shared = arch.tie_word_embeddings and tp == 1 and pp == 1
+    stages[0] -= 0 if shared else arch.vocab_size * arch.hidden_size * _element_bytes(dtype)
+    return max(stages)
+
+
 def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str, tp: int, pp: int = 1) -> int:
     """2 (K and V) x layers on the GPU x KV heads on the GPU x head size x bytes per element."""
     layers = RankLayout(tp, pp, arch.num_hidden_layers).layers_per_stage
@@ -161,6 +170,7 @@ def prefill_seconds(arch: ModelArch, input_len: int, precision: str, tp: int, ta
 
 def roofline(target: Target, workload: Workload, weights_per_rank: int, kv_per_token: int, batch: int,
              prefill_s: float) -> Roofline:
+    """The speed-of-light bound; `weights_per_rank`: the bytes a decode step reads (weights_read_per_step)."""
     context = workload.input_len + workload.output_len / 2
     step1 = decode_step_seconds(weights_per_rank, 1, context, kv_per_token, target)
     step = decode_step_seconds(weights_per_rank, batch, context, kv_per_token, target)
@@ -170,7 +180,8 @@ def roofline(target: Target, workload: Workload, weights_per_rank: int, kv_per_t
         prefill_s_per_request=prefill_s,
         request_latency_s_batch1=prefill_s + workload.output_len * step1,
         request_latency_s=prefill_s + workload.output_len * step,
-        basis=("decode step = (weights per GPU + batch x (input_len + output_len/2) x kv_bytes_per_token) / "
+        basis=("decode step = (weights per GPU read per step, the input embedding table excepted, + batch x "
+               "(input_len + output_len/2) x kv_bytes_per_token) / "
                "memory bandwidth; prefill = (2 x linear weights x input_len + 2 x layers x input_len^2 x "
                "q_size) FLOPs / (tp x dense peak rate); request latency = prefill + output_len decode "
                "steps. Lower bounds: no kernel efficiency, communication or scheduling overhead"))

@@ -68,7 +68,9 @@ def render_plan(plan: Plan) -> list:
                              str(p["max_blocks_per_seq"]))
         out.append(profiles)
     out.append(_kv_table("triton (tensorrt_llm model parameters)", list(asdict(plan.triton).items())))
-    out.append(_kv_table("Roofline estimate", [
+    if plan.performance is not None:
+        out.append(performance_table(plan))
+    out.append(_kv_table("Roofline estimate (speed of light)", [
         ("decode, batch 1", (f"{roof.decode_tokens_per_s_per_seq_batch1:.1f} tokens/s "
                              f"({roof.decode_step_s_batch1 * 1e3:.2f} ms/step)")),
         (f"decode, batch {roof.batch}", (f"{roof.decode_tokens_per_s_per_seq:.1f} tokens/s per sequence, "
@@ -81,3 +83,29 @@ def render_plan(plan: Plan) -> list:
     if plan.warnings:
         out.append(_kv_table("Warnings", [("!", msg) for msg in plan.warnings]))
     return out
+
+
+def performance_table(plan: Plan):
+    """What the GPU will do: the figures, what they are (measured, derived, speed of light) and their basis."""
+    p, w = plan.performance, plan.workload
+    sol = p.speed_of_light
+    rows = [
+        ("figures", f"{p.source}: {p.basis}"),
+        ("prefill, one request", f"{p.prefill_s * 1e3:.1f} ms (speed of light {sol['prefill_s'] * 1e3:.1f} ms)"),
+        (f"decode step, batch {p.batch}", (f"{p.decode_step_s * 1e3:.2f} ms (speed of light "
+                                           f"{sol['decode_step_s'] * 1e3:.2f} ms: at "
+                                           f"{p.percent_of_speed_of_light or 0:.0f}% of it)")),
+        (f"serving {w.input_len}/{w.output_len}, in-flight batch {p.batch}",
+         (f"TTFT {p.ttft_s * 1e3:.0f} ms, TPOT {p.tpot_s * 1e3:.2f} ms, {p.output_tokens_per_s:.0f} output "
+          f"tokens/s, request latency {p.request_latency_s:.2f} s")),
+    ]
+    if p.memory:
+        m = p.memory
+        rows.append(("memory (AIC)", (f"{format_gib(m['total'])} of {format_gib(m['capacity'])} usable: weights "
+                                      f"{format_gib(m['weights'])}, KV {format_gib(m['kv_cache'])}, activations "
+                                      f"{format_gib(m['activations'])}, other {format_gib(m['others'])}")))
+    e = p.energy
+    if e["watts"]:
+        rows.append(("energy", f"{e['watts']:g} W, {e['output_tokens_per_joule']:.2f} output tokens/J ({e['basis']})"))
+    rows += [("note", note) for note in p.notes]
+    return _kv_table("Performance (what the GPU will do)", rows)

@@ -19,6 +19,7 @@ from ..arch import ModelArch
 from ..checkpoint import CheckpointConfig
 from ..errors import UserError
 from ..targets import Target
+from .performance import Performance
 from .trtllm import TOKENS_PER_BLOCK, model_context_limit
 
 PLAN_VERSION = 1
@@ -233,6 +234,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     plan_version: int = PLAN_VERSION
     llm_api: dict | None = None       # the LLM API settings (pytorch backends): version, options, reasons
+    performance: Performance | None = None   # what the GPU will do (pipeline.plan.performance); None: cpu
 
     def to_dict(self) -> dict:
         return {
@@ -261,6 +263,7 @@ class Plan:
             "roofline": asdict(self.roofline),
             "warnings": list(self.warnings),
             "llm_api": self.llm_api,
+            "performance": self.performance.to_dict() if self.performance else None,
             # what vLLM and TGI would be launched with for the same budget (written, never read back)
             "equivalents": server_equivalents(self),
         }
@@ -293,6 +296,7 @@ class Plan:
             warnings=d.get("warnings", []),
             plan_version=d.get("plan_version", PLAN_VERSION),
             llm_api=d.get("llm_api"),
+            performance=Performance.from_dict(d["performance"]) if d.get("performance") else None,
         )
 
 

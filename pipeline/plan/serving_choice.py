@@ -1,0 +1,112 @@
+"""The batch and max_num_tokens of an engine plan, chosen with the performance model (`performance`): the most
+output tokens/s that fit aiconfigurator-core's memory estimate and the workload's P99 budget. Without AIC, or
+without its data for the plan, trtpipe's own choice stands and the plan states its speed-of-light bound."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import UserError
+from ..targets import Target
+from .memory import format_gib
+from .performance import (
+    Performance,
+    Workpoint,
+    estimate,
+    estimate_or_reason,
+    memory_estimate,
+    performance_of,
+    speed_of_light_performance,
+)
+from .policy import PlanRequest
+from .schema import Workload
+
+
+def largest_batch(fits, upper: int) -> int:
+    """The largest b in [1, upper] with fits(b), for a fits() that only turns false as b grows (1 if none)."""
+    lo, hi = 1, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+#: max_num_tokens the planner compares (powers of two: TensorRT-LLM's profiles; 8192 is its default)
+TOKEN_CHOICES = (1024, 2048, 4096, 8192)
+
+
+def plan_serving(request: PlanRequest, point: Workpoint, chunked: bool, max_seq_len: int, prefill_s: float,
+                 sol_step_s: float) -> tuple[Workpoint, Performance, list[str]]:
+    """The batch and max_num_tokens with the most output tokens/s that fit aiconfigurator-core's memory estimate
+    and the P99 budget (its serving model: in-flight batching, prefills charged), and what the plan predicts for
+    them. `point` holds trtpipe's own choice, which bounds the batch; an override is kept as given. Without AIC
+    (or data for the plan) the choice stands and the figures are trtpipe's speed-of-light bound."""
+    target, workload, overrides = request.target, request.workload, request.overrides
+    found, why = estimate_or_reason(target, point)
+    if found is None:
+        return point, speed_of_light_performance(target, point, prefill_s, sol_step_s, why), []
+    if overrides.max_num_tokens is not None:
+        token_options = [point.max_num_tokens]
+    else:
+        token_options = sorted({min(t, max_seq_len * point.batch) for t in TOKEN_CHOICES
+                                if chunked or t >= max_seq_len - 1} or {point.max_num_tokens})
+    warnings, best = [], None
+    for tokens in token_options:
+        for candidate in batch_options(target, replace(point, max_num_tokens=tokens), overrides.max_batch_size):
+            found = estimate(target, candidate)
+            latency = found.ttft_s + (candidate.osl - 1) * found.tpot_s
+            if found.out_of_memory or (workload.p99_latency_s and latency > workload.p99_latency_s):
+                continue
+            if best is None or found.output_tokens_per_s > best[1].output_tokens_per_s:
+                best = (candidate, found)
+    if best is None:
+        raise UserError(serving_refusal(target, point, workload, overrides.max_batch_size))
+    chosen, found = best
+    if chosen.batch < point.batch:
+        memory, capacity = memory_estimate(target, replace(point, max_num_tokens=chosen.max_num_tokens))
+        reason = (f"aiconfigurator-core's memory estimate at batch {point.batch} is {format_gib(memory['total'])} "
+                  f"(weights {format_gib(memory['weights'])}, KV cache {format_gib(memory['kv_cache'])}, "
+                  f"activations {format_gib(memory['activations'])}, other {format_gib(memory['others'])}) of "
+                  f"{format_gib(capacity)} usable" if memory["total"] > capacity else
+                  f"the P99 budget {workload.p99_latency_s:g} s")
+        warnings.append(f"batch {chosen.batch} instead of {point.batch}: {reason}")
+    performance = performance_of(target, chosen, found)
+    performance.notes.append(f"max_num_tokens {chosen.max_num_tokens}: the most output tokens/s of "
+                             f"{', '.join(map(str, token_options))} at this batch"
+                             + (" within the P99 budget" if workload.p99_latency_s else ""))
+    return chosen, performance, warnings
+
+
+def batch_options(target: Target, point: Workpoint, fixed: int | None) -> list[Workpoint]:
+    """The largest batch up to `point`'s that AIC's memory estimate fits, and its halvings (smaller batches, for
+    a P99 budget); only `fixed` when the user set it."""
+    if fixed is not None:
+        return [point]
+
+    def fits(batch: int) -> bool:
+        memory, capacity = memory_estimate(target, replace(point, batch=batch))
+        return memory["total"] <= capacity
+
+    largest = largest_batch(fits, point.batch)
+    batches = sorted({largest} | {largest >> k for k in range(1, largest.bit_length()) if largest >> k})
+    return [replace(point, batch=b) for b in reversed(batches)]
+
+
+def serving_refusal(target: Target, point: Workpoint, workload: Workload, fixed: int | None) -> str:
+    """Why no batch works: AIC's memory estimate or the P99 budget, at the user's batch or at batch 1."""
+    batch = fixed or 1
+    one = estimate(target, replace(point, batch=batch))
+    where = f"--max-batch-size {batch}" if fixed else "batch 1"
+    if one.out_of_memory:
+        return (f"aiconfigurator-core's memory estimate does not fit {target.name} at {where}: "
+                f"{format_gib(one.memory_bytes['total'])} (weights {format_gib(one.memory_bytes['weights'])}, KV "
+                f"{format_gib(one.memory_bytes['kv_cache'])}, other {format_gib(one.memory_bytes['others'])}) of "
+                f"{format_gib(one.capacity_bytes)} usable; use a smaller batch, a lower precision, an fp8 KV cache or "
+                "more GPUs (--tp)")
+    latency = one.ttft_s + (point.osl - 1) * one.tpot_s
+    return (f"the P99 latency budget {workload.p99_latency_s:g} s cannot be met on {target.name}: aiconfigurator-core "
+            f"predicts {latency:.3f} s at {where} (TTFT {one.ttft_s * 1e3:.1f} ms + {point.osl - 1} x TPOT "
+            f"{one.tpot_s * 1e3:.2f} ms); shorten the output, use a lower precision or more GPUs")
