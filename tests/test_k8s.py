@@ -265,7 +265,8 @@ def test_every_expression_parses_and_reads_only_known_series(written):
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {"TritonRequestFailureRate", "TritonQueueTimeHigh", "TensorRTLLMKVCacheFreeBlocksLow",
                       "TritonPodsNotReady"}
-    known = set(mon.TRITON) | set(mon.TRTLLM_BACKEND) | set(mon.TRITON_GPU) | set(mon.CLUSTER) | recorded
+    known = set(mon.TRITON) | set(mon.TRTLLM_BACKEND) | set(mon.TRITON_GPU) | set(mon.CLUSTER) | recorded | {
+        mon.OUTPUT_TOKENS}   # a series of the OUTPUT_TOKEN_LEN histogram
     used: set[str] = set()
     for out in written.values():
         for expr in used_expressions(out):
@@ -274,7 +275,7 @@ def test_every_expression_parses_and_reads_only_known_series(written):
     assert used <= known, used - known
     # the dashboard shows each kind the issue lists
     assert {mon.REQUEST_FAILURE, mon.QUEUE_COMPUTE_RATIO, mon.TRTLLM_INFLIGHT, mon.TRTLLM_KV_BLOCKS,
-            mon.GPU_UTILIZATION, mon.GPU_MEMORY_USED} <= used
+            mon.GPU_UTILIZATION, mon.GPU_MEMORY_USED, mon.GPU_POWER, mon.OUTPUT_TOKENS} <= used
 
 
 @pytest.fixture(scope="module")

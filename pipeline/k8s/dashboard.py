@@ -2,7 +2,8 @@
 
 Rows follow NVIDIA's "Inference Metrics" dashboard (tutorials, TensorRT-LLM_Autoscaling_and_Load_Balancing):
 requests and failures, the queue:compute ratio, request/queue/compute durations, the TensorRT-LLM
-in-flight batcher and KV cache, GPU utilisation and memory. Unlike that dashboard, the TensorRT-LLM
+in-flight batcher and KV cache, energy (DCGM's power beside output tokens/s, the plan's tokens-per-joule KPI), GPU
+utilisation and memory. Unlike that dashboard, the TensorRT-LLM
 gauges are shown as they are (it applies rate() to gauges), and GPU panels read Triton's own GPU
 families instead of a separate DCGM exporter.
 """
@@ -57,6 +58,15 @@ def panels(m: Monitoring) -> dict[str, list[Panel]]:
             Panel("Requests in the executor", "short",
                   trtllm(mon.TRTLLM_REQUESTS, "request_type", "active|scheduled|context|waiting")),
             Panel("KV cache blocks", "short", trtllm(mon.TRTLLM_KV_BLOCKS, "kv_cache_block_type", "max|free|used")),
+        ],
+        "Energy": [
+            Panel("GPU power (DCGM) and its limit", "watt", ((by_pod(mon.GPU_POWER), "{{pod}} power"),
+                                                             (by_pod(mon.GPU_POWER_LIMIT), "{{pod}} limit"))),
+            Panel("Output tokens / second", "short",
+                  ((f"sum by (pod) (rate({mon.OUTPUT_TOKENS}{sel}[1m]))", "{{pod}}"),)),
+            Panel("Output tokens per joule", "short",
+                  ((f"sum by (pod) (rate({mon.OUTPUT_TOKENS}{sel}[1m])) / "
+                    f"clamp_min({by_pod(mon.GPU_POWER)}, 1)", "{{pod}}"),)),
         ],
         "GPU and host": [
             Panel("GPU utilisation", "percentunit", ((f"avg by (pod) ({mon.GPU_UTILIZATION}{sel})", "{{pod}}"),)),

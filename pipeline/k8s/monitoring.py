@@ -45,13 +45,16 @@ TRTLLM_GENERAL = "nv_trt_llm_general_metrics"                   # general_type: 
 TRTLLM_DISAGGREGATED = "nv_trt_llm_disaggregated_serving_metrics"
 OUTPUT_TOKEN_LEN = "nv_llm_output_token_len"                    # histogram
 INPUT_TOKEN_LEN = "nv_llm_input_token_len"                      # histogram
+OUTPUT_TOKENS = f"{OUTPUT_TOKEN_LEN}_sum"                        # the histogram's sum: every output token
 TRTLLM_BACKEND = (TRTLLM_REQUESTS, TRTLLM_MEMORY, TRTLLM_KV_BLOCKS, TRTLLM_INFLIGHT, TRTLLM_V1, TRTLLM_GENERAL,
                   TRTLLM_DISAGGREGATED, OUTPUT_TOKEN_LEN, INPUT_TOKEN_LEN)
 
 GPU_UTILIZATION = "nv_gpu_utilization"                    # 0-1, label gpu_uuid
 GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
 GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
-TRITON_GPU = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL)
+GPU_POWER = "nv_gpu_power_usage"                          # watts, DCGM's reading (Triton collects GPU metrics via DCGM)
+GPU_POWER_LIMIT = "nv_gpu_power_limit"                    # watts
+TRITON_GPU = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_POWER_LIMIT)
 
 REPLICAS_UNAVAILABLE = "kube_deployment_status_replicas_unavailable"
 CLUSTER = (REPLICAS_UNAVAILABLE,)

@@ -13,10 +13,11 @@ ISL/OSL, precision, KV-cache dtype and tp/pp:
   fits the card's usable memory.
 
 A target NVIDIA has not measured (`DERIVED_FROM`: rtx4090 from l40s, both AD102 sm_89; a100-40g and rtx3090 from
-a100-80g, Ampere) is derived from its nearest measured chip: every operation's measured time is scaled by the
-ratio of the two cards' speed-of-light times for that operation, max(FLOPs / tensor rate, bytes / bandwidth) as
-AIC splits it (`evaluate_ops_sol_json`), with the rate that applies (the GEMM's precision; attention and the
-16-bit lm_head at the 16-bit rate, FP32 accumulate). Serving figures are the source chip's in-flight figures
+a100-80g, Ampere) is derived from its nearest measured chip, operation by operation from the two cards'
+speed-of-light times, max(FLOPs / tensor rate, bytes / bandwidth) as AIC splits it (`evaluate_ops_sol_json`), with
+the rate that applies (the GEMM's precision; attention and the 16-bit lm_head at the 16-bit rate, FP32
+accumulate): a compute-bound op is scaled by the ratio, a memory-bound one keeps its measured overhead above the
+speed of light (`scaled_ops`). Serving figures are the source chip's in-flight figures
 scaled by the prefill and decode-step ratios. docs/planner.md states the assumptions and the validation (h200
 derived from h100 against AIC's own h200 data).
 
@@ -269,9 +270,12 @@ def chip_of_target(target: Target) -> Chip:
 
 
 def scaled_ops(times, sol, source: Chip, dest: Chip, gemm_8bit: bool) -> tuple[float, float, float]:
-    """(source ms, derived ms, derived speed-of-light ms) of one phase: each op's measured time x its
-    speed-of-light ratio. Only the GEMMs of the plan's precision run at the 8-bit rate; attention and lm_head
-    (kept 16-bit) at the 16-bit one."""
+    """(source ms, derived ms, derived speed-of-light ms) of one phase, op by op from the two chips' speed of light
+    (SOL = max(FLOPs / rate, bytes / bandwidth)). An op bound by its math keeps its measured efficiency (measured x
+    SOL ratio); an op bound by memory keeps its measured time above the speed of light (measured - SOL on the source
+    + SOL on the target): its kernel-launch and latency overhead does not shrink with a faster memory. Validated on
+    h200 derived from h100 (benchmarks/bench_planner.py). Only the GEMMs of the plan's precision run at the 8-bit
+    rate; attention and lm_head (kept 16-bit) at the 16-bit one."""
     total = derived = derived_sol = 0.0
     for name, ms in times:
         math_ms, mem_ms = sol.get(name, (0.0, 0.0))
@@ -279,7 +283,12 @@ def scaled_ops(times, sol, source: Chip, dest: Chip, gemm_8bit: bool) -> tuple[f
         before = max(math_ms, mem_ms)
         after = max(math_ms * source.rate(eight) / dest.rate(eight), mem_ms * source.bandwidth / dest.bandwidth)
         total += ms
-        derived += ms * after / before if before > 0 else ms
+        if before <= 0:
+            derived += ms
+        elif math_ms >= mem_ms:
+            derived += ms * after / before
+        else:
+            derived += max(ms - before, 0.0) + after
         derived_sol += after
     return total, derived, derived_sol
 

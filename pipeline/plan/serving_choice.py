@@ -66,18 +66,28 @@ def plan_serving(request: PlanRequest, point: Workpoint, chunked: bool, max_seq_
         raise UserError(serving_refusal(target, point, workload, overrides.max_batch_size))
     chosen, found = best
     if chosen.batch < point.batch:
-        memory, capacity = memory_estimate(target, replace(point, max_num_tokens=chosen.max_num_tokens))
-        reason = (f"aiconfigurator-core's memory estimate at batch {point.batch} is {format_gib(memory['total'])} "
-                  f"(weights {format_gib(memory['weights'])}, KV cache {format_gib(memory['kv_cache'])}, "
-                  f"activations {format_gib(memory['activations'])}, other {format_gib(memory['others'])}) of "
-                  f"{format_gib(capacity)} usable" if memory["total"] > capacity else
-                  f"the P99 budget {workload.p99_latency_s:g} s")
-        warnings.append(f"batch {chosen.batch} instead of {point.batch}: {reason}")
+        warnings.append(f"batch {chosen.batch} instead of {point.batch}: "
+                        + smaller_batch_reason(target, point, chosen, found, workload))
     performance = performance_of(target, chosen, found)
     performance.notes.append(f"max_num_tokens {chosen.max_num_tokens}: the most output tokens/s of "
                              f"{', '.join(map(str, token_options))} at this batch"
                              + (" within the P99 budget" if workload.p99_latency_s else ""))
     return chosen, performance, warnings
+
+
+def smaller_batch_reason(target: Target, point: Workpoint, chosen: Workpoint, found, workload: Workload) -> str:
+    memory, capacity = memory_estimate(target, replace(point, max_num_tokens=chosen.max_num_tokens))
+    if memory["total"] > capacity:
+        return (f"aiconfigurator-core's memory estimate at batch {point.batch} is {format_gib(memory['total'])} "
+                f"(weights {format_gib(memory['weights'])}, KV cache {format_gib(memory['kv_cache'])}, "
+                f"activations {format_gib(memory['activations'])}, other {format_gib(memory['others'])}) of "
+                f"{format_gib(capacity)} usable")
+    if workload.p99_latency_s:
+        return f"the P99 budget {workload.p99_latency_s:g} s"
+    full = estimate(target, replace(point, max_num_tokens=chosen.max_num_tokens))
+    return (f"aiconfigurator-core predicts more output tokens/s at batch {chosen.batch} "
+            f"({found.output_tokens_per_s:.0f}) than at {point.batch} ({full.output_tokens_per_s:.0f}): the "
+            "prefills of a fuller batch cost more than its decode steps gain")
 
 
 def batch_options(target: Target, point: Workpoint, fixed: int | None) -> list[Workpoint]:
