@@ -160,7 +160,8 @@ def part2(points: list) -> None:
                               batch, 1024, 256, 8192)
             e = estimate(rtx, point)
             l40s = estimate(get_target("l40s"), replace(point))
-            print(f"   {precision:5} batch {batch:>3}: prefill {e.prefill_s * 1e3:7.1f} ms (l40s {l40s.prefill_s * 1e3:6.1f}), "
+            print(f"   {precision:5} batch {batch:>3}: prefill {e.prefill_s * 1e3:7.1f} ms "
+                  f"(l40s {l40s.prefill_s * 1e3:6.1f}), "
                   f"step {e.decode_step_s * 1e3:6.2f} ms (l40s {l40s.decode_step_s * 1e3:6.2f}), "
                   f"{e.output_tokens_per_s:6.0f} tok/s, memory {e.memory_bytes['total'] / 2**30:5.1f} of "
                   f"{e.capacity_bytes / 2**30:.1f} GiB{' (does not fit)' if e.out_of_memory else ''}")

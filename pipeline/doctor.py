@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import TRITON_IMAGE, TRTLLM_VERSION
 from .errors import UserError
-from .targets import GIB, Target, catalogue, get_target
+from .targets import Target, catalogue, get_target
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"]
 #: nvidia-smi reports a little less than the nominal size (24564 MiB on a 24 GiB card): within this
@@ -203,12 +203,12 @@ def memory_check(gpus: list[Gpu], target: Target) -> Check:
            if g.memory_mib < wanted_mib * (1 - MEMORY_TOLERANCE)]
     if low:
         return Check("memory", "FAIL", f"{'; '.join(low)}, the {target.name} plan assumes "
-                     f"{target.memory_bytes / GIB:g} GiB", "plan for a target with this GPU's memory, or run on a "
+                     f"{wanted_mib:.0f} MiB", "plan for a target with this GPU's memory, or run on a "
                      f"{target.sku}: the plan's KV cache and batch sizes would not fit")
     smallest = min(g.memory_mib for g in gpus)
     more = " (more than the plan assumes; the KV cache uses the extra)" if smallest > wanted_mib else ""
     return Check("memory", "PASS",
-                 f"{smallest} MiB per GPU, {target.name} plans {target.memory_bytes / GIB:g} GiB{more}")
+                 f"{smallest} MiB per GPU, {target.name} plans {wanted_mib:.0f} MiB{more}")
 
 
 def tensorrt_llm_check() -> Check:

@@ -78,7 +78,7 @@ def test_too_little_memory_fails(monkeypatch, tmp_path):
     fake_nvidia_smi(monkeypatch, tmp_path, "NVIDIA GeForce RTX 4090 Laptop GPU, 8.9, 16376")
     memory = checks_by_name(doctor.gpu_checks(get_target("rtx4090")))["memory"]
     assert memory.status == "FAIL"
-    assert memory.detail == "GPU 0 NVIDIA GeForce RTX 4090 Laptop GPU has 16376 MiB, the rtx4090 plan assumes 24 GiB"
+    assert memory.detail == "GPU 0 NVIDIA GeForce RTX 4090 Laptop GPU has 16376 MiB, the rtx4090 plan assumes 24564 MiB"
 
 
 @pytest.mark.parametrize("output,status,message", [

@@ -30,7 +30,7 @@ from ..backends.base import ENGINE
 from ..errors import UserError
 from ..plan import Overrides, Plan
 from ..plan.policy import replan as plan_again
-from ..plan.memory import decode_step_seconds, format_gib
+from ..plan.memory import decode_step_seconds, weights_read_per_step, format_gib
 from ..plan.trtllm import MAX_BATCH_SIZE_CAP
 from .slo import Slo
 
@@ -165,15 +165,20 @@ def engine_params(plan: Plan, params: list[Param], concurrencies: tuple[int, ...
 
 
 def roofline_candidate(plan: Plan, slo: Slo, space: SearchSpace) -> Candidate:
-    """The planner's roofline as a starting point: the largest batch whose estimated decode step (one token of
-    every sequence: the inter-token latency) stays within the SLO's ITL bound, or the space's largest batch."""
+    """The planner's figures as a starting point: the largest batch whose estimated decode step (one token of
+    every sequence: the inter-token latency) stays within the SLO's ITL bound, or the space's largest batch. The
+    step is the roofline's, scaled by how far from it the plan's performance model puts the plan's own step (its
+    percent of speed of light: measured or derived figures on a GPU, 100% where the plan has only the bound)."""
     upper = int(next(p.high for p in space.params if p.name == "max_batch_size"))
     itl = [c.limit for c in slo.clauses if c.metric.startswith("itl_")]
     context = plan.workload.input_len + plan.workload.output_len / 2
+    read = weights_read_per_step(plan.model.arch, plan.precision, plan.dtype, plan.tp_size, plan.pp_size)
+    performance = plan.performance
+    slower = 100 / performance.percent_of_speed_of_light if performance and performance.percent_of_speed_of_light \
+        else 1.0
 
     def step_ms(batch: int) -> float:
-        return 1e3 * decode_step_seconds(plan.weights_bytes_per_rank, batch, context, plan.kv_bytes_per_token,
-                                         plan.target)
+        return 1e3 * slower * decode_step_seconds(read, batch, context, plan.kv_bytes_per_token, plan.target)
 
     batch = upper
     if itl:
