@@ -23,8 +23,9 @@ from .errors import UserError
 from .targets import Target, catalogue, get_target
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"]
-#: nvidia-smi reports a little less than the nominal size (24564 MiB on a 24 GiB card): within this
-#: fraction below the catalogue's figure the memory counts as the target's.
+#: The catalogue plans against what nvidia-smi reports for the SKU (usable_memory_mib); boards of one SKU
+#: differ a little (ECC toggled, another memory vendor, a PCIe variant): within this fraction below the
+#: catalogue's figure the memory counts as the target's.
 MEMORY_TOLERANCE = 0.05
 PROBE_TIMEOUT_S = 300
 CONTAINER_HINT = f"run in the trtpipe container (Dockerfile, base {TRITON_IMAGE})"
