@@ -157,3 +157,17 @@ def test_the_aic_facts_the_planner_relies_on_hold_for_the_installed_package():
         get_target("l40s").memory_bytes
     assert database("h200_sxm", "1.3.0rc20").system_spec["gpu"]["mem_capacity"] == get_target("h200").memory_bytes
     assert database("h100_sxm", "1.3.0rc20").system_spec["gpu"]["mem_capacity"] >= get_target("h100").memory_bytes
+
+
+def test_the_derivation_reproduces_a_chip_nvidia_measured():
+    """h200 derived from h100's kernel data lands near AIC's own h200 data (same GH100, faster memory), where
+    scaling by the bandwidth ratio alone would predict every memory-bound step 30% shorter."""
+    from pipeline.plan.performance import derived_estimate
+
+    h200 = get_target("h200")
+    for batch in (1, 64):
+        point = Workpoint(llama().arch, "fp8", "fp8", True, 1, 1, batch, 1024, 256, 8192)
+        derived, measured = derived_estimate(h200, "h100", point), estimate(h200, point)
+        assert derived.source == "derived" and measured.source == "measured"
+        for figure in ("prefill_s", "decode_step_s", "ttft_s", "tpot_s", "output_tokens_per_s"):
+            assert getattr(derived, figure) == pytest.approx(getattr(measured, figure), rel=0.15), (batch, figure)

@@ -307,17 +307,34 @@ def derived_estimate(target: Target, source_target: str, point: Workpoint) -> Es
     (pre_src, pre, pre_sol), (dec_src, dec, dec_sol) = phases["prefill"], phases["decode"]
     serving = agg_run(model, db, point)
     served = serving.get_result_dict()
-    decode_ratio, prefill_ratio = dec / dec_src, pre / pre_src
+    prefill_ratio = pre / pre_src
+    tpot_ratio = serving_step_ratio(engine_handle(model, db), point, float(served["tpot"]), dec_src,
+                                    dec / dec_src, prefill_ratio)
     memory = memory_of(serving)    # the same bytes on the derived card; only the capacity differs
     return Estimate(
         source=DERIVED_SOURCE,
         basis=(f"aiconfigurator-core {AIC_VERSION} {system} TensorRT-LLM {version} kernel data, each operation scaled "
                f"by {target.name}/{source_target} speed-of-light ratios (docs/planner.md)"),
         prefill_s=pre / 1e3, decode_step_s=dec / 1e3, ttft_s=float(served["ttft"]) * prefill_ratio / 1e3,
-        tpot_s=float(served["tpot"]) * decode_ratio / 1e3,
-        output_tokens_per_s=float(served["tokens/s/gpu"]) * point.tp * point.pp / decode_ratio,
+        tpot_s=float(served["tpot"]) * tpot_ratio / 1e3,
+        output_tokens_per_s=float(served["tokens/s/gpu"]) * point.tp * point.pp / tpot_ratio,
         memory_bytes=memory, capacity_bytes=target.memory_bytes, out_of_memory=memory["total"] > target.memory_bytes,
         speed_of_light={"prefill_s": pre_sol / 1e3, "decode_step_s": dec_sol / 1e3})
+
+
+def serving_step_ratio(handle, point: Workpoint, tpot_ms: float, decode_ms: float, decode_ratio: float,
+                       prefill_ratio: float) -> float:
+    """How much longer the derived card's serving TPOT is than the source's. AIC's serving TPOT on the source lies
+    between a pure decode step and a mixed one (the decode tokens plus a prefill chunk of ctx_tokens); the decode
+    part scales as a decode step does, the chunk as a prefill does."""
+    ctx_tokens = max(1, min(point.max_num_tokens - point.batch, point.batch * point.isl))
+    mixed_ms = handle.mixed_step_latency(ctx_tokens, point.batch, point.isl, point.osl)
+    if mixed_ms <= decode_ms:
+        return decode_ratio
+    mixed_share = min(max((tpot_ms - decode_ms) / (mixed_ms - decode_ms), 0.0), 1.0)
+    derived_mixed = decode_ms * decode_ratio + (mixed_ms - decode_ms) * prefill_ratio
+    derived = (1 - mixed_share) * decode_ms * decode_ratio + mixed_share * derived_mixed
+    return derived / tpot_ms
 
 
 def estimate(target: Target, point: Workpoint) -> Estimate:
