@@ -175,7 +175,7 @@ def test_gpu_pod_is_sized_from_the_plan(builds, written, key):
     servers = [i for i, arg in enumerate(triton["command"]) if arg == "tritonserver"]
     assert len(servers) == ranks
     drain = int(next(a for a in triton["command"] if a.startswith("--exit-timeout-secs=")).split("=")[1])
-    assert drain >= plan.max_seq_len * plan.roofline.decode_step_s
+    assert drain >= plan.max_seq_len * plan.decode_step_s >= plan.max_seq_len * plan.roofline.decode_step_s
     assert spec["terminationGracePeriodSeconds"] > drain
     if ranks > 1:   # leader mode: mpirun, ranks above 0 load only tensorrt_llm
         assert triton["command"][:2] == ["mpirun", "--allow-run-as-root"]
@@ -225,12 +225,13 @@ def test_names_come_from_the_model_and_target(written):
 def test_autoscaler_target_comes_from_the_plan_or_the_flag(builds, tmp_path):
     src = read_source(builds["rtx4090"], None)
     assert scale_ratio(src, None) == 1.0 and scale_ratio(src, 2.5) == 2.5
-    latency = src.plan.roofline.request_latency_s
+    latency = src.plan.request_latency_s     # the performance model's (derived for the 4090)
+    assert src.plan.performance.source == "derived" and latency > src.plan.roofline.request_latency_s
     budgeted = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8",
                          workload=Workload(p99_latency_s=3 * latency))
     build = make_build(tmp_path / "b", budgeted, "llama-3-8b", engine=tmp_path / "engine",
                        tokenizer=builds["rtx4090"] / "model_repo" / "preprocessing" / "1" / "tokenizer")
-    expected = (3 * latency - budgeted.roofline.request_latency_s) / budgeted.roofline.request_latency_s
+    expected = (3 * latency - budgeted.request_latency_s) / budgeted.request_latency_s
     assert scale_ratio(read_source(build, None), None) == pytest.approx(expected, abs=1e-3)
     result = CliRunner().invoke(main, ["k8s", str(build), "-o", str(tmp_path / "k8s"), "--scale-ratio", "1.5",
                                        "--replicas", "2:6"])

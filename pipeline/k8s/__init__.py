@@ -69,12 +69,12 @@ class K8sResult:
 def scale_ratio(src: DeploymentSource, flag: float | None) -> float:
     """The flag's ratio, else the plan's: the queueing its p99 budget leaves per second of computing.
 
-    With `--p99-latency` the plan knows the end-to-end budget and its roofline the request latency; the
+    With `--p99-latency` the plan knows the end-to-end budget and its performance model the request latency; the
     difference is what a request may wait. Without one, the tutorial's 1.0.
     """
     if flag is not None:
         return flag
-    budget, compute = src.plan.workload.p99_latency_s, src.plan.roofline.request_latency_s
+    budget, compute = src.plan.workload.p99_latency_s, src.plan.request_latency_s
     if budget is None or compute <= 0:
         return DEFAULT_SCALE_RATIO
     return round(min(10.0, max(0.1, (budget - compute) / compute)), 3)
@@ -82,7 +82,7 @@ def scale_ratio(src: DeploymentSource, flag: float | None) -> float:
 
 def monitoring_for(src: DeploymentSource, namespace: str, ratio: float) -> Monitoring:
     """The queue-time alert fires at twice the queueing the autoscaler aims for (at least a second)."""
-    queue_alert_us = round(2 * ratio * src.plan.roofline.request_latency_s * 1e6)
+    queue_alert_us = round(2 * ratio * src.plan.request_latency_s * 1e6)
     return Monitoring(name=src.name, namespace=namespace, queue_alert_us=max(queue_alert_us, 1_000_000))
 
 

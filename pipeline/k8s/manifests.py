@@ -78,7 +78,7 @@ class PodSizing:
         startup = STARTUP_FIXED_S + plan.weights_bytes / LOAD_BYTES_PER_S
         # the longest request: every token of the longest sequence at the planned batch's decode step
         # (prompt tokens counted as decode steps: an overestimate, which is the safe side here)
-        drain = max(MIN_DRAIN_S, math.ceil(plan.max_seq_len * plan.roofline.decode_step_s))
+        drain = max(MIN_DRAIN_S, math.ceil(plan.max_seq_len * plan.decode_step_s))
         return cls(gpus=ranks if gpu else 0, cpus=cpus, memory_bytes=_gib_ceil(host + shm), shm_bytes=shm,
                    startup_s=math.ceil(startup / PROBE_PERIOD_S) * PROBE_PERIOD_S, drain_s=drain,
                    grace_s=PRESTOP_S + drain + PROBE_PERIOD_S)

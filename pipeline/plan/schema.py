@@ -236,6 +236,17 @@ class Plan:
     llm_api: dict | None = None       # the LLM API settings (pytorch backends): version, options, reasons
     performance: Performance | None = None   # what the GPU will do (pipeline.plan.performance); None: cpu
 
+    @property
+    def request_latency_s(self) -> float:
+        """One request's latency at the planned batch: the performance model's prediction where the plan has one
+        (measured or derived serving figures), else the roofline's bound."""
+        return self.performance.request_latency_s if self.performance else self.roofline.request_latency_s
+
+    @property
+    def decode_step_s(self) -> float:
+        """The planned batch's decode step (its serving TPOT where the performance model gives one)."""
+        return self.performance.tpot_s if self.performance else self.roofline.decode_step_s
+
     def to_dict(self) -> dict:
         return {
             "plan_version": self.plan_version,
