@@ -234,7 +234,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     plan_version: int = PLAN_VERSION
     llm_api: dict | None = None       # the LLM API settings (pytorch backends): version, options, reasons
-    performance: Performance | None = None   # what the GPU will do (plan/performance.py); None: the cpu target, --backend pytorch
+    performance: Performance | None = None   # plan/performance.py; None: the cpu target, --backend pytorch
 
     @property
     def request_latency_s(self) -> float:
