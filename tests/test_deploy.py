@@ -418,7 +418,9 @@ def test_served_repository_honours_stop_words_and_refuses_what_it_cannot_do(serv
     status, body = generate(served, "ensemble", "One, two, three,", stop_words=[","])
     assert status == 200 and body["text_output"] == full[:full.index(",") + 1]
     status, body = generate(served, "ensemble", "Hi", beam_width=2)
-    assert status == 400 and "beam_width is not supported" in body["error"]
+    assert status == 400 and "beam_width 2: beam search is not supported" in body["error"]
+    status, body = generate(served, "ensemble", "Hi", lora_task_id=1)
+    assert status == 400 and "lora_task_id: LoRA adapters are not supported" in body["error"]
     status, body = generate(served, "ensemble", "Hi " * 9000)
     assert status == 400 and "exceed the maximum sequence length" in body["error"]
 
