@@ -285,27 +285,8 @@ return_num_output_tokens   BOOL 1 opt scalar
 guided_decoding_guide_type STRING 1 opt
 guided_decoding_guide      STRING 1 opt
 """)
-TENSORRT_LLM_BLS_OUTPUTS = tensors("""
-text_output                 STRING -1
-cum_log_probs               FP32 -1
-output_log_probs            FP32 -1,-1
-context_logits              LOGITS -1,-1
-generation_logits           LOGITS -1,-1,-1
-batch_index                 INT32 1
-sequence_index              INT32 1
-kv_cache_alloc_new_blocks   INT32 1
-kv_cache_reused_blocks      INT32 1
-kv_cache_alloc_total_blocks INT32 1
-arrival_time_ns             INT64 1
-first_scheduled_time_ns     INT64 1
-first_token_time_ns         INT64 1
-last_token_time_ns          INT64 1
-acceptance_rate             FP32 1
-total_accepted_draft_tokens INT32 1
-total_draft_tokens          INT32 1
-num_input_tokens            INT32 1
-num_output_tokens           INT32 1
-""")
+#: NVIDIA's BLS declares exactly the ensemble's outputs (the same 19 tensors, in the same order)
+TENSORRT_LLM_BLS_OUTPUTS = ENSEMBLE_OUTPUTS
 
 ENSEMBLE_STEPS = (
     step("preprocessing", """
