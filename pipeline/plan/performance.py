@@ -212,10 +212,9 @@ def measured_estimate(target: Target, point: Workpoint) -> Estimate:
         speed_of_light={"prefill_s": sol_prefill / 1e3, "decode_step_s": sol_step / 1e3})
 
 
-def op_times(model, db, point: Workpoint, phase: str, batch: int) -> list[tuple[str, float]]:
+def op_times(handle, model, point: Workpoint, phase: str, batch: int) -> list[tuple[str, float]]:
     """(op, measured ms) of one prefill (batch requests of ISL) or one decode step (batch tokens at the mean
     context of the output), summed over the layers."""
-    handle = engine_handle(model, db)
     if phase == "prefill":
         rows = handle.evaluate_context_ops(list(range(len(model.context_ops))), batch_size=batch, s=point.isl)
     else:
@@ -224,11 +223,10 @@ def op_times(model, db, point: Workpoint, phase: str, batch: int) -> list[tuple[
     return [(name, ms) for name, ms, *_ in rows]
 
 
-def op_speed_of_light(model, db, point: Workpoint, phase: str, batch: int) -> dict[str, tuple[float, float]]:
-    """op -> (math ms, memory ms) at `db`'s speed of light."""
+def op_speed_of_light(handle, model, point: Workpoint, phase: str, batch: int) -> dict[str, tuple[float, float]]:
+    """op -> (math ms, memory ms) at the speed of light of the handle's system."""
     from aiconfigurator_core.sdk.engine import build_ops_json
 
-    handle = engine_handle(model, db)
     ops = model.context_ops if phase == "prefill" else model.generation_ops
     s = point.isl if phase == "prefill" else point.isl + point.osl // 2 + 1
     rows = handle.evaluate_ops_sol_json(build_ops_json(list(ops)), is_context=phase == "prefill",
@@ -300,15 +298,16 @@ def derived_estimate(target: Target, source_target: str, point: Workpoint) -> Es
     db = database(system, version)
     source, dest = chip_of_system(db), chip_of_target(target)
     eight = point.precision == "fp8"
+    handle = engine_handle(model, db)     # AIC's engine compiled once for every phase of this estimate
     phases = {}
     for phase, batch in (("prefill", 1), ("decode", point.batch)):
-        phases[phase] = scaled_ops(op_times(model, db, point, phase, batch),
-                                   op_speed_of_light(model, db, point, phase, batch), source, dest, eight)
+        phases[phase] = scaled_ops(op_times(handle, model, point, phase, batch),
+                                   op_speed_of_light(handle, model, point, phase, batch), source, dest, eight)
     (pre_src, pre, pre_sol), (dec_src, dec, dec_sol) = phases["prefill"], phases["decode"]
     serving = agg_run(model, db, point)
     served = serving.get_result_dict()
     prefill_ratio = pre / pre_src
-    tpot_ratio = serving_step_ratio(engine_handle(model, db), point, float(served["tpot"]), dec_src,
+    tpot_ratio = serving_step_ratio(handle, point, float(served["tpot"]), dec_src,
                                     dec / dec_src, prefill_ratio)
     memory = memory_of(serving)    # the same bytes on the derived card; only the capacity differs
     return Estimate(
