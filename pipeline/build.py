@@ -104,6 +104,16 @@ class BuildSummary:
         (out / "build.json").write_text(json.dumps(portable(self.to_dict(), out), indent=2) + "\n")
 
 
+def same_plan(path: Path, plan) -> bool:
+    """Whether plan.json at `path` is `plan`; one an older trtpipe wrote, which this one cannot read, is not."""
+    from .plan import load_plan
+
+    try:
+        return load_plan(path).to_dict() == plan.to_dict()
+    except UserError:
+        return False
+
+
 def directory_bytes(path: Path) -> int:
     path = Path(path)
     if path.is_file():
@@ -119,7 +129,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     """
     from .backends import backend_serving
     from .deploy import deploy_repository
-    from .plan import load_plan, make_plan, save_plan
+    from .plan import make_plan, save_plan
     from .sources import resolve_model
     from .targets import get_target
 
@@ -151,7 +161,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     plan_path = out / "plan.json"
     plan = make_plan(plan_model(hf, checkpoint, options), target, options.precision, options.kv_cache,
                      tp=options.tp, workload=options.workload, backend=backend.name)
-    unchanged = plan_path.is_file() and load_plan(plan_path).to_dict() == plan.to_dict()
+    unchanged = plan_path.is_file() and same_plan(plan_path, plan)
     if not unchanged:
         save_plan(plan, plan_path)
     record("plan", plan_path, started, unchanged, f"{plan.backend} backend, max_batch_size "

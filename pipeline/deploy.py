@@ -177,6 +177,27 @@ def read_deployment(repo: Path) -> Deployment | None:
     return replace(deployment, model=recorded_path(deployment.model, Path(repo).parent))
 
 
+def deployed_plan(repo: Path) -> Plan:
+    """The plan deploy recorded in REPO's manifest; UserError for a repository deploy did not write."""
+    manifest = read_manifest(Path(repo)) or {}
+    params = manifest.get("params") or {}
+    if manifest.get("stage") != "deploy" or not isinstance(params.get("plan"), dict):
+        raise UserError(f"{repo}/manifest.json is not a `trtpipe deploy` manifest with its plan; pass the build "
+                        "directory or re-run `trtpipe deploy`")
+    try:
+        plan = Plan.from_dict(params["plan"])
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{repo}/manifest.json: malformed plan ({type(exc).__name__}: {exc}); re-run "
+                        "`trtpipe deploy`") from None
+    backend_for(plan.backend)
+    return plan
+
+
+def repository_tokenizer(repo: Path) -> Path:
+    """The tokenizer deploy copied into REPO (preprocessing's)."""
+    return Path(repo) / tokenizer_parameter("preprocessing")["tokenizer_dir"]
+
+
 def recorded_path(value: str, base: Path) -> str:
     """A path the manifest made portable (`outputs.portable`), back as this machine's: relative to the
     repository's parent when it is there, `~` expanded; anything else (a preset, a hub id) as it is."""

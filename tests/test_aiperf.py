@@ -336,12 +336,14 @@ def test_a_cancelled_request_stops_generating(small_served):
 def test_the_cpu_model_leaves_one_core_to_the_rest_of_the_server(monkeypatch):
     """docs/aiperf.md: with as many torch threads as cores, a 2-core machine serving and measuring at once
     made every decode step 3-15x slower."""
+    from pipeline.runtime import threads
+
     model = load_cpu_model(monkeypatch)
-    monkeypatch.setattr(model.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     assert model.intra_op_threads({}) == 1
-    monkeypatch.setattr(model.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert model.intra_op_threads({}) == 15
     assert model.intra_op_threads({"parameters": {"intra_op_threads": {"string_value": "4"}}}) == 4
     assert model.intra_op_threads({"parameters": {"intra_op_threads": {"string_value": "${intra_op_threads}"}}}) == 15
-    monkeypatch.setattr(model.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0})
     assert model.intra_op_threads({}) == 1

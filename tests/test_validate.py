@@ -122,8 +122,11 @@ def test_report_files_and_load_test_numbers(good_report):
     assert saved["passed"] is True and len(saved["checks"]) == 8
     assert (out / "load_test.png").stat().st_size > 0
     assert "Started HTTPService" in (out / "server.log").read_text()
-    levels = json.loads((out / "load_test.json").read_text())
+    recorded = json.loads((out / "load_test.json").read_text())
+    assert recorded["measured_on"] is None   # the fixture repository was not written by deploy: no plan predicts
+    levels = recorded["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 4]
+    assert all("predicted" not in lv for lv in levels)
     for level in levels:
         assert level["failed"] == level["shed"] == 0
         assert level["completed"] == level["requests"] == 2 * level["concurrency"]

@@ -34,6 +34,9 @@ REFERENCE_LLMAPI = "reference-llmapi"
 NAMES = (ENGINE, REFERENCE, PYTORCH, REFERENCE_LLMAPI, REFERENCE_ONNX)
 #: The reference backend's `runtime` parameter (deploy --runtime) -> the backend that deploys it.
 RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
+#: How a backend batches (`Backend.batching`; pipeline/plan/feedback.py models each): a batch generated to its end
+#: before the next starts (the reference runtime), or TensorRT-LLM's in-flight batching (per iteration).
+STATIC_BATCHING, INFLIGHT_BATCHING = "static", "inflight"
 #: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
 INFLIGHT_BATCHER = "inflight_batcher_llm"
 #: What a backend serves (besides an engine): the TensorRT-LLM checkpoint convert/calibrate write, or its
@@ -62,6 +65,7 @@ class Backend(Protocol):
     memory_scope: str                # whose memory the plan budgets: "per GPU" | "host"
     layout: str                      # the repository: INFLIGHT_BATCHER (five models) | "llmapi" (pytorch.py)
     checkpoint_format: str           # deploy's --checkpoint: TRTLLM_CHECKPOINT | HF_CHECKPOINT
+    batching: str                    # STATIC_BATCHING | INFLIGHT_BATCHING
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

@@ -44,7 +44,8 @@ from ..plan.trtllm import (
 )
 from ..targets import FP8_MIN_SM, Target
 from .nvidia_contract import TENSORRTLLM, required_keys
-from .base import ENGINE, INFLIGHT_BATCHER, MODEL_REPOSITORY, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args
+from .base import (ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT, parameter_string,
+                   tritonserver_args)
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
@@ -87,6 +88,7 @@ class EngineBackend:
     serves_embedded = False   # needs a GPU and the tensorrtllm backend: --url
     memory_scope = "per GPU"
     layout = INFLIGHT_BATCHER
+    batching = INFLIGHT_BATCHING
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
 

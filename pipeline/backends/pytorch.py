@@ -39,8 +39,8 @@ from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
 from ..plan.schema import Plan
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
-from .base import (HF_CHECKPOINT, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, PYTORCH, REFERENCE_LLMAPI,
-                   TRTLLM_CHECKPOINT, tritonserver_args)
+from .base import (HF_CHECKPOINT, INFLIGHT_BATCHING, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, PYTORCH,
+                   REFERENCE_LLMAPI, STATIC_BATCHING, TRTLLM_CHECKPOINT, tritonserver_args)
 from .engine import plan_engine
 from .reference import CHECKPOINT_DIR, copy_checkpoint, copy_runtime, plan_reference, runtime_closure
 
@@ -90,6 +90,7 @@ class PytorchBackend:
     serves_embedded = False         # needs a GPU and TensorRT-LLM: --url
     memory_scope = "per GPU"
     layout = LLMAPI
+    batching = INFLIGHT_BATCHING
     checkpoint_format = HF_CHECKPOINT
     summary = (f"no engine: TensorRT-LLM {TRTLLM_VERSION}'s LLM API (PyTorch backend) serves the Hugging Face "
                "model (Triton llmapi model, or trtllm-serve)")
@@ -156,6 +157,7 @@ class ReferenceLlmapiBackend:
     serves_embedded = True
     memory_scope = "host"
     layout = LLMAPI
+    batching = STATIC_BATCHING
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
 

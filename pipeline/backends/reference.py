@@ -31,12 +31,14 @@ from ..plan.memory import (
     roofline,
     weights_per_rank_by_stage,
 )
+from ..plan.host_timing import host_timing, timed_performance
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
+from ..runtime.threads import serving_threads
 from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, REFERENCE_ONNX,
-                   RUNTIMES, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args)
+                   RUNTIMES, STATIC_BATCHING, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args)
 
 TRITON_BACKEND = "python"
 #: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
@@ -58,6 +60,7 @@ class ReferenceBackend:
     serves_embedded = True
     memory_scope = "host"
     layout = INFLIGHT_BATCHER
+    batching = STATIC_BATCHING
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 
@@ -195,6 +198,8 @@ def plan_reference(request: PlanRequest) -> Plan:
         runtime_reserve_bytes=reserve, runtime_reserve_formula="1 GiB for the Python/PyTorch/Triton processes",
         free_bytes=free, kv_cache_free_gpu_mem_fraction=1.0, kv_cache_bytes=kv_tokens * kv_per_token,
         kv_cache_tokens=kv_tokens)
+    roof = roofline(target, workload, weights, kv_per_token, batch, prefill_s)
+    timing = host_timing(arch, workload.input_len, workload.output_len, batch, serving_threads())
     return Plan(
         model=model, target=target, backend=REFERENCE, precision=precision, dtype="float32",
         kv_cache_dtype=kv_dtype if kv_dtype in KV_CACHE_QUANT_ALGO else "float32",
@@ -203,8 +208,7 @@ def plan_reference(request: PlanRequest) -> Plan:
         weights_bytes_per_rank=weights,
         kv_bytes_per_token=kv_per_token, max_concurrent_sequences=concurrent, memory=budget, engine=None,
         build_config=None, plugin_config=None, optimization_profiles=[], triton=triton,
-        roofline=roofline(target, workload, weights, kv_per_token, batch, prefill_s),
-        warnings=warnings)
+        roofline=roof, warnings=warnings, performance=timed_performance(target, workload, batch, timing, roof))
 
 
 # ----------------------------------------------------------------------------------------------

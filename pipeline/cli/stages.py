@@ -337,9 +337,12 @@ def targets(as_json):
 @click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
               help="Plan one of N instances sharing one GPU (memory / N each, each with its own CUDA context) "
                    "and print the largest N that fits for each precision.")
+@click.option("--measured", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Correct the performance model for this machine with a load test of the same deployment: "
+                   "validate --load-test's load_test.json (or report.json), or tune's result/trials.json.")
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
-         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json, server, backend, instances):
+         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json, server, backend, instances, measured):
     """Memory budget, build configuration and Triton parameters for MODEL on a target.
 
     \b
@@ -352,6 +355,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
       trtpipe plan smollm2-135m --target cpu --precision fp16 -o out/plan.json
       trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --server vllm
       trtpipe plan llama-3-8b --target rtx4090 --precision fp8 --instances 2
+      trtpipe plan smollm2-135m --target cpu --precision fp8 --measured out/validate/load_test.json
     """
     from rich.console import Console
 
@@ -369,6 +373,10 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
                             multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
                             enable_kv_cache_reuse=kv_cache_reuse,
                             kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction), backend=backend)
+    if measured is not None:
+        from ..plan.feedback import correct, read_measured
+
+        result = correct(result, read_measured(measured))
     equivalent = server_settings(result, server) if server else None
     if out is not None:
         save_plan(result, out)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..build import directory_bytes
 from ..errors import UserError
-from ..outputs import read_manifest
+from ..deploy import deployed_plan
 from ..plan import Plan, load_plan
 from ..targets import get_target
 
@@ -99,7 +99,7 @@ def read_source(path: Path, name: str | None) -> DeploymentSource:
     if (path / "plan.json").is_file() and (path / "model_repo").is_dir():
         plan, repo, model = load_plan(path / "plan.json"), path / "model_repo", _built_model(path)
     elif (path / "manifest.json").is_file():
-        plan, repo = _plan_from_repository(path), path
+        plan, repo = deployed_plan(path), path
         model = plan.model.name
     else:
         raise UserError(f"{path} is neither a build directory (plan.json and model_repo/, from `trtpipe build`) "
@@ -120,16 +120,3 @@ def _built_model(build: Path) -> str:
         return json.loads((build / "build.json").read_text())["options"]["model"]
     except (OSError, ValueError, KeyError, TypeError):
         return load_plan(build / "plan.json").model.name
-
-
-def _plan_from_repository(repo: Path) -> Plan:
-    manifest = read_manifest(repo)
-    params = (manifest or {}).get("params") or {}
-    if (manifest or {}).get("stage") != "deploy" or not isinstance(params.get("plan"), dict):
-        raise UserError(f"{repo}/manifest.json is not a `trtpipe deploy` manifest with its plan; pass the build "
-                        "directory or re-run `trtpipe deploy`")
-    try:
-        return Plan.from_dict(params["plan"])
-    except (KeyError, TypeError) as exc:
-        raise UserError(f"{repo}/manifest.json: malformed plan ({type(exc).__name__}: {exc}); re-run "
-                        "`trtpipe deploy`") from None

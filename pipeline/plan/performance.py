@@ -47,6 +47,8 @@ MEASURED = {"l40s": ("l40s", "1.3.0rc20"), "h100": ("h100_sxm", "1.3.0rc20"), "h
 #: target NVIDIA has not measured -> the measured target of the same architecture it is derived from
 DERIVED_FROM = {"rtx4090": "l40s", "a100-40g": "a100-80g", "rtx3090": "a100-80g"}
 MEASURED_SOURCE, DERIVED_SOURCE, SOL_SOURCE = "measured", "derived", "speed-of-light"
+#: the cpu target's figures: its reference runtime timed on the planning host (plan/host_timing.py)
+TIMED_SOURCE = "timed"
 #: AIC's quantization names for trtpipe's precisions (16-bit GEMMs are modelled as bfloat16; no fp16 data)
 GEMM_MODES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "bfloat16"}
 KV_MODES = {"fp8": "fp8", "int8": "int8", "bfloat16": "bfloat16", "float16": "bfloat16"}
@@ -377,7 +379,7 @@ def estimate_or_reason(target: Target, point: Workpoint) -> tuple[Estimate | Non
 class Performance:
     """What the plan predicts the GPU will do at its batch and max_num_tokens (plan.json `performance`)."""
 
-    source: str                      # measured | derived | speed-of-light
+    source: str                      # measured | derived | speed-of-light | timed
     basis: str
     batch: int
     max_num_tokens: int
@@ -392,6 +394,8 @@ class Performance:
     memory: dict | None              # AIC's breakdown (bytes) and the card's usable capacity
     energy: dict                     # watts and output tokens per joule, with what the watts are
     notes: list[str] = field(default_factory=list)
+    phases: dict | None = None       # the timed phase tables the per-level prediction interpolates (host_timing)
+    correction: dict | None = None   # plan --measured: the factors per phase and the errors before and after
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -86,8 +86,13 @@ def render_plan(plan: Plan) -> list:
 
 
 def performance_table(plan: Plan):
-    """What the GPU will do: the figures, what they are (measured, derived, speed of light) and their basis."""
+    """What the target will do: the figures, what they are (measured, derived, speed of light, timed) and their
+    basis."""
+    from ..backends import backend_for
+    from ..backends.base import INFLIGHT_BATCHING
+
     p, w = plan.performance, plan.workload
+    batching = "in-flight" if backend_for(plan.backend).batching == INFLIGHT_BATCHING else "static"
     sol = p.speed_of_light
     rows = [
         ("figures", f"{p.source}: {p.basis}"),
@@ -95,7 +100,7 @@ def performance_table(plan: Plan):
         (f"decode step, batch {p.batch}", (f"{p.decode_step_s * 1e3:.2f} ms (speed of light "
                                            f"{sol['decode_step_s'] * 1e3:.2f} ms: at "
                                            f"{p.percent_of_speed_of_light or 0:.0f}% of it)")),
-        (f"serving {w.input_len}/{w.output_len}, in-flight batch {p.batch}",
+        (f"serving {w.input_len}/{w.output_len}, {batching} batch {p.batch}",
          (f"TTFT {p.ttft_s * 1e3:.0f} ms, TPOT {p.tpot_s * 1e3:.2f} ms, {p.output_tokens_per_s:.0f} output "
           f"tokens/s, request latency {p.request_latency_s:.2f} s")),
     ]
@@ -108,4 +113,17 @@ def performance_table(plan: Plan):
     if e["watts"]:
         rows.append(("energy", f"{e['watts']:g} W, {e['output_tokens_per_joule']:.2f} output tokens/J ({e['basis']})"))
     rows += [("note", note) for note in p.notes]
-    return _kv_table("Performance (what the GPU will do)", rows)
+    if p.correction:
+        c = p.correction
+        rows.append(("measured correction", (f"prefill x{c['prefill']:.3f}, decode x{c['decode']:.3f} from "
+                                             f"{c['levels']} levels of {c['measured']}; median TTFT/TPOT error "
+                                             f"{percent(c['median_error_before']['ttft'])}/"
+                                             f"{percent(c['median_error_before']['tpot'])} before, "
+                                             f"{percent(c['median_error_after']['ttft'])}/"
+                                             f"{percent(c['median_error_after']['tpot'])} after")))
+    where = "the GPU" if plan.target.kind == "gpu" else "this host"
+    return _kv_table(f"Performance (what {where} will do)", rows)
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..outputs import atomic_output_dir
 from ..plan import Plan, save_plan
+from ..plan.feedback import measured_on
 from .plots import level_points, param_importances, pareto_front, plot_importances, plot_tradeoff
 from .slo import METRICS, Slo
 from .space import Candidate, SearchSpace, candidate_plan
@@ -68,13 +69,16 @@ def operating_row(record: TrialRecord, slo: Slo) -> dict:
     for metric in ("ttft_ms", "itl_ms", "latency_ms"):
         for q in ("p50", "p90", "p99"):
             row[f"{metric[:-3]}_{q}_ms"] = (level.get(metric) or {}).get(q)
+    predicted = level.get("predicted") or {}
+    row.update(predicted_ttft_ms=predicted.get("ttft_ms"), predicted_tpot_ms=predicted.get("tpot_ms"),
+               predicted_output_tokens_per_s=predicted.get("output_tokens_per_s"))
     row.update(requests=level.get("requests"), failed=level.get("failed"), shed=level.get("shed"),
                errors="; ".join(level.get("errors") or []), reason=record.reason)
     return row
 
 
-def write_table(outcome: StudyOutcome, space: SearchSpace, load: dict, out: Path) -> None:
-    data = {"slo": outcome.slo.text(), "metrics": list(METRICS), "load": load,
+def write_table(outcome: StudyOutcome, space: SearchSpace, load: dict, out: Path, deployment: dict) -> None:
+    data = {"slo": outcome.slo.text(), "metrics": list(METRICS), "load": load, "measured_on": deployment,
             "space": [asdict(p) for p in space.params], "space_notes": list(space.notes),
             "trials": [r.to_dict() for r in outcome.records]}
     (out / "trials.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -116,7 +120,7 @@ def write_result(out: Path, study, outcome: StudyOutcome, space: SearchSpace, ba
                "served": len(outcome.served), "met": outcome.best is not None, **side_by_side(outcome),
                "importances": importances, "importances_note": note}
     with atomic_output_dir(Path(out) / RESULT_DIR) as tmp:
-        write_table(outcome, space, load, tmp)
+        write_table(outcome, space, load, tmp, measured_on(base))
         plot_tradeoff(outcome.records, outcome.slo, tmp / "tradeoff.png", outcome.best, outcome.default)
         plot_importances(importances, note, tmp / "importances.png")
         if outcome.best is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..backends import backend_for
 from ..backends.base import INFLIGHT_BATCHER
 from ..errors import UserError
-from ..outputs import read_manifest
+from ..deploy import deployed_plan, repository_tokenizer
 from ..plan import Plan, load_plan
 from ..tritonconfig import parse_pbtxt
 
@@ -48,7 +48,7 @@ def read_source(path: Path) -> TuneSource:
         plan, repo, out = load_plan(path / "plan.json"), path / "model_repo", path / TUNE_DIR
         checkpoint = built_checkpoint(path, plan.precision)
     elif (path / "manifest.json").is_file() and any(path.glob("*/config.pbtxt")):
-        plan, repo, out = plan_from_repository(path), path, path.parent / TUNE_DIR
+        plan, repo, out = deployed_plan(path), path, path.parent / TUNE_DIR
         served = repo / "tensorrt_llm" / "1" / "checkpoint"
         checkpoint = served if served.is_dir() else None
     else:
@@ -62,7 +62,7 @@ def read_source(path: Path) -> TuneSource:
     if plan.build_config is None and checkpoint is None:
         raise UserError(f"{repo} has no tensorrt_llm/1/checkpoint to serve (an onnxruntime repository keeps only the "
                         "export): pass the build directory instead")
-    tokenizer = repo / "preprocessing" / "1" / "tokenizer"
+    tokenizer = repository_tokenizer(repo)
     if not tokenizer.is_dir():
         raise UserError(f"{repo} has no preprocessing/1/tokenizer; re-run `trtpipe deploy`")
     return TuneSource(path, plan, repo, checkpoint, engine, tokenizer, out)
@@ -73,21 +73,6 @@ def built_checkpoint(build: Path, precision: str) -> Path | None:
         if any(candidate.glob("rank*.safetensors")):
             return candidate
     return None
-
-
-def plan_from_repository(repo: Path) -> Plan:
-    manifest = read_manifest(repo) or {}
-    params = manifest.get("params") or {}
-    if manifest.get("stage") != "deploy" or not isinstance(params.get("plan"), dict):
-        raise UserError(f"{repo}/manifest.json is not a `trtpipe deploy` manifest with its plan; pass the build "
-                        "directory or re-run `trtpipe deploy`")
-    try:
-        plan = Plan.from_dict(params["plan"])
-    except (KeyError, TypeError) as exc:
-        raise UserError(f"{repo}/manifest.json: malformed plan ({type(exc).__name__}: {exc}); re-run "
-                        "`trtpipe deploy`") from None
-    backend_for(plan.backend)
-    return plan
 
 
 def engine_path(repo: Path) -> Path:

@@ -32,6 +32,7 @@ from ..plan import Plan
 from ..server import connect, embedded_server, wait_until_ready
 from ..tritonconfig import parse_pbtxt, to_pbtxt
 from ..validate import EnsembleClient, run_level
+from ..validate.load_test import with_predictions
 from ..validate.checks import check_config_matches
 from .source import TuneSource
 from .space import Candidate, Instances
@@ -181,15 +182,16 @@ def run_load_level(client: EnsembleClient, load: LoadSpec, concurrency: int, tok
 
 
 def measure(client: EnsembleClient, load: LoadSpec, should_stop: Callable[[dict], bool], tokenizer: Path,
-            workdir: Path) -> list[dict]:
-    """The sweep, ascending, until a level makes `should_stop` true (that level is kept)."""
+            workdir: Path, plan: Plan | None = None) -> list[dict]:
+    """The sweep, ascending, until a level makes `should_stop` true (that level is kept); each level with what
+    the candidate's `plan` predicted for it."""
     client.generate(load.prompts[0], 2)   # warm-up: the first request's costs are not the configuration's
     levels = []
     for concurrency in load.concurrencies:
         levels.append(run_load_level(client, load, concurrency, tokenizer, workdir))
         if should_stop(levels[-1]):
             break
-    return levels
+    return with_predictions(levels, plan, tokenizer, load.prompts)
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ class TrialRunner:
         repo = render_candidate(self.source, plan, candidate, trial_dir / "model_repo", engine)
         try:
             with serving(repo, self.url, trial_dir / "tritonserver.log", self.ready_timeout) as client:
-                return measure(client, self.load, should_stop, self.source.tokenizer, trial_dir)
+                return measure(client, self.load, should_stop, self.source.tokenizer, trial_dir, plan)
         finally:
             shutil.rmtree(repo, ignore_errors=True)   # the log stays; the winner is rendered again
 

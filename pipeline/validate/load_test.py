@@ -60,6 +60,29 @@ def run_level(client: StreamingClient, prompts: tuple[str, ...], max_tokens: int
     }
 
 
+def mean_prompt_tokens(tokenizer_dir: Path | None, prompts: tuple[str, ...], requests: int) -> float | None:
+    """The mean prompt tokens of `requests` requests cycling through `prompts` (as run_level sends them), counted
+    with the served tokenizer; None without one."""
+    if tokenizer_dir is None or not Path(tokenizer_dir).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    counts = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    return sum(counts[i % len(counts)] for i in range(requests)) / requests
+
+
+def with_predictions(levels: list[dict], plan, tokenizer_dir: Path | None, prompts: tuple[str, ...]) -> list[dict]:
+    """Each level with the served batch, its prompt tokens and what `plan` predicted for it (plan/feedback.py);
+    `plan` None (a server trtpipe did not deploy): the levels as measured."""
+    from ..plan.feedback import annotate
+
+    tokens = mean_prompt_tokens(tokenizer_dir, prompts, max(lv["requests"] for lv in levels)) if levels else None
+    batch = plan.triton.triton_max_batch_size if plan else None
+    max_num_tokens = plan.build_config.max_num_tokens if plan and plan.build_config else None
+    return [annotate(lv, plan, tokens, batch, max_num_tokens) for lv in levels]
+
+
 def plot_load_test(levels: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -84,8 +107,13 @@ def plot_load_test(levels: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: Path) -> CheckResult:
+def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: Path, plan=None,
+                    tokenizer_dir: Path | None = None) -> CheckResult:
+    """The sweep; with the deployment's `plan` (and its tokenizer) each level also records what the plan predicted
+    for it, so that `trtpipe plan --measured load_test.json` can correct the model for this machine."""
     from rich.progress import Progress
+
+    from ..plan.feedback import measured_on
 
     levels = []
     with Progress(transient=True) as progress:
@@ -94,7 +122,9 @@ def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: 
             levels.append(run_level(client, options.prompts, options.max_tokens, concurrency,
                                     options.requests_per_client))
             progress.advance(task)
-    (out_dir / "load_test.json").write_text(json.dumps(levels, indent=2) + "\n")
+    levels = with_predictions(levels, plan, tokenizer_dir, options.prompts)
+    record = {"measured_on": measured_on(plan) if plan else None, "levels": levels}
+    (out_dir / "load_test.json").write_text(json.dumps(record, indent=2) + "\n")
     plot_load_test(levels, out_dir / "load_test.png")
     failed, shed = sum(lv["failed"] for lv in levels), sum(lv["shed"] for lv in levels)
     best = max(levels, key=lambda lv: lv["output_tokens_per_s"])
@@ -103,12 +133,16 @@ def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: 
               f"tokens/s at concurrency {best['concurrency']} (TTFT p50 {best['ttft_ms']['p50']:.0f} ms, ITL p50 "
               f"{(best['itl_ms']['p50'] or 0):.1f} ms)" if best["completed"]
               else f"no request completed: {failed} failed, {shed} shed (server queue full)")
+    predicted = best.get("predicted") or {}
+    if best["completed"] and "ttft_ms" in predicted:
+        detail += (f"; the plan predicted {predicted['output_tokens_per_s']:.1f} tokens/s, TTFT "
+                   f"{predicted['ttft_ms']:.0f} ms, TPOT {predicted['tpot_ms']:.1f} ms there ({predicted['source']})")
     if shed:
         detail += (" — shedding is the queue bound at work (see the plan's max_queue_size_reason); clients should "
                    "retry later")
     errors = sorted({e for lv in levels for e in lv["errors"]})
     if errors:
         detail += f"; errors: {errors[:3]}"
-    return CheckResult("load_test", failed == 0, detail, data={"levels": levels},
+    return CheckResult("load_test", failed == 0, detail, data=record,
                        fix="" if failed == 0 else "requests failed under load: check the server log for errors "
                        "under concurrency")

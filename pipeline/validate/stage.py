@@ -55,11 +55,24 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         checks.append(check(client, options))
     if options.load_test:
         progress("load_test")
-        checks.append(check_load_test(client, options, out_dir))
+        plan, tokenizer = load_test_context(repo)
+        checks.append(check_load_test(client, options, out_dir, plan, tokenizer))
     if options.metrics:
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))
     return checks
+
+
+def load_test_context(repo: Path | None):
+    """The plan deploy recorded in REPO and its tokenizer (None, None for a repository deploy did not write)."""
+    from ..deploy import deployed_plan, repository_tokenizer
+
+    if repo is None:
+        return None, None
+    try:
+        return deployed_plan(repo), repository_tokenizer(repo)
+    except UserError:
+        return None, None
 
 
 def repository_layout(repo: Path | None, server: TritonServer) -> str:

@@ -20,7 +20,6 @@ core fewer than the process may use (`intra_op_threads`).
 """
 
 import json
-import os
 import queue
 import sys
 import threading
@@ -33,7 +32,7 @@ import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
-from pipeline.runtime import ReferenceModel, SamplingConfig  # noqa: E402
+from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 
@@ -118,12 +117,9 @@ def check_request_parameters(request) -> None:
 
 def intra_op_threads(config: dict) -> int:
     """The runtime's threads for one step (torch's, or ONNX Runtime's intra-op pool: both runtimes alike): the
-    parameter `intra_op_threads`, else every core this process may use but one. That core is for Triton's
-    frontend, the pre/postprocessing models and clients on the same machine: when all cores compute, one
-    preempted thread stalls every parallel region (docs/aiperf.md measured a SmolLM2 decode step 3-15x slower
-    with 2 threads than with 1 on a busy 2-core machine)."""
+    parameter `intra_op_threads`, else `serving_threads()` (every core this process may use but one)."""
     value = int(parameter(config, "intra_op_threads", "0"))
-    return value if value > 0 else max(1, len(os.sched_getaffinity(0)) - 1)
+    return value if value > 0 else serving_threads()
 
 
 def parameter(config: dict, key: str, default: str) -> str:

@@ -1,0 +1,271 @@
+"""Predicted against measured (pipeline/plan/feedback.py, plan/host_timing.py): the cpu plan's timed figures, the
+per-level prediction of both batching models, the correction `trtpipe plan --measured` fits, and the chain
+validate --load-test -> plan --measured on a served cpu repository."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.arch import ModelArch
+from pipeline.cli import main
+from pipeline.errors import UserError
+from pipeline.plan import Workload, make_plan, resolve_model_info
+from pipeline.plan import host_timing
+from pipeline.plan.feedback import (
+    Correction,
+    LevelLoad,
+    Measurements,
+    correct,
+    measured_on,
+    predict_level,
+    read_measured,
+)
+from pipeline.presets import PRESETS
+from pipeline.targets import get_target
+
+TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+        "torch_dtype": "float32"}
+FAKE = host_timing.HostTiming(threads=1, prefill_s=0.2, prefill_s_short=0.05, decode_step_s_batch1=0.01,
+                              decode_step_s=0.04, decode_step_s_short=0.01, input_len=100, batch=4, context=120,
+                              layers_timed=2, short_prompt=16)
+
+
+def tiny_arch() -> ModelArch:
+    return ModelArch.from_hf_config(dict(TINY), "tiny")
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """host_timing returning FAKE's figures for any request (the batch as asked), counting the calls."""
+    calls = []
+
+    def fake(arch, input_len, output_len, batch, threads):
+        calls.append((input_len, output_len, batch, threads))
+        return replace(FAKE, batch=batch, input_len=input_len, threads=threads)
+
+    monkeypatch.setattr("pipeline.backends.reference.host_timing", fake)
+    return calls
+
+
+def cpu_plan(**workload):
+    return make_plan(tiny_arch(), get_target("cpu"), "fp32",
+                     workload=Workload(**{"input_len": 100, "output_len": 41, "concurrency": 4, **workload}))
+
+
+# ------------------------------------------------------------------------------------------- the host timing
+
+def test_the_runtime_is_timed_on_a_cut_model_and_kept_per_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path))
+    arch = tiny_arch()
+    first = host_timing.host_timing(arch, 16, 8, 3, 1)
+    assert first.layers_timed == 2 and first.threads == 1 and first.batch == 3 and first.context == 20
+    assert 0 < first.decode_step_s_batch1 and 0 < first.prefill_s and 0 < first.decode_step_s
+    assert list((tmp_path / "host-timing").glob("*.json"))
+
+    def never(*args):
+        raise AssertionError("timed again although the host's figures are cached")
+
+    monkeypatch.setattr(host_timing, "time_reference_runtime", never)
+    assert host_timing.host_timing(arch, 16, 8, 3, 1) == first       # the same plan again: the same figures
+    with pytest.raises(AssertionError):
+        host_timing.host_timing(arch, 16, 8, 3, 2)                     # other threads: timed anew
+
+
+def test_the_timed_layers_are_scaled_to_the_whole_model(monkeypatch):
+    """Only LAYERS_TIMED layers run; their time is multiplied by num_hidden_layers / LAYERS_TIMED."""
+    seen = []
+
+    def phase(model, batch, tokens, cached, scale):
+        seen.append((len(model.weights.layers), scale))
+        return 1.0
+
+    monkeypatch.setattr(host_timing, "phase_seconds", phase)
+    host_timing.time_reference_runtime(tiny_arch(), 8, 12, 2, 1)
+    assert seen == [(2, 2.0)] * 5     # two prompt lengths; one sequence at two contexts, the batch at one
+
+
+def test_the_cpu_plan_states_what_the_timed_runtime_will_do(timed):
+    plan = cpu_plan()
+    p = plan.performance
+    assert p.source == "timed" and "timed on this host" in p.basis
+    batch = plan.triton.triton_max_batch_size
+    assert timed == [(100, 41, batch, timed[0][3])]
+    # static batching, 4 clients: one request alone and three together take turns; a group's prompts are prefilled
+    # in turn, then 40 steps (FAKE's step: 10 ms a sequence)
+    alone, together = 0.2 + 40 * 0.01, 3 * 0.2 + 40 * 0.03
+    assert p.ttft_s == pytest.approx(3 * 0.2 + alone)
+    assert p.tpot_s == pytest.approx(0.03)
+    assert p.output_tokens_per_s == pytest.approx(4 * 41 / (alone + together))
+    assert p.decode_step_s == 0.04 and p.prefill_s == 0.2
+    assert p.percent_of_speed_of_light == pytest.approx(100 * plan.roofline.decode_step_s / 0.04)
+    assert plan.request_latency_s == pytest.approx(p.ttft_s + 40 * 0.03)
+
+
+def test_the_timed_step_is_fixed_plus_per_sequence_plus_per_context_token():
+    timing = replace(FAKE, decode_step_s_short=0.006, batch=5)   # 10 ms at context 120, 6 ms at 16
+    phases = timing.phases()
+    per_token = 0.004 / (120 - 16)
+    assert phases["decode_per_context_token_s"] == pytest.approx(per_token)
+    assert phases["decode_per_sequence_s"] == pytest.approx(0.03 / 4 - per_token * 120)
+    from pipeline.plan.feedback import decode_step
+
+    for batch, context, seconds in ((1, 120, 0.01), (1, 16, 0.006), (5, 120, 0.04)):
+        assert decode_step(phases, batch, context) == pytest.approx(seconds)
+
+
+# ------------------------------------------------------------------------------------- predicting a load level
+
+def test_static_batching_prediction_per_level(timed):
+    plan = cpu_plan()
+    one = predict_level(plan, LevelLoad(1, 100, 11, max_batch=4))
+    assert (one.ttft_s, one.tpot_s) == (pytest.approx(0.2), pytest.approx(0.01))
+    assert one.output_tokens_per_s == pytest.approx(11 / (0.2 + 10 * 0.01))
+    # two clients take turns; the prefill linear between the two timed prompt lengths
+    two = predict_level(plan, LevelLoad(2, 50, 11, max_batch=4))
+    prefill = 0.05 + (50 - 16) * 0.15 / 84
+    alone = prefill + 10 * 0.01
+    assert two.ttft_s == pytest.approx(prefill + alone)
+    assert two.output_tokens_per_s == pytest.approx(2 * 11 / (2 * alone))
+    # eight clients: seven together (the worker takes all that is queued, beyond Triton's batch) wait for the one
+    eight = predict_level(plan, LevelLoad(8, 100, 11, max_batch=4))
+    alone, together = 0.2 + 10 * 0.01, 7 * 0.2 + 10 * 0.07
+    assert eight.tpot_s == pytest.approx(0.07) and eight.ttft_s == pytest.approx(7 * 0.2 + alone)
+    assert eight.output_tokens_per_s == pytest.approx(8 * 11 / (alone + together))
+    slower = predict_level(plan, LevelLoad(8, 100, 11, max_batch=4), Correction(prefill=2.0, decode=3.0))
+    assert slower.tpot_s == pytest.approx(3 * 0.07)
+    assert slower.ttft_s == pytest.approx(7 * 0.4 + (0.4 + 10 * 0.03))
+
+
+def test_inflight_batching_without_aic_predicts_the_speed_of_light(no_aic):
+    plan = make_plan(PRESETS["llama-3-8b"].arch, get_target("rtx4090"), "fp8",
+                     workload=Workload(input_len=512, output_len=64))
+    assert plan.performance.source == "speed-of-light"
+    roof, batch = plan.roofline, plan.triton.triton_max_batch_size
+    one = predict_level(plan, LevelLoad(1, 512, 64, max_batch=batch))
+    assert one.ttft_s == pytest.approx(roof.prefill_s_per_request)
+    assert one.tpot_s == pytest.approx(roof.decode_step_s_batch1)
+    full = predict_level(plan, LevelLoad(batch, 512, 64, max_batch=batch))
+    assert full.tpot_s == pytest.approx(roof.decode_step_s)
+    assert full.output_tokens_per_s == pytest.approx(batch / roof.decode_step_s)
+
+
+# ------------------------------------------------------------------------------------------- the correction
+
+def level_record(plan, concurrency: int, input_tokens: float, output_tokens: int, factors: Correction) -> dict:
+    """A load-test record whose medians are what `plan` predicts with `factors` (a machine that slow)."""
+    batch = plan.triton.triton_max_batch_size
+    truth = predict_level(plan, LevelLoad(concurrency, input_tokens, output_tokens, batch), factors)
+    requests = 2 * concurrency
+    return {"concurrency": concurrency, "requests": requests, "completed": requests, "shed": 0, "failed": 0,
+            "output_tokens": output_tokens * requests, "output_tokens_per_s": truth.output_tokens_per_s,
+            "ttft_ms": {"p50": truth.ttft_s * 1e3}, "itl_ms": {"p50": truth.tpot_s * 1e3},
+            "input_tokens": input_tokens, "max_batch": batch}
+
+
+def test_a_correction_recovers_the_machine_per_phase(timed):
+    plan = cpu_plan()
+    machine = Correction(prefill=1.7, decode=0.6)
+    levels = [level_record(plan, c, 60, 9, machine) for c in (1, 2, 4, 8)]
+    fixed = correct(plan, Measurements(levels, measured_on(plan), "load_test.json"))
+    c = fixed.performance.correction
+    assert c["prefill"] == pytest.approx(1.7) and c["decode"] == pytest.approx(0.6)
+    assert c["levels"] == 4 and c["measured"] == "load_test.json"
+    assert c["median_error_before"]["tpot"] == pytest.approx(1 / 0.6 - 1)
+    assert all(v == pytest.approx(0, abs=1e-9) for v in c["median_error_after"].values())
+    p, before = fixed.performance, plan.performance
+    assert p.tpot_s == pytest.approx(0.6 * before.tpot_s) and p.prefill_s == pytest.approx(1.7 * before.prefill_s)
+    assert p.ttft_s == pytest.approx(predict_level(plan, LevelLoad(4, 100, 41, 4), machine).ttft_s)
+    # the corrected plan predicts with its correction; correcting it again is refused
+    level = LevelLoad(2, 60, 9, 4)
+    assert predict_level(fixed, level) == predict_level(plan, level, machine)
+    with pytest.raises(UserError, match="corrected already"):
+        correct(fixed, Measurements(levels, measured_on(plan), "load_test.json"))
+    assert "corrected by 4 measured load levels of load_test.json" in p.notes[-1]
+    again = json.loads(json.dumps(fixed.to_dict()))
+    assert again["performance"]["correction"]["decode"] == pytest.approx(0.6)
+
+
+def test_a_correction_is_refused_for_another_deployment(timed):
+    plan = cpu_plan()
+    levels = [level_record(plan, 1, 60, 9, Correction())]
+    other = {**measured_on(plan), "target": "rtx4090"}
+    with pytest.raises(UserError, match="target 'rtx4090'"):
+        correct(plan, Measurements(levels, other, "load_test.json"))
+    nothing = [{**levels[0], "completed": 0}]
+    with pytest.raises(UserError, match="no load level where a request completed"):
+        correct(plan, Measurements(nothing, measured_on(plan), "load_test.json"))
+
+
+def test_read_measured_takes_validates_and_tunes_files(timed, tmp_path):
+    plan = cpu_plan()
+    level = level_record(plan, 2, 60, 9, Correction())
+    on = measured_on(plan)
+    files = {"load_test.json": {"measured_on": on, "levels": [level]},
+             "report.json": {"checks": [{"name": "golden"}, {"name": "load_test",
+                                                             "data": {"measured_on": on, "levels": [level]}}]},
+             "trials.json": {"measured_on": on, "trials": [{"levels": [level, level]}, {"levels": []}]}}
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+        read = read_measured(tmp_path / name)
+        assert read.measured_on == on and read.levels[0] == level and read.origin == name
+    assert len(read_measured(tmp_path / "trials.json").levels) == 2
+    (tmp_path / "bare.json").write_text(json.dumps([level]))   # an old load_test.json: no deployment recorded
+    for bad, message in (("bare.json", "not a load test trtpipe recorded"), ("missing.json", "No such file")):
+        with pytest.raises(UserError, match=message):
+            read_measured(tmp_path / bad)
+
+
+def test_plan_measured_on_the_command_line(timed, tmp_path):
+    (tmp_path / "broken.json").write_text("{")
+    result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", "cpu", "--precision", "fp32",
+                                       "--measured", str(tmp_path / "broken.json")])
+    assert result.exit_code == 2 and "is not JSON" in result.output
+    plan = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
+    levels = [level_record(plan, c, 1024, 256, Correction(prefill=1.25, decode=1.1)) for c in (1, 2)]
+    (tmp_path / "load_test.json").write_text(json.dumps({"measured_on": measured_on(plan), "levels": levels}))
+    result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", "cpu", "--precision", "fp32",
+                                       "--measured", str(tmp_path / "load_test.json")])
+    assert result.exit_code == 0, result.output
+    assert "prefill x1.250, decode x1.100" in result.output and "Performance (what this host will do)" in result.output
+
+
+# --------------------------------------------------------------------------- the chain, on a served repository
+
+@pytest.mark.slow
+def test_validate_records_predictions_and_plan_measured_corrects_with_them(tiny_llama, tmp_path):
+    """deploy -> validate --load-test (the embedded server) -> plan --measured load_test.json: every level
+    carries the served batch, its prompt tokens and the plan's prediction; the correction brings the plan's
+    prediction of the same levels closer to what was measured."""
+    from conftest import tiny_cpu_checkpoint
+
+    from pipeline.validate import ValidateOptions, validate_repository
+
+    ckpt, plan_path = tiny_cpu_checkpoint(tiny_llama("gqa"), tmp_path)
+    repo = tmp_path / "repo"
+    deployed = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan_path),
+                                         "-o", str(repo)])
+    assert deployed.exit_code == 0, deployed.output
+    options = ValidateOptions(prompts=(" w1 w2 w3 w4 w5", " w7 w8"), max_tokens=6, load_test=True,
+                              concurrencies=(1, 2), requests_per_client=2, golden=None, request_timeout=60)
+    validate_repository(repo, tmp_path / "validation", options, ready_timeout=300)
+    recorded = json.loads((tmp_path / "validation" / "load_test.json").read_text())
+    plan = json.loads(plan_path.read_text())
+    on = recorded["measured_on"]
+    assert (on["model"], on["target"], on["backend"], on["precision"]) == ("model", "cpu", "reference", "fp32")
+    for level in recorded["levels"]:
+        assert level["max_batch"] == plan["triton"]["triton_max_batch_size"]
+        assert level["input_tokens"] == pytest.approx((5 + 2) / 2)        # the word tokenizer: one token a word
+        assert level["predicted"]["source"] == "timed" and level["predicted"]["tpot_ms"] > 0
+    model_dir = tmp_path / "model"
+    result = CliRunner().invoke(main, ["plan", str(model_dir), "--target", "cpu", "--precision", "fp32", "--json",
+                                       "--measured", str(tmp_path / "validation" / "load_test.json")])
+    assert result.exit_code == 0, result.output
+    correction = json.loads(result.output)["performance"]["correction"]
+    assert correction["levels"] == 2
+    for figure in ("ttft", "tpot"):
+        assert correction["median_error_after"][figure] <= correction["median_error_before"][figure] + 1e-9
