@@ -336,7 +336,7 @@ def test_a_cancelled_request_stops_generating(small_served):
 def test_the_cpu_model_leaves_one_core_to_the_rest_of_the_server(monkeypatch):
     """docs/aiperf.md: with as many torch threads as cores, a 2-core machine serving and measuring at once
     made every decode step 3-15x slower."""
-    from pipeline.runtime import threads
+    from pipeline import host as threads
 
     model = load_cpu_model(monkeypatch)
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})

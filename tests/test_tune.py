@@ -274,6 +274,18 @@ def test_study_starts_from_the_plan_resumes_and_refuses_another_model(build, fak
     assert table[0]["origin"] == "plan default"
     assert table[0]["params"]["max_batch_size"] == plan.triton.triton_max_batch_size
     assert len(fake.repos) == 2 and fake.levels[0] == [1, 2, 4]
+    # every level carries what its trial's plan predicted, for `trtpipe plan --measured trials.json`
+    recorded = json.loads((out / "result" / "trials.json").read_text())
+    assert recorded["measured_on"]["target"] == "cpu" and recorded["measured_on"]["backend"] == plan.backend
+    for trial in table:
+        for measured in trial["levels"]:
+            assert measured["max_batch"] == trial["params"]["max_batch_size"]
+            assert measured["input_tokens"] > 0 and measured["predicted"]["source"] == "timed"
+    rows = list(csv.DictReader((out / "result" / "trials.csv").open()))
+    assert all(float(r["predicted_tpot_ms"]) > 0 for r in rows)
+    from pipeline.plan.feedback import read_measured
+
+    assert len(read_measured(out / "result" / "trials.json").levels) == sum(len(t["levels"]) for t in table)
 
     again = tune_cli(build, out, "--slo", "ttft_p99<=1s,itl_p99<=1s", "--trials", "3")
     assert again.exit_code == 0, again.output

@@ -36,7 +36,7 @@ from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from ..runtime.threads import serving_threads
+from ..host import serving_threads
 from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, REFERENCE_ONNX,
                    RUNTIMES, STATIC_BATCHING, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args)
 

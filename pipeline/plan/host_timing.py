@@ -6,8 +6,9 @@ the plan's architecture: uniform random values, since a float32 GEMM's time does
 num_hidden_layers / LAYERS_TIMED; the final norm and lm_head are timed whole). With the threads the served model
 uses (`serving_threads`) it times:
 
-- one prompt of `SHORT_PROMPT` tokens and one of the workload's input_len through the layers and the lm_head of its
-  last token (a prefill: its time is linear in the prompt between the two, the lm_head a fixed part);
+- one prompt of `SHORT_PROMPT` tokens and one of the workload's input_len (at most `LONG_PROMPT`, linear beyond)
+  through the layers and the lm_head of its last token (a prefill: its time is linear in the prompt between the
+  two, the lm_head a fixed part);
 - one decode step of one sequence at the output's mean context and at SHORT_PROMPT tokens of context, and of the
   plan's batch at the mean context (the step: fixed + per sequence + per sequence and token of context).
 
@@ -20,21 +21,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..arch import ModelArch
+from ..host import cpu_model
 from ..targets import Target
 from .performance import TIMED_SOURCE, Performance, energy_of
 from .schema import Roofline, Workload
 
 LAYERS_TIMED = 2
 REPEATS = 3
+#: a run this long is timed once (its warm-up is the measurement): bounds the cost for the larger models
+ONE_RUN_S = 1.0
 SHORT_PROMPT = 16
-TIMING_VERSION = 3
+#: the longest prompt timed; a longer input_len is extrapolated linearly from the two prompts timed
+LONG_PROMPT = 512
+TIMING_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -88,25 +93,14 @@ def host_timing(arch: ModelArch, input_len: int, output_len: int, batch: int, th
 
 
 def cache_path(arch: ModelArch, input_len: int, context: int, batch: int, threads: int) -> Path:
-    import torch
+    from importlib.metadata import version
 
     from ..assets import cache_dir
 
     key = {"arch": arch.to_dict(), "input_len": input_len, "context": context, "batch": batch, "threads": threads,
-           "torch": torch.__version__, "cpu": cpu_model(), "version": TIMING_VERSION}
+           "torch": version("torch"), "cpu": cpu_model(), "version": TIMING_VERSION}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return cache_dir() / "host-timing" / f"{digest}.json"
-
-
-def cpu_model() -> str:
-    """The processor's name (Linux: /proc/cpuinfo), else what the platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def time_reference_runtime(arch: ModelArch, input_len: int, context: int, batch: int, threads: int) -> HostTiming:
@@ -119,7 +113,8 @@ def time_reference_runtime(arch: ModelArch, input_len: int, context: int, batch:
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            prefill = phase_seconds(model, 1, input_len, 0, scale)
+            long = min(LONG_PROMPT, input_len)
+            prefill = phase_seconds(model, 1, long, 0, scale)
             short = min(SHORT_PROMPT, input_len)
             prefill_short = phase_seconds(model, 1, short, 0, scale)
             step1 = phase_seconds(model, 1, 1, context, scale)
@@ -127,6 +122,8 @@ def time_reference_runtime(arch: ModelArch, input_len: int, context: int, batch:
             step_short = phase_seconds(model, 1, 1, short, scale)
     finally:
         torch.set_num_threads(before)
+    if long < input_len and long > short:   # the workload's prompt, linear beyond the longest one timed
+        prefill = prefill_short + (prefill - prefill_short) * (input_len - short) / (long - short)
     return HostTiming(threads=threads, prefill_s=prefill, prefill_s_short=prefill_short, decode_step_s_batch1=step1,
                       decode_step_s=step, decode_step_s_short=step_short, input_len=input_len, batch=batch,
                       context=context, layers_timed=layers, short_prompt=short)
@@ -163,24 +160,25 @@ def timing_model(arch: ModelArch, layers: int):
 
 
 def phase_seconds(model, batch: int, tokens: int, cached: int, scale: float) -> float:
-    """The median of REPEATS runs (after one warm-up) of `tokens` new tokens for `batch` sequences after `cached`
-    tokens in the cache: the layers' time x `scale` + the final norm and lm_head of each sequence's last token."""
+    """The median of REPEATS runs (after one warm-up; a first run of ONE_RUN_S or more is the one) of `tokens` new
+    tokens for `batch` sequences after `cached` tokens in the cache: the layers' time x `scale` + the final norm
+    and lm_head of each sequence's last token."""
     import torch
 
     cache = model._cache(batch, cached + tokens)
     ids = torch.zeros(batch, tokens, dtype=torch.long)
     positions = torch.arange(cached, cached + tokens).expand(batch, tokens)
-    layer_times, head_times = [], []
-    for repeat in range(REPEATS + 1):
+
+    def run() -> tuple[float, float]:
         start = time.perf_counter()
         hidden = model._hidden(ids, positions, cache, None, None)
         middle = time.perf_counter()
         model._logits(hidden[:, -1])
-        end = time.perf_counter()
-        if repeat:
-            layer_times.append(middle - start)
-            head_times.append(end - middle)
-    return statistics.median(layer_times) * scale + statistics.median(head_times)
+        return middle - start, time.perf_counter() - middle
+
+    first = run()
+    runs = [first] if sum(first) >= ONE_RUN_S else [run() for _ in range(REPEATS)]
+    return statistics.median(r[0] for r in runs) * scale + statistics.median(r[1] for r in runs)
 
 
 def timed_performance(target: Target, workload: Workload, batch: int, timing: HostTiming,

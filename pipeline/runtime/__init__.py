@@ -12,7 +12,7 @@ from .model import ReferenceModel
 from .perplexity import PerplexityResult, perplexity
 from .sampling import SamplingConfig
 from .stream import LayerStream, resolve_device
-from .threads import serving_threads
+from ..host import serving_threads
 
 __all__ = ["LayerStream", "ReferenceModel", "PerplexityResult", "SamplingConfig", "perplexity", "resolve_device",
            "serving_threads"]

@@ -1,0 +1,27 @@
+"""The host the cpu target serves on: how many threads the reference runtime computes a step with, and which
+processor it is (torch-free: the cpu plan reads both without loading the runtime)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def serving_threads() -> int:
+    """Every core this process may use but one. That core is for Triton's frontend, the pre/postprocessing models
+    and clients on the same machine: when all cores compute, one preempted thread stalls every parallel region
+    (docs/aiperf.md measured a SmolLM2 decode step 3-15x slower with 2 threads than with 1 on a busy 2-core
+    machine). The cpu plan times the runtime with the same number (plan/host_timing.py)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def cpu_model() -> str:
+    """The processor's name (Linux: /proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
