@@ -154,6 +154,44 @@ def test_inflight_batching_without_aic_predicts_the_speed_of_light(no_aic):
     assert full.output_tokens_per_s == pytest.approx(batch / roof.decode_step_s)
 
 
+def measured_gpu_plan():
+    """An rtx4090 plan as if AIC had given its figures (the SOL plan's, labelled measured): cheap, no AIC call."""
+    plan = make_plan(PRESETS["llama-3-8b"].arch, get_target("rtx4090"), "fp8",
+                     workload=Workload(input_len=512, output_len=64))
+    return replace(plan, performance=replace(plan.performance, source="measured", ttft_s=0.05, tpot_s=0.02,
+                                             output_tokens_per_s=900.0))
+
+
+def test_inflight_batching_with_aic_estimates_each_level(no_aic, monkeypatch):
+    from pipeline.plan import performance
+
+    plan = measured_gpu_plan()
+    p = plan.performance
+    asked = []
+
+    def estimate(target, point):
+        asked.append(point)
+        return performance.Estimate("measured", "AIC", 0.01, 0.015, 0.04, 0.015, 500.0)
+
+    monkeypatch.setattr(performance, "estimate", estimate)
+    own = predict_level(plan, LevelLoad(p.batch, 512, 64, p.batch, p.max_num_tokens))
+    assert (own.ttft_s, own.tpot_s, own.output_tokens_per_s) == (0.05, 0.02, 900.0) and not asked
+    one = predict_level(plan, LevelLoad(1, 300.4, 20, p.batch, p.max_num_tokens))
+    assert (asked[0].batch, asked[0].isl, asked[0].osl, asked[0].max_num_tokens) == (1, 300, 20, p.max_num_tokens)
+    assert asked[0].precision == "fp8" and asked[0].kv_cache_dtype == plan.kv_cache_dtype
+    assert (one.ttft_s, one.tpot_s, one.output_tokens_per_s) == (0.04, 0.015, 500.0)
+    # more clients than the batch: a request waits out the rounds ahead of it
+    over = predict_level(plan, LevelLoad(2 * p.batch, 512, 64, p.batch, p.max_num_tokens), Correction(1.0, 2.0))
+    assert over.tpot_s == pytest.approx(0.04) and over.output_tokens_per_s == pytest.approx(450.0)
+    assert over.ttft_s == pytest.approx(0.05 + (0.05 + 63 * 0.02) * 2.0)
+    # the GPU box's load test corrects AIC's figures per phase; the plan's own are corrected with them
+    levels = [level_record(plan, c, 300.4, 20, Correction(1.5, 0.8)) for c in (1, 2)]
+    fixed = correct(plan, Measurements(levels, measured_on(plan), "load_test.json")).performance
+    assert (fixed.correction["prefill"], fixed.correction["decode"]) == (pytest.approx(1.5), pytest.approx(0.8))
+    assert (fixed.ttft_s, fixed.tpot_s) == (pytest.approx(0.075), pytest.approx(0.016))
+    assert fixed.output_tokens_per_s == pytest.approx(900.0 / 0.8)
+
+
 # ------------------------------------------------------------------------------------------- the correction
 
 def level_record(plan, concurrency: int, input_tokens: float, output_tokens: int, factors: Correction) -> dict:
