@@ -1,5 +1,6 @@
-"""The host the cpu target serves on: how many threads the reference runtime computes a step with, and which
-processor it is (torch-free: the cpu plan reads both without loading the runtime)."""
+"""The host the cpu target serves on: how many threads the reference runtime computes a step with, which processor
+it is (torch-free: the cpu plan reads both without loading the runtime), and what `trtpipe serve` and the served
+model say to each other when the server stops."""
 
 from __future__ import annotations
 
@@ -25,3 +26,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# What `trtpipe serve` and the cpu target's served model share (pipeline/drain.py, data/model_repo/tensorrt_llm):
+#: the environment variable naming the file serve writes when it stops: DRAINING (refuse new requests) or
+#: CANCELLING (end the running ones with an error: the drain timeout passed)
+DRAIN_FILE_ENV = "TRTPIPE_DRAIN_FILE"
+DRAINING, CANCELLING = "drain", "cancel"
+#: the gauge the model exports on Triton's /metrics: requests accepted and not yet answered in full
+LIVE_REQUESTS_METRIC = "trtpipe_live_requests"

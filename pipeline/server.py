@@ -26,11 +26,12 @@ import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import requests
 
 from .errors import UserError
+from .host import DRAIN_FILE_ENV
 
 PYTRITON_INSTALL = "pip install --no-deps nvidia-pytriton==0.7.0"
 #: NumPy 1.x for the Python models served by the embedded server (see `stub_site_packages`).
@@ -75,6 +76,7 @@ class TritonServer:
     log_path: Path | None = None
     process: subprocess.Popen | None = None
     models: list[str] = field(default_factory=list)
+    drain_file: Path | None = None   # what serve writes to stop the served cpu model (pipeline/drain.py)
 
     @property
     def http_url(self) -> str:
@@ -187,12 +189,14 @@ def prepare_stub_python(workspace: Path, stub_site: Path) -> Path:
 
 
 def server_environment(dist: TritonDistribution, workspace: Path) -> dict[str, str]:
-    """This process's environment with the models' Python first on PATH and the server's libraries found.
+    """This process's environment with the models' Python first on PATH, the server's libraries found and the
+    drain file named (`drain_file`).
 
     The Python backend stub embeds Python and finds its prefix (and so site-packages) through the
     `python3` first on PATH; PYTHONPATH alone does not make torch importable in the stub.
     """
     env = dict(os.environ)
+    env[DRAIN_FILE_ENV] = str(drain_file(workspace))
     stub_site = stub_site_packages()
     python_bin = prepare_stub_python(workspace, stub_site) if stub_site else Path(sys.executable).parent
     env["PATH"] = os.pathsep.join([str(python_bin), env.get("PATH", "")])
@@ -200,8 +204,12 @@ def server_environment(dist: TritonDistribution, workspace: Path) -> dict[str, s
     return env
 
 
+def drain_file(workspace: Path) -> Path:
+    return workspace / "drain"
+
+
 def server_command(dist: TritonDistribution, repo: Path, backends: Path, ports: tuple[int, int, int],
-                   host: str, model_control: str = "none") -> list[str]:
+                   host: str, model_control: str = "none", shm_prefix: str = "trtpipe_") -> list[str]:
     """tritonserver's command line; `model_control` "explicit" loads every model at start and lets clients
     reload them (Triton's model-control API: `trtpipe versions serve --url`, `trtpipe tune --url`)."""
     if model_control not in MODEL_CONTROL_MODES:
@@ -214,7 +222,7 @@ def server_command(dist: TritonDistribution, repo: Path, backends: Path, ports: 
         f"--backend-directory={backends}",
         # the flag NVIDIA's launch_triton_server.py passes: the repository's configs are served as written
         "--disable-auto-complete-config",
-        f"--backend-config=python,shm-region-prefix-name=trtpipe_{uuid.uuid4().hex[:12]}_",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         f"--http-address={host}", f"--http-port={http_port}",
         f"--grpc-address={host}", f"--grpc-port={grpc_port}",
         # metrics on (Triton's default, stated: validate's metrics check reads them), without DCGM on the cpu
@@ -269,18 +277,26 @@ def wait_until_ready(server: TritonServer, timeout: float) -> None:
                     f"{' (' + not_ready + ')' if not_ready else ''}{where}")
 
 
-def stop_server(process: subprocess.Popen) -> None:
-    """SIGINT (Triton's graceful shutdown), then SIGKILL to the whole process group if it does not exit."""
-    if process.poll() is not None:
-        return
+def stop_server(process: subprocess.Popen, shm_prefix: str | None = None) -> None:
+    """SIGINT (Triton's graceful shutdown), then SIGKILL to the whole process group if it does not exit; then
+    SIGKILL to whatever is left of the group (a Python backend stub outlives its server when it ignores
+    SIGTERM) and the shared-memory regions its stubs left (Triton's Python backend names them `shm_prefix`...)."""
     try:
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(timeout=STOP_TIMEOUT_S)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+            process.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        pass
     except ProcessLookupError:
         pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)   # the server's own group (start_new_session): its stubs too
+    except ProcessLookupError:
+        pass
+    process.wait()
+    if shm_prefix:
+        for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
+            region.unlink(missing_ok=True)
 
 
 def _address_in_use(log_tail: str) -> bool:
@@ -332,10 +348,12 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
     try:
         backends = prepare_backends(dist, workspace)
         environment = server_environment(dist, workspace)
+        shm_prefix = f"trtpipe_{uuid.uuid4().hex[:12]}_"
         for attempt in range(3):
             ports = (http_port, http_port + 1, http_port + 2) if http_port else (free_port(), free_port(), free_port())
-            command = server_command(dist, repo, backends, ports, host, model_control)
+            command = server_command(dist, repo, backends, ports, host, model_control, shm_prefix)
             server = _launch(command, environment, ports, host, log_path, repo)
+            server.drain_file = drain_file(workspace)
             try:
                 wait_until_ready(server, ready_timeout)
                 break
@@ -348,7 +366,7 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
         failed = False
     finally:
         if server is not None and server.process is not None:
-            stop_server(server.process)
+            stop_server(server.process, shm_prefix)
         for part in ("backends", "python"):
             shutil.rmtree(workspace / part, ignore_errors=True)
         if not (failed and log_path.parent == workspace):  # an error message may name the log: keep it then
@@ -391,39 +409,3 @@ class ServerPool:
     def close(self) -> None:
         self._servers.clear()
         self._stack.close()
-
-
-def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Path | None, ready_timeout: float,
-                  model_control: str = "none", echo: Callable[[str], None] = print) -> None:
-    """`trtpipe serve`: run the embedded server in the foreground until Ctrl-C (or SIGTERM).
-
-    SIGINT is handled explicitly: a process started in the background by a non-interactive shell
-    (`trtpipe serve ... &` in a script) inherits SIGINT ignored, and Python then never raises
-    KeyboardInterrupt, so `kill -INT` would not stop it.
-    """
-    previous = {sig: signal.signal(sig, handler) for sig, handler in (
-        (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_keyboard_interrupt))}
-    try:
-        with embedded_server(repo, http_port=http_port, host=host, log_path=log_path, ready_timeout=ready_timeout,
-                             model_control=model_control) as server:
-            echo(f"Triton is serving {Path(repo).resolve()} — models ready: {', '.join(server.models)}")
-            echo(server.endpoints.describe())
-            echo(f"log      {server.log_path}")
-            echo("Ctrl-C to stop")
-            try:
-                while server.is_alive():
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                echo(f"stopping (up to {STOP_TIMEOUT_S:.0f} s for a graceful shutdown)")
-                raise
-            raise RuntimeError(f"the Triton server exited unexpectedly (status {server.process.returncode}); "
-                               f"last lines of its log:\n{server.log_tail()}")
-    except KeyboardInterrupt:
-        echo("stopped")
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt

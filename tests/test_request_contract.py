@@ -233,3 +233,38 @@ def test_the_bls_takes_nvidias_scalar_inputs_and_refuses_what_only_nvidias_bls_d
     assert answered.status_code == 200 and len(answered.json()["output_log_probs"]) == 6
     refused = post(served, "tensorrt_llm_bls", num_draft_tokens=2)
     assert refused.status_code == 400 and "num_draft_tokens: speculative decoding" in refused.text
+
+
+def test_a_draining_model_refuses_new_requests_and_ends_running_ones_with_an_error(cpu_model, tmp_path,
+                                                                                    monkeypatch):
+    """trtpipe serve's stop (pipeline/serve.py): the drain file says DRAINING (no new requests: a 503-class error
+    naming the shutdown) or CANCELLING (running streams end at their next token with an error, never cleanly)."""
+    from pipeline.host import CANCELLING, DRAIN_FILE_ENV, DRAINING
+
+    drain = tmp_path / "drain"
+    monkeypatch.setenv(DRAIN_FILE_ENV, str(drain))
+    model = cpu_model()
+    accepted = Request("a", PROMPT, 3)
+    answer(model, accepted)
+    assert accepted.log[-1][1] and accepted.log[-1][2] is None and model.live == 0
+    drain.write_text(DRAINING)
+    refused = Request("b", PROMPT, 3)
+    answer(model, refused)
+    (_, final, error), = refused.log
+    assert final and "the server is shutting down and accepts no new requests" in error
+
+    class Stream(Request):
+        def send(self, response=None, flags=0):
+            super().send(response, flags)
+            if len(self.log) == 2:
+                drain.write_text(CANCELLING)
+                model.shutdown_checked = 0.0      # the next token reads the file again
+
+    drain.unlink()
+    model.shutdown_state(at_once=True)
+    stream = Stream("c", PROMPT, 40, streaming=np.array([[True]]))
+    answer(model, stream)
+    assert stream.done.wait(30)
+    *_, (_, final, error) = stream.log
+    assert final and "the server shut down before this request finished" in error
+    assert len(stream.tokens()) < 40 and model.live == 0

@@ -119,8 +119,11 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
 @click.option("--model-control-mode", "model_control", type=click.Choice(MODEL_CONTROL_MODES), default="none",
               show_default=True, help="explicit: every model loaded at start and reloadable through Triton's "
               "model-control API, so `trtpipe versions serve --url` and `trtpipe tune --url` can switch it live.")
-def serve(repo, port, host, log_path, timeout, model_control):
-    """The embedded Triton server on REPO, in the foreground until Ctrl-C.
+@click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="On Ctrl-C or SIGTERM: seconds the requests in flight get to finish (new ones are refused); the "
+                   "rest end with an error and the exit status is 1.")
+def serve(repo, port, host, log_path, timeout, model_control, drain_timeout):
+    """The embedded Triton server on REPO, in the foreground until Ctrl-C or SIGTERM, which drain it.
 
     \b
     Examples:
@@ -128,10 +131,16 @@ def serve(repo, port, host, log_path, timeout, model_control):
       trtpipe serve model_repo --port 9000 --host 0.0.0.0 --log triton.log
       trtpipe serve model_repo --model-control-mode explicit
     """
-    from ..server import serve_forever
+    from ..serve import serve_forever
 
-    serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout,
-                  model_control=model_control, echo=click.echo)
+    drained = serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout,
+                            model_control=model_control, drain_timeout=drain_timeout, echo=click.echo)
+    if not drained.clean:
+        click.echo(f"error: {drained.cut} request(s) were still running after the {drain_timeout:g} s drain and "
+                   "ended with an error", err=True)
+        sys.exit(1)
+    click.echo("stopped" + (f": every request answered ({drained.waited_s:.1f} s of draining)"
+                            if drained.cut == 0 else ""))
 
 
 def _percent(ctx, param, value):

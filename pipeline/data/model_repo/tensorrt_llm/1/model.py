@@ -20,6 +20,7 @@ core fewer than the process may use (`intra_op_threads`).
 """
 
 import json
+import os
 import queue
 import sys
 import threading
@@ -32,6 +33,7 @@ import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
+from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC  # noqa: E402
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
@@ -185,6 +187,7 @@ class Job:
 
     def parse(self, request, model: "TritonPythonModel") -> None:
         """Read the request's rows; RequestError for anything this model refuses."""
+        self.model = model
         check_request_parameters(request)
         inputs = tensors_of(request)
         for name in sorted(set(inputs) & set(REFUSED)):
@@ -260,6 +263,10 @@ class Job:
         self.first_token_ns = self.first_token_ns or self.last_token_ns
         if self.finished or self.request.is_cancelled():
             self.fail("the request was cancelled", pb_utils.TritonError.CANCELLED)
+            return False
+        if self.model.shutdown_state() == CANCELLING:
+            self.fail(f"the server shut down before this request finished ({len(result.tokens)} tokens generated); "
+                      "send it again", getattr(pb_utils.TritonError, "UNAVAILABLE", None))
             return False
         if self.stream:   # final when this token ends the job's last running row (on_row_end sends nothing then)
             self.send([row], final=(row.is_done() or self.stopped) and self.rows_running == 1)
@@ -377,6 +384,19 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
     return tensors
 
 
+def live_gauge(model_name: str):
+    """(family, gauge) of LIVE_REQUESTS_METRIC for this model ((None, None) where the Python backend has no custom
+    metrics).
+    Triton 2.51 counts a decoupled Python model's request as in flight only until `execute` returns, so its own
+    graceful shutdown does not wait for the streams this model is still generating (docs/upstream-facts.md)."""
+    family_of = getattr(pb_utils, "MetricFamily", None)
+    if family_of is None:
+        return None, None
+    family = family_of(name=LIVE_REQUESTS_METRIC, kind=family_of.GAUGE,
+                       description="requests the cpu model has accepted and not yet answered in full")
+    return family, family.Metric(labels={"model": model_name})
+
+
 def is_stop_request(request) -> bool:
     """NVIDIA's cancellation: a request with `stop` true (its BLS sends one with empty input_ids when a stream
     hit a stop word; utils.cc@c2e65b8:372-384, model_instance_state.cc:871-906)."""
@@ -402,6 +422,12 @@ class TritonPythonModel:
         # NVIDIA's default when the parameter is unset (model_instance_state.cc@c2e65b8:503-506)
         self.normalize_log_probs = parameter(config, "normalize_log_probs", "true").lower() == "true"
         self.running: dict = {}          # Triton request id -> the jobs generating for it (for `stop`)
+        drain = os.environ.get(DRAIN_FILE_ENV)
+        self.drain_file = Path(drain) if drain else None   # trtpipe serve's stop (pipeline/drain.py)
+        self.shutdown_checked, self.shutdown = 0.0, None
+        self.live = 0
+        # the family outlives its metric, or setting the metric fails ("'MetricFamily' has been deleted")
+        self.live_family, self.live_gauge = live_gauge(args.get("model_name", "tensorrt_llm"))
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
         if self.decoupled:   # execute returns at once; one worker generates, so a `stop` is read while it runs
@@ -423,18 +449,23 @@ class TritonPythonModel:
         """Decoupled: the requests are queued for the worker (a `stop` is answered here, at once); otherwise they
         are generated now and answered in order."""
         jobs, answers = [], []
+        draining = self.shutdown_state(at_once=True)
         for request in requests:
             if is_stop_request(request):
                 answers.append(self.stop(request))
                 continue
             job = Job(request, self.decoupled)
             try:
+                if draining:
+                    raise RequestError("the server is shutting down and accepts no new requests; send the request "
+                                       "to another replica or again once it is back")
                 job.parse(request, self)
             except RequestError as exc:
-                job.fail(str(exc))
+                job.fail(str(exc), getattr(pb_utils.TritonError, "UNAVAILABLE", None) if draining else None)
             jobs.append(job)
             answers.append(job)
         live = [job for job in jobs if not job.finished]
+        self.count_live(len(live))
         if self.decoupled:
             if live:
                 self.queue.put(live)
@@ -500,6 +531,26 @@ class TritonPythonModel:
                     self.running.get(job.request.request_id(), []).remove(job)
                     if not self.running.get(job.request.request_id()):
                         self.running.pop(job.request.request_id(), None)
+            self.count_live(-len(jobs))
+
+    def shutdown_state(self, at_once: bool = False) -> str | None:
+        """What trtpipe serve's drain file says (None: serving; DRAINING; CANCELLING), read at most every 0.1 s
+        (each token asks) unless `at_once`."""
+        now = time.monotonic()
+        if self.drain_file is not None and (at_once or now - self.shutdown_checked > 0.1):
+            self.shutdown_checked = now
+            try:
+                self.shutdown = self.drain_file.read_text().strip() or None
+            except OSError:
+                self.shutdown = None
+        return self.shutdown
+
+    def count_live(self, change: int) -> None:
+        """Requests accepted and not yet answered in full, on Triton's /metrics (serve drains until it is 0)."""
+        with self.lock:
+            self.live += change
+            if self.live_gauge is not None:
+                self.live_gauge.set(self.live)
 
     def finalize(self):
         if self.decoupled:

@@ -1,0 +1,131 @@
+"""`trtpipe serve`: the embedded Triton server in the foreground, and how it stops: it drains first.
+
+Triton's own graceful shutdown (SIGINT/SIGTERM: stop accepting, wait up to --exit-timeout-secs for in-flight
+inferences, unload) does not wait for the cpu target's streams: Triton 2.51 counts a decoupled Python model's
+request as in flight only until its `execute` returns, and the cpu model returns at once and generates on its own
+thread. It logged "Found 0 model versions that have in-flight inferences" with 8 streams running, unloaded the
+ensemble first, and every stream ended with HTTP 200 after its first event, as if complete (docs/upstream-facts.md).
+
+So serve drains first, through the drain file it named in the server's environment (`host.DRAIN_FILE_ENV`):
+
+1. it writes DRAINING: the cpu model refuses new requests (503, "the server is shutting down") and finishes the
+   ones it accepted;
+2. it waits until the model's live-request gauge on /metrics (`host.LIVE_REQUESTS_METRIC`) is 0, for at most
+   the drain timeout;
+3. past it, it writes CANCELLING: each running request ends at its next token with an error event (never a
+   clean end), and serve waits for the gauge to reach 0 again (CANCEL_WAIT_S);
+
+and then stops Triton (pipeline.server.stop_server: SIGINT, the process group's leftovers, the shared memory).
+A repository without the gauge (NVIDIA's models, a GPU engine) is stopped as Triton stops it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
+from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
+
+#: how long `trtpipe serve` lets accepted requests finish when it stops (--drain-timeout)
+DRAIN_TIMEOUT_S = 30.0
+#: how long the running requests get to end with their error once the drain timeout passed
+CANCEL_WAIT_S = 10.0
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Drained:
+    """How the drain ended: requests still live when the timeout passed (ended with an error), or None when
+    the server reports no live requests (a model without the gauge)."""
+
+    cut: int | None
+    waited_s: float
+
+    @property
+    def clean(self) -> bool:
+        return not self.cut
+
+
+def live_requests(metrics_url: str | None) -> int | None:
+    """The sum of LIVE_REQUESTS_METRIC over the server's models; None when it is not exported."""
+    if not metrics_url:
+        return None
+    try:
+        text = requests.get(f"{metrics_url}/metrics", timeout=5).text
+    except requests.RequestException:
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(LIVE_REQUESTS_METRIC + "{") or line.startswith(LIVE_REQUESTS_METRIC + " ")]
+    return int(sum(values)) if values else None
+
+
+def wait_for_no_live(server: TritonServer, seconds: float) -> int | None:
+    deadline = time.monotonic() + seconds
+    live = live_requests(server.endpoints.metrics_url)
+    while live and time.monotonic() < deadline and server.is_alive():
+        time.sleep(POLL_S)
+        live = live_requests(server.endpoints.metrics_url)
+    return live
+
+
+def drain(server: TritonServer, timeout_s: float, echo: Callable[[str], None] = print) -> Drained:
+    """Refuse new requests, let the accepted ones finish for up to `timeout_s`, then end the rest with an error."""
+    start = time.monotonic()
+    if server.drain_file is None or live_requests(server.endpoints.metrics_url) is None:
+        return Drained(None, 0.0)
+    server.drain_file.write_text(DRAINING)
+    live = live_requests(server.endpoints.metrics_url)
+    if live:
+        echo(f"draining: {live} request(s) in flight, new ones refused (up to {timeout_s:g} s)")
+    live = wait_for_no_live(server, timeout_s)
+    if not live:
+        return Drained(0, time.monotonic() - start)
+    echo(f"drain timeout: ending the {live} request(s) still running with an error")
+    server.drain_file.write_text(CANCELLING)
+    wait_for_no_live(server, CANCEL_WAIT_S)
+    return Drained(live, time.monotonic() - start)
+
+
+def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Path | None, ready_timeout: float,
+                  model_control: str = "none", drain_timeout: float = DRAIN_TIMEOUT_S,
+                  echo: Callable[[str], None] = print) -> Drained:
+    """Run the embedded server in the foreground until Ctrl-C or SIGTERM, then drain (`drain`) and stop it;
+    how the drain ended. A server that exits on its own is a RuntimeError naming its log.
+
+    SIGINT is handled explicitly: a process started in the background by a non-interactive shell
+    (`trtpipe serve ... &` in a script) inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, so `kill -INT` would not stop it.
+    """
+    previous = {sig: signal.signal(sig, handler) for sig, handler in (
+        (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_keyboard_interrupt))}
+    try:
+        with embedded_server(repo, http_port=http_port, host=host, log_path=log_path, ready_timeout=ready_timeout,
+                             model_control=model_control) as server:
+            echo(f"Triton is serving {Path(repo).resolve()} — models ready: {', '.join(server.models)}")
+            echo(server.endpoints.describe())
+            echo(f"log      {server.log_path}")
+            echo("Ctrl-C to stop")
+            try:
+                while server.is_alive():
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second signal does not cut the drain short
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                drained = drain(server, drain_timeout, echo)
+                echo(f"stopping (up to {STOP_TIMEOUT_S:.0f} s for Triton's graceful shutdown)")
+                return drained
+            raise RuntimeError(f"the Triton server exited unexpectedly (status {server.process.returncode}); "
+                               f"last lines of its log:\n{server.log_tail()}")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,99 @@
+"""`trtpipe serve` stops by draining (pipeline/serve.py), run for real on a tiny cpu repository: new requests are
+refused, the accepted streams finish (or end with an error event past --drain-timeout, exit 1), and nothing of the
+server is left: no process of its group, no shared-memory region."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from conftest import tiny_cpu_checkpoint
+from pipeline.cli import main
+
+TOKENS = 1200
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_llama, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("drain")
+    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
+                                       "-o", str(root / "repo")])
+    assert result.exit_code == 0, result.output
+    return root / "repo"
+
+
+def stream(url: str, out: list) -> None:
+    """One streamed request of TOKENS tokens: (status, events, error)."""
+    events, error, status = 0, None, None
+    body = {"text_input": " w5 w6", "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
+    try:
+        with requests.post(f"{url}/v2/models/ensemble/generate_stream", json=body, stream=True, timeout=120) as r:
+            status = r.status_code
+            for line in r.iter_lines():
+                if line.startswith(b"data:"):
+                    data = json.loads(line[5:])
+                    error = data.get("error", error)
+                    events += "error" not in data
+    except requests.RequestException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    out.append((status, events, error))
+
+
+def server_processes(repo: Path) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if str(repo) in line and "pytest" not in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drain_timeout", [60, 0.5])
+def test_serve_drains_on_sigterm(repo, drain_timeout):
+    shm_before = set(Path("/dev/shm").iterdir())
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--port", "0",
+                                "--drain-timeout", str(drain_timeout)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while "Ctrl-C to stop" not in "".join(lines) and process.poll() is None:
+            lines.append(process.stdout.readline())
+        url = re.search(r"HTTP\s+(\S+)", "".join(lines)).group(1)
+        results: list = []
+        clients = [threading.Thread(target=stream, args=(url, results)) for _ in range(4)]
+        for client in clients:
+            client.start()
+        time.sleep(1.5)                      # every stream under way
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        late = requests.post(f"{url}/v2/models/ensemble/generate", json={"text_input": " w5", "max_tokens": 2},
+                             timeout=30)
+        for client in clients:
+            client.join(120)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert late.status_code != 200 and "shutting down" in late.text
+    assert len(results) == 4
+    if drain_timeout == 60:
+        assert process.returncode == 0, rest
+        assert "every request answered" in rest
+        assert all(events == TOKENS and error is None for _, events, error in results), results
+    else:
+        assert process.returncode == 1, rest
+        assert "ended with an error" in rest
+        # a stream cut before its first token is an HTTP error; one cut later ends with an error event
+        cut = [(status, error) for status, events, error in results if events < TOKENS]
+        assert cut and all("the server shut down before this request finished" in error for _, error in cut)
+        assert all(status == 200 for status, events, _ in results if events)
+    assert not server_processes(repo)
+    assert not {p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("trtpipe_")}
