@@ -32,6 +32,11 @@ import requests
 from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
 from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
 
+#: how often `trtpipe serve` sends its liveness request (`model_problem`)
+LIVENESS_PERIOD_S = 10.0
+#: what Triton's Python backend answers for a model whose process died; it does not start it again (2.51: the
+#: server and the model stay "ready" while every request gets this; docs/upstream-facts.md)
+DEAD_STUB = "is not healthy"
 #: how long `trtpipe serve` lets accepted requests finish when it stops (--drain-timeout)
 DRAIN_TIMEOUT_S = 30.0
 #: how long the running requests get to end with their error once the drain timeout passed
@@ -92,11 +97,46 @@ def drain(server: TritonServer, timeout_s: float, echo: Callable[[str], None] = 
     return Drained(live, time.monotonic() - start)
 
 
+def model_problem(http_url: str, timeout: float = 60.0) -> str | None:
+    """Whether the served models still work, by a one-token request through the ensemble: None when it is
+    answered, shed or refused (a busy or draining server is alive) or slow; what is wrong when a model's process
+    died or the server does not answer. Triton's own health endpoints say 200 in both cases."""
+    try:
+        response = requests.post(f"{http_url}/v2/models/ensemble/generate",
+                                 json={"text_input": "ping", "max_tokens": 1}, timeout=timeout)
+    except requests.Timeout:
+        return None
+    except requests.RequestException as exc:
+        return f"the server does not answer at {http_url} ({type(exc).__name__})"
+    if response.status_code != 200 and DEAD_STUB in response.text:
+        try:
+            return response.json().get("error", response.text)
+        except ValueError:
+            return response.text.strip()
+    return None
+
+
+def watch(server: TritonServer, period_s: float = LIVENESS_PERIOD_S) -> None:
+    """Until the server exits: every `period_s` the liveness request; a model that stopped working stops serve
+    (a RuntimeError, exit 1) so that whatever supervises it starts it again."""
+    checks = "ensemble" in server.models
+    next_check = time.monotonic() + period_s
+    while server.is_alive():
+        time.sleep(0.5)
+        if checks and time.monotonic() >= next_check:
+            problem = model_problem(server.http_url)
+            if problem:
+                raise RuntimeError(f"a served model stopped working: {problem}. Triton does not restart a Python "
+                                   "model whose process died, so serve stops; start it again")
+            next_check = time.monotonic() + period_s
+
+
 def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Path | None, ready_timeout: float,
                   model_control: str = "none", drain_timeout: float = DRAIN_TIMEOUT_S,
                   echo: Callable[[str], None] = print) -> Drained:
     """Run the embedded server in the foreground until Ctrl-C or SIGTERM, then drain (`drain`) and stop it;
-    how the drain ended. A server that exits on its own is a RuntimeError naming its log.
+    how the drain ended. A server that exits on its own, or whose models stop working (`watch`), is a
+    RuntimeError.
 
     SIGINT is handled explicitly: a process started in the background by a non-interactive shell
     (`trtpipe serve ... &` in a script) inherits SIGINT ignored, and Python then never raises
@@ -112,8 +152,7 @@ def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Pat
             echo(f"log      {server.log_path}")
             echo("Ctrl-C to stop")
             try:
-                while server.is_alive():
-                    time.sleep(0.5)
+                watch(server)
             except KeyboardInterrupt:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second signal does not cut the drain short
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)

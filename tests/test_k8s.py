@@ -169,8 +169,11 @@ def test_gpu_pod_is_sized_from_the_plan(builds, written, key):
     assert shm == {"medium": "Memory", "sizeLimit": f"{ranks * SHM_PER_RANK // GIB}Gi"}
     startup = triton["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= plan.weights_bytes / LOAD_BYTES_PER_S
-    assert (triton["livenessProbe"]["httpGet"]["path"], triton["readinessProbe"]["httpGet"]["path"]) == \
-        ("/v2/health/live", "/v2/health/ready")
+    # liveness exercises the models (a dead Python model's process leaves /v2/health/live at 200): trtpipe probe
+    liveness = triton["livenessProbe"]
+    assert liveness["exec"]["command"][:4] == ["trtpipe", "probe", "--url", "http://127.0.0.1:8000"]
+    assert liveness["timeoutSeconds"] > float(liveness["exec"]["command"][-1])
+    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert [p["name"] for p in triton["ports"]] == ["http", "grpc", "metrics"]
     servers = [i for i, arg in enumerate(triton["command"]) if arg == "tritonserver"]
     assert len(servers) == ranks

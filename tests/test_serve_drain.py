@@ -51,7 +51,7 @@ def stream(url: str, out: list) -> None:
 
 
 def server_processes(repo: Path) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
     return [line for line in ps if str(repo) in line and "pytest" not in line]
 
 
@@ -97,3 +97,65 @@ def test_serve_drains_on_sigterm(repo, drain_timeout):
         assert all(status == 200 for status, events, _ in results if events)
     assert not server_processes(repo)
     assert not {p for p in set(Path("/dev/shm").iterdir()) - shm_before if p.name.startswith("trtpipe_")}
+
+
+# ---------------------------------------------------------------------------------------- a model that died
+
+class Answer:
+    def __init__(self, status: int, body: dict):
+        self.status_code, self._body, self.text = status, body, json.dumps(body)
+
+    def json(self) -> dict:
+        return self._body
+
+
+@pytest.mark.parametrize("outcome, problem", [
+    (Answer(200, {"text_output": "x"}), None),
+    (Answer(400, {"error": "in ensemble 'ensemble', Stub process 'tensorrt_llm_0_0' is not healthy."}),
+     "Stub process 'tensorrt_llm_0_0' is not healthy"),
+    (Answer(400, {"error": "Exceeds maximum queue size"}), None),            # shed: busy, alive
+    (Answer(400, {"error": "the server is shutting down and accepts no new requests"}), None),
+    (requests.Timeout("slow"), None),
+    (requests.ConnectionError("refused"), "does not answer"),
+])
+def test_the_liveness_request_tells_a_dead_model_from_a_busy_one(monkeypatch, outcome, problem):
+    from pipeline.serve import model_problem
+
+    def post(url, json, timeout):
+        assert url.endswith("/v2/models/ensemble/generate") and json["max_tokens"] == 1
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr("pipeline.serve.requests.post", post)
+    found = model_problem("http://server:8000")
+    assert (found is None) if problem is None else (problem in found)
+
+
+@pytest.mark.slow
+def test_serve_stops_when_a_models_process_dies_and_probe_says_so(repo, monkeypatch):
+    """kill -9 of the tensorrt_llm model's stub: Triton keeps /v2/health/ready at 200 and answers every request
+    "Stub process ... is not healthy" without restarting it; trtpipe probe exits 1 and serve stops with exit 1."""
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while "Ctrl-C to stop" not in "".join(lines) and process.poll() is None:
+            lines.append(process.stdout.readline())
+        url = re.search(r"HTTP\s+(\S+)", "".join(lines)).group(1)
+        assert subprocess.run([sys.executable, "-m", "pipeline.cli", "probe", "--url", url]).returncode == 0
+        stub = next(line.split()[0] for line in subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True,
+                                                               text=True).stdout.splitlines()
+                    if "triton_python_backend_stub" in line and f"{repo}/tensorrt_llm/" in line)
+        subprocess.run(["kill", "-9", stub], check=True)
+        time.sleep(1)
+        assert requests.get(f"{url}/v2/health/ready", timeout=10).status_code == 200   # Triton's view
+        probed = subprocess.run([sys.executable, "-m", "pipeline.cli", "probe", "--url", url],
+                                capture_output=True, text=True)
+        assert probed.returncode == 1 and "is not healthy" in probed.stderr
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1 and "a served model stopped working" in rest
+    assert not server_processes(repo)

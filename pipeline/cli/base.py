@@ -27,7 +27,7 @@ MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging
 COMMAND_MODULES = {
     **dict.fromkeys(("setup", "convert", "calibrate", "eval", "export-onnx", "targets", "plan", "compile", "deploy",
                      "build"), "stages"),
-    **dict.fromkeys(("check", "validate", "serve", "compare", "tune", "doctor"), "serving"),
+    **dict.fromkeys(("check", "validate", "serve", "probe", "compare", "tune", "doctor"), "serving"),
     **dict.fromkeys(("k8s", "versions", "matrix", "ci", "package", "verify", "unpack"), "shipping"),
 }
 

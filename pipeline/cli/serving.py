@@ -143,6 +143,29 @@ def serve(repo, port, host, log_path, timeout, model_control, drain_timeout):
                             if drained.cut == 0 else ""))
 
 
+@main.command()
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The Triton server's HTTP URL.")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the answer (a slower one counts as alive: the server is busy).")
+def probe(url, timeout):
+    """Whether the served models still work: one token through the ensemble (exit 0), exit 1 when a model's
+    process died or the server does not answer. Triton's /v2/health endpoints stay 200 when a Python model's
+    process died, so the Kubernetes liveness probe trtpipe writes runs this.
+
+    \b
+    Examples:
+      trtpipe probe
+      trtpipe probe --url http://gpu-box:8000
+    """
+    from ..serve import model_problem
+
+    problem = model_problem(url.rstrip("/"), timeout)
+    if problem:
+        click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+    click.echo(f"{url}: the models answer")
+
+
 def _percent(ctx, param, value):
     from ..compare import parse_percent
 

@@ -41,6 +41,8 @@ HOST_HEADROOM = 4 * GIB
 STARTUP_FIXED_S = 120
 LOAD_BYTES_PER_S = 100e6
 PROBE_PERIOD_S = 10
+#: the liveness probe (`trtpipe probe`): every 30 s, 20 s for its answer (a slower one passes: busy, not dead)
+LIVENESS_PERIOD_S, LIVENESS_TIMEOUT_S = 30, 20
 #: Seconds the pod keeps serving after it is told to stop, while the Service stops sending it requests.
 PRESTOP_S = 10
 #: Who the pods run as: not root. NVIDIA's Triton images create the unprivileged user triton-server (uid 1000) for
@@ -132,6 +134,15 @@ def probe(path: str, period: int, failures: int) -> dict:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
 
 
+def liveness_probe() -> dict:
+    """`trtpipe probe`: one token through the ensemble. Triton's /v2/health/live stays 200 when a Python model's
+    process died (the pre/postprocessing stubs, the cpu model) while every request fails, and it is not
+    restarted; a busy or shedding server passes (docs/upstream-facts.md)."""
+    return {"exec": {"command": ["trtpipe", "probe", "--url", f"http://127.0.0.1:{HTTP}",
+                                 "--timeout", str(LIVENESS_TIMEOUT_S)]},
+            "periodSeconds": LIVENESS_PERIOD_S, "timeoutSeconds": LIVENESS_TIMEOUT_S + 5, "failureThreshold": 3}
+
+
 def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
     resources = {"cpu": str(sizing.cpus), "memory": quantity(sizing.memory_bytes)}
     if sizing.gpus:
@@ -149,7 +160,7 @@ def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
         "ports": [{"name": "http", "containerPort": HTTP}, {"name": "grpc", "containerPort": GRPC},
                   {"name": "metrics", "containerPort": METRICS}],
         "startupProbe": probe("/v2/health/ready", PROBE_PERIOD_S, sizing.startup_s // PROBE_PERIOD_S),
-        "livenessProbe": probe("/v2/health/live", PROBE_PERIOD_S, 3),
+        "livenessProbe": liveness_probe(),
         "readinessProbe": probe("/v2/health/ready", 5, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
         "resources": {"requests": resources, "limits": dict(resources)},
