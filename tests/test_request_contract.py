@@ -268,3 +268,22 @@ def test_a_draining_model_refuses_new_requests_and_ends_running_ones_with_an_err
     *_, (_, final, error) = stream.log
     assert final and "the server shut down before this request finished" in error
     assert len(stream.tokens()) < 40 and model.live == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_what_triton_does_before_any_model_sees_the_request(served, path):
+    """docs/upstream-facts.md §C: a missing required input is Triton's 400 naming it; an integer beyond INT32 is
+    cast by Triton's HTTP frontend before any model sees it (4294967300 arrives as 4, so no model can refuse
+    it); a non-integer is Triton's 500. This test fails when Triton's behaviour changes."""
+    body = {"text_input": " w5 w6", "max_tokens": 6, "min_tokens": 6}
+    missing = requests.post(f"{served.http_url}/v2/models/ensemble/{path}", json={"max_tokens": 3}, timeout=60)
+    assert missing.status_code == 400 and "missing" in missing.text and "text_input" in missing.text
+    wrapped = requests.post(f"{served.http_url}/v2/models/ensemble/{path}",
+                            json={**body, "max_tokens": 2**32 + 4, "min_tokens": 4}, timeout=60)
+    assert wrapped.status_code == 200
+    pieces = events(wrapped) if path == "generate_stream" else [wrapped.json()]
+    assert sum(len(p["text_output"].split()) for p in pieces) == 4
+    typed = requests.post(f"{served.http_url}/v2/models/ensemble/{path}", json={**body, "max_tokens": 2.5},
+                          timeout=60)
+    assert typed.status_code == 500 and "as signed-integer" in typed.text
