@@ -25,6 +25,8 @@ with the directory it extracts to (those files are listed under `relocate`; a py
 none). `package` refuses to write an archive in which the build directory, the home directory or such a
 model directory still appears.
 
+`package --key` signs artifact.json and `verify` / `unpack --public-key | --sha256` prove where the archive comes
+from (pipeline/artifact_signing.py); without them the hashes prove consistency only, and the command says so.
 `verify` reads every member, checks its size and hash, refuses members that could escape the directory
 they are extracted to (absolute paths, `..`, links, devices) and, with --target, an artifact for another
 TensorRT-LLM version or one the target cannot run: an engine (or a cpu build) only on the SM it was built
@@ -46,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .artifact_paths import BuildMachine
+from .artifact_signing import SIGNATURE, Origin, key_id, load_private_key, signature_member, signature_problem
 from .backends import BACKENDS, DEFAULT_BACKEND, ENGINE, default_backend
 from .backends.base import PYTORCH
 from .compile import CONTAINER, TENSORRT_LLM_VERSION
@@ -79,16 +82,22 @@ class Packaged:
     files: int
     bytes: int
     artifact: dict
+    sha256: str = ""
+    signed_by: str | None = None      # the signing key's id
 
     def summary(self) -> str:
         a = self.artifact
         return (f"wrote {self.path}: {self.files} files, {self.bytes / 1e6:.1f} MB; target {a['target']} "
                 f"(sm {a['sm']}), {a['backend']} backend, TensorRT-LLM {a['tensorrt_llm_version']}, validation "
-                f"{'passed' if a['validation']['passed'] else 'FAILED'}")
+                f"{'passed' if a['validation']['passed'] else 'FAILED'}\n"
+                f"sha256 {self.sha256} ({'signed by key ' + self.signed_by if self.signed_by else 'unsigned'}; "
+                "verify its origin with --public-key or --sha256)")
 
 
-def package_build(build_dir: Path, out: Path) -> Packaged:
-    """Write BUILD_DIR's deliverables and their artifact.json into the tar OUT (atomically)."""
+def package_build(build_dir: Path, out: Path, key: Path | None = None) -> Packaged:
+    """Write BUILD_DIR's deliverables and their artifact.json into the tar OUT (atomically); with KEY (an Ed25519
+    private key) signed (pipeline/artifact_signing.py)."""
+    private_key = load_private_key(key) if key else None   # a bad key is refused before anything is read
     build_dir = Path(build_dir).absolute()
     summary = read_json(build_dir / "build.json", f"{build_dir} is not a trtpipe build directory (no build.json)")
     report_path = build_dir / "validation" / "report.json"
@@ -104,10 +113,12 @@ def package_build(build_dir: Path, out: Path) -> Packaged:
     contents = {rel: data for rel, data in collect(machine, engine=backend == ENGINE)}
     artifact = describe(machine, summary, report, target, contents)
     artifact["directories"] = empty_directories(build_dir / "model_repo", build_dir)
-    members = {MANIFEST: (json.dumps(artifact, indent=2) + "\n").encode(), **contents}
-    write_tar(members, Path(out))
+    manifest = (json.dumps(artifact, indent=2) + "\n").encode()
+    signed = {SIGNATURE: signature_member(manifest, private_key)} if private_key else {}
+    write_tar({MANIFEST: manifest, **signed, **contents}, Path(out))
     return Packaged(Path(out), len(contents), sum(len(d) if isinstance(d, bytes) else d.stat().st_size
-                                                 for d in contents.values()), artifact)
+                                                 for d in contents.values()), artifact,
+                    file_digest(Path(out))["sha256"], key_id(private_key.public_key()) if private_key else None)
 
 
 def build_backend(summary: dict, target) -> str:
@@ -254,13 +265,18 @@ class Verification:
     archive: str
     artifact: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    origin: str | None = None          # how its origin was proven (None: consistency only)
+    manifest: bytes = field(default=b"", repr=False)
+    signature: bytes | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "ok": self.ok}
+        found = asdict(self)
+        del found["manifest"], found["signature"]
+        return {**found, "ok": self.ok}
 
     def summary(self) -> str:
         a = self.artifact
@@ -269,26 +285,37 @@ class Verification:
                  f"{len(a.get('files', {}))} files, "
                  f"validation {'passed' if a.get('validation', {}).get('passed') else 'FAILED'}"] if a else []
         lines += [f"  FAIL  {p}" for p in self.problems]
-        lines.append("verified: every file matches its sha256" if self.ok else
-                     f"NOT verified: {len(self.problems)} problem(s)")
+        if not self.ok:
+            lines.append(f"NOT verified: {len(self.problems)} problem(s)")
+        elif self.origin:
+            lines.append(f"verified: every file matches its sha256; origin: {self.origin}")
+        else:
+            lines.append("consistent: every file matches its sha256 in artifact.json; origin NOT proven (anyone can "
+                         "write matching hashes): pass --public-key or --sha256")
         return "\n".join(lines)
 
 
-def verify_archive(archive: Path, target: str | None = None, extract_to: Path | None = None) -> Verification:
-    """Read every member of ARCHIVE against its artifact.json; problems are collected, not raised. With
-    EXTRACT_TO, each listed, safe member is written there as it is hashed: what is extracted is exactly what was
-    verified (reading the archive twice let a file swapped in between be extracted unverified)."""
+def verify_archive(archive: Path, target: str | None = None, extract_to: Path | None = None,
+                   origin: Origin = Origin()) -> Verification:
+    """Read every member of ARCHIVE against its artifact.json, and its origin against ORIGIN (its signature, its
+    digest); problems are collected, not raised. The file is opened once: its digest, the members and what
+    EXTRACT_TO receives all come from that one open file, so what is extracted is exactly what was verified
+    (reading the archive twice let a file swapped in between be extracted unverified)."""
     archive = Path(archive)
     wanted = get_target(target) if target else None     # an unknown --target is the user's mistake
     if not archive.is_file():
         raise UserError(f"{archive} does not exist (or is not a file)")
     result = Verification(str(archive))
     try:
-        with tarfile.open(archive, "r:") as tar:
-            seen = check_members(tar, result, extract_to)
+        with open(archive, "rb") as f:
+            digest = stream_digest(f)["sha256"]
+            f.seek(0)
+            with tarfile.open(fileobj=f, mode="r:") as tar:
+                seen = check_members(tar, result, extract_to)
     except (tarfile.TarError, EOFError, OSError) as exc:
         result.problems.append(f"{archive}: unreadable or truncated archive ({exc})")
         return result
+    result.problems += origin_problems(result, digest, origin)
     expected = result.artifact.get("files", {})
     result.problems += [f"{name}: listed in {MANIFEST} but missing from the archive"
                         for name in expected if name not in seen]
@@ -297,6 +324,21 @@ def verify_archive(archive: Path, target: str | None = None, extract_to: Path | 
     if wanted is not None and result.artifact:
         result.problems += target_mismatches(result.artifact, wanted)
     return result
+
+
+def origin_problems(result: Verification, digest: str, origin: Origin) -> list[str]:
+    """Why the archive is not the one ORIGIN names; sets how its origin was proven."""
+    problems, proofs = [], []
+    if origin.sha256 is not None:
+        if digest != origin.sha256:
+            problems.append(f"the archive's sha256 {digest} is not the pinned {origin.sha256}")
+        proofs.append("the pinned sha256")
+    if origin.public_key is not None and result.manifest:
+        problem = signature_problem(result.manifest, result.signature, origin.public_key)
+        problems += [problem] if problem else []
+        proofs.append(f"signed by key {key_id(origin.public_key)}")
+    result.origin = " and ".join(proofs) if proofs and not problems else None
+    return problems
 
 
 def unsafe_directory(name) -> str | None:
@@ -318,6 +360,7 @@ def check_members(tar: tarfile.TarFile, result: Verification, extract_to: Path |
                 result.problems.append(f"{info.name}: the archive does not start with {MANIFEST}")
                 return seen
             data = tar.extractfile(info).read()
+            result.manifest = data
             try:
                 result.artifact = json.loads(data)
             except ValueError as exc:
@@ -326,6 +369,9 @@ def check_members(tar: tarfile.TarFile, result: Verification, extract_to: Path |
             if extract_to is not None:
                 extract_to.mkdir(parents=True, exist_ok=True)
                 (extract_to / MANIFEST).write_bytes(data)
+            continue
+        if info.name == SIGNATURE and result.signature is None:   # right after artifact.json, never extracted
+            result.signature = tar.extractfile(info).read(1 << 16)
             continue
         listed = result.artifact.get("files", {}).get(info.name)
         seen.add(info.name)
@@ -432,15 +478,16 @@ def precision_mismatches(artifact: dict, target, backend: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ unpack
 
-def unpack_archive(archive: Path, out: Path, target: str | None = None) -> Verification:
-    """Verify ARCHIVE, then extract its files into OUT (a new directory) and point relocatable files at OUT."""
+def unpack_archive(archive: Path, out: Path, target: str | None = None, origin: Origin = Origin()) -> Verification:
+    """Verify ARCHIVE (and its ORIGIN), then extract its files into OUT (a new directory) and point relocatable
+    files at OUT."""
     out = Path(out).absolute()
     if out.exists():
         raise UserError(f"{out} already exists; unpack into a new directory")
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = verify_archive(archive, target, extract_to=tmp)   # one read: extracted = verified
+        result = verify_archive(archive, target, extract_to=tmp, origin=origin)   # one read: extracted = verified
         if not result.ok:
             return result
         for name in result.artifact.get("directories", []):

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from test_compile import pretend_gpu_box
 
 from pipeline.artifact import MANIFEST, ROOT_PLACEHOLDER
+from pipeline.artifact_signing import SIGNATURE
 from pipeline.cli import main
 
 
@@ -36,10 +37,28 @@ def cpu_build(tiny_llama, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def archive(cpu_build, tmp_path_factory) -> Path:
+def keys(tmp_path_factory) -> tuple[Path, Path]:
+    """(private, public) Ed25519 PEM files, as `openssl genpkey -algorithm ed25519` and `openssl pkey -pubout`
+    write them."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    root = tmp_path_factory.mktemp("keys")
+    key = Ed25519PrivateKey.generate()
+    (root / "signing.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    (root / "signing.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return root / "signing.pem", root / "signing.pub"
+
+
+@pytest.fixture(scope="module")
+def archive(cpu_build, keys, tmp_path_factory) -> Path:
+    """The cpu build packaged and signed."""
     path = tmp_path_factory.mktemp("archives") / "tiny.tar"
-    result = invoke("package", cpu_build, "-o", path)
+    result = invoke("package", cpu_build, "-o", path, "--key", keys[0])
     assert result.exit_code == 0, result.output
+    assert f"sha256 {sha256(path.read_bytes())} (signed by key" in result.output
     return path
 
 
@@ -52,13 +71,15 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_round_trip_package_verify_unpack(cpu_build, archive, tmp_path):
+def test_round_trip_package_verify_unpack(cpu_build, archive, keys, tmp_path):
     content = members(archive)
     artifact = json.loads(content[MANIFEST])
-    assert list(content)[0] == MANIFEST
+    assert list(content)[:2] == [MANIFEST, SIGNATURE]
+    signature = content.pop(SIGNATURE)
     assert set(artifact["files"]) == set(content) - {MANIFEST}
     assert all(artifact["files"][n] == {"size": len(d), "sha256": sha256(d)} for n, d in content.items()
                if n != MANIFEST)
+    assert json.loads(signature)["algorithm"] == "ed25519"
     assert {"build.json", "validation/report.json", "model_repo/manifest.json",
             "model_repo/tensorrt_llm/1/checkpoint/rank0.safetensors"} <= set(content)
     assert not any("__pycache__" in n or n.endswith("server.log") for n in content)
@@ -75,10 +96,15 @@ def test_round_trip_package_verify_unpack(cpu_build, archive, tmp_path):
         expected.update(name.encode() + b"\0" + sha256((ckpt / name).read_bytes()).encode())
     assert artifact["model"]["checkpoint_sha256"] == expected.hexdigest()
 
-    verified = invoke("verify", archive, "--target", "cpu")
-    assert verified.exit_code == 0 and "verified: every file matches" in verified.output, verified.output
+    verified = invoke("verify", archive, "--target", "cpu", "--public-key", keys[1])
+    assert verified.exit_code == 0 and "verified: every file matches its sha256; origin: signed by key" in \
+        verified.output, verified.output
+    consistent = invoke("verify", archive)       # no key, no digest: it says what it proved, and what not
+    assert consistent.exit_code == 0 and "origin NOT proven" in consistent.output, consistent.output
+    refused = invoke("unpack", archive, "-o", tmp_path / "refused")
+    assert refused.exit_code == 2 and "--public-key" in refused.output and not (tmp_path / "refused").exists()
     out = tmp_path / "deploy"
-    unpacked = invoke("unpack", archive, "-o", out)
+    unpacked = invoke("unpack", archive, "-o", out, "--public-key", keys[1])
     assert unpacked.exit_code == 0, unpacked.output
     assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(content)
     assert all((out / n).read_bytes() == d for n, d in content.items())
@@ -96,22 +122,24 @@ def test_unpack_extracts_the_bytes_it_verified_even_if_the_file_is_swapped(archi
     victim = tmp_path / "incoming.tar"
     victim.write_bytes(archive.read_bytes())
     evil = add_member(archive, tmp_path / "evil.tar", tarfile.TarInfo("model_repo/../../escaped"), b"x")
-    real_open, opened = tarfile.open, []
+    real_open, opened = open, []
 
-    def open_then_swap(name, *args, **kwargs):
-        handle = real_open(name, *args, **kwargs)
-        opened.append(name)
-        if len(opened) == 1:
-            os.replace(evil, victim)    # the swap, right after the first open
+    def open_then_swap(file, *args, **kwargs):
+        handle = real_open(file, *args, **kwargs)
+        if Path(file) == victim:
+            opened.append(file)
+            if len(opened) == 1:
+                os.replace(evil, victim)    # the swap, right after the first open
         return handle
 
-    monkeypatch.setattr(artifact_module.tarfile, "open", open_then_swap)
+    monkeypatch.setattr(artifact_module, "open", open_then_swap, raising=False)
     out = tmp_path / "deploy" / "out"
-    result = invoke("unpack", victim, "-o", out)
+    result = invoke("unpack", victim, "-o", out, "--sha256", sha256(archive.read_bytes()))
     assert result.exit_code == 0, result.output
     assert len(opened) == 1
     assert not (tmp_path / "deploy" / "escaped").exists() and not (tmp_path / "escaped").exists()
-    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(members(archive))
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(members(archive)) - \
+        {SIGNATURE}
 
 
 def test_nothing_packaged_names_the_build_directory_or_home(cpu_build, archive):
@@ -178,7 +206,7 @@ def test_each_tampering_is_caught_and_unpack_extracts_nothing(archive, tmp_path,
     assert result.exit_code == 1, result.output
     assert named in result.output and "NOT verified" in result.output, result.output
     out = tmp_path / "out"
-    assert invoke("unpack", bad, "-o", out).exit_code == 1
+    assert invoke("unpack", bad, "-o", out, "--trust-unsigned").exit_code == 1
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
 
 
@@ -213,7 +241,10 @@ def test_trtllm_version_mismatch_is_refused(archive, tmp_path):
     (["verify", "{tmp}/missing.tar"], "does not exist"),
     (["verify", "{archive}", "--target", "h900"], "unknown target 'h900'"),
     (["package", "{tmp}", "-o", "{tmp}/x.tar"], "not a trtpipe build directory"),
-    (["unpack", "{archive}", "-o", "{tmp}"], "already exists"),
+    (["unpack", "{archive}", "-o", "{tmp}", "--trust-unsigned"], "already exists"),
+    (["verify", "{archive}", "--sha256", "abc"], "--sha256 must be the archive's 64 hex digits"),
+    (["verify", "{archive}", "--public-key", "{tmp}/none.pub"], "cannot read the public key"),
+    (["package", "{tmp}", "-o", "{tmp}/x.tar", "--key", "{archive}"], "is not a PEM private key"),
 ])
 def test_user_mistakes_exit_2(archive, tmp_path, args, message):
     result = invoke(*[a.format(tmp=tmp_path, archive=archive) for a in args])
@@ -245,7 +276,7 @@ def test_gpu_build_packages_its_engine_and_unpack_points_triton_at_it(tmp_path, 
     assert invoke("verify", tmp_path / "gpu.tar", "--target", "l40s").exit_code == 0     # also sm 89
     assert invoke("verify", tmp_path / "gpu.tar", "--target", "h100").exit_code == 1     # sm 90
     out = tmp_path / "unpacked"
-    assert invoke("unpack", tmp_path / "gpu.tar", "-o", out, "--target", "rtx4090").exit_code == 0
+    assert invoke("unpack", tmp_path / "gpu.tar", "-o", out, "--target", "rtx4090", "--trust-unsigned").exit_code == 0
     config = (out / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert str(out / "engine") in config and ROOT_PLACEHOLDER not in config
 
@@ -310,8 +341,9 @@ def test_pytorch_build_packages_its_repository_and_the_served_weights(pytorch_bu
 
 @pytest.mark.parametrize("target", ["rtx4090", "l40s", "h100", "h200"])
 def test_pytorch_archive_verifies_on_any_fp8_gpu(pytorch_archive, target):
-    result = invoke("verify", pytorch_archive, "--target", target)
-    assert result.exit_code == 0 and "verified: every file matches" in result.output, result.output
+    result = invoke("verify", pytorch_archive, "--target", target, "--sha256", sha256(pytorch_archive.read_bytes()))
+    assert result.exit_code == 0 and "verified: every file matches its sha256; origin: the pinned sha256" in \
+        result.output, result.output
 
 
 FP8_NEEDS = "FP8 needs compute capability 8.9 or newer (Ada, Hopper)"
@@ -351,7 +383,7 @@ def test_pytorch_archive_target_rule_reads_the_manifest(pytorch_archive, tmp_pat
 
 def test_pytorch_archive_unpacks_to_a_repository_that_serves_its_own_model(pytorch_archive, tmp_path):
     out = tmp_path / "deploy"
-    unpacked = invoke("unpack", pytorch_archive, "-o", out, "--target", "h100")
+    unpacked = invoke("unpack", pytorch_archive, "-o", out, "--target", "h100", "--trust-unsigned")
     assert unpacked.exit_code == 0, unpacked.output
     content = members(pytorch_archive)
     assert all((out / n).read_bytes() == d for n, d in content.items() if n != MANIFEST)
@@ -366,3 +398,36 @@ def test_pytorch_archive_unpacks_to_a_repository_that_serves_its_own_model(pytor
     assert not [p for p in out.rglob("*") if p.is_file() and str(tmp_path).encode() in p.read_bytes()]
     check = invoke("check", out / "model_repo")
     assert check.exit_code == 0, check.output
+
+
+# ------------------------------------------------------------------------------------------ origin (case 10)
+
+def forged(archive: Path, out: Path) -> Path:
+    """ARCHIVE with a changed model.py and an artifact.json rewritten to match it: consistent, but not the
+    signer's (issue 25 case 10: such an archive verified and unpacked with exit 0)."""
+    content = members(archive)
+    artifact = json.loads(content[MANIFEST])
+    name = "model_repo/tensorrt_llm/1/model.py"
+    content[name] += b"\nimport os  # forged\n"
+    artifact["files"][name] = {"size": len(content[name]), "sha256": sha256(content[name])}
+    content[MANIFEST] = (json.dumps(artifact, indent=2) + "\n").encode()
+    with tarfile.open(out, "w") as tar:
+        for member, data in content.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def test_a_forged_archive_is_consistent_but_its_origin_is_refused(archive, keys, tmp_path):
+    fake = forged(archive, tmp_path / "forged.tar")
+    consistent = invoke("verify", fake)
+    assert consistent.exit_code == 0 and "origin NOT proven" in consistent.output
+    signed = invoke("verify", fake, "--public-key", keys[1])
+    assert signed.exit_code == 1 and "does not verify with the key given" in signed.output, signed.output
+    pinned = invoke("unpack", fake, "-o", tmp_path / "out", "--sha256", sha256(archive.read_bytes()))
+    assert pinned.exit_code == 1 and "is not the pinned" in pinned.output and not (tmp_path / "out").exists()
+    stripped = rewrite(archive, tmp_path / "unsigned.tar", lambda info, data: None if info.name == SIGNATURE
+                       else (info, data))
+    unsigned = invoke("unpack", stripped, "-o", tmp_path / "out", "--public-key", keys[1])
+    assert unsigned.exit_code == 1 and "not signed" in unsigned.output and not (tmp_path / "out").exists()

@@ -314,6 +314,8 @@ def test_triton_names_are_served_by_a_live_triton(live_metrics):
     (["--replicas", "1:"], "MIN:MAX"),
     (["--repo-source", "s3://bucket/repo"], "--repo-source"),
     (["--repo-source", "artifact:/srv/model.tar"], "artifact:URL"),
+    (["--repo-source", "artifact:https://a.example/m.tar"], "pin the archive: artifact:URL#sha256=HEX"),
+    (["--repo-source", "artifact:https://a.example/m.tar#sha256=12ab"], "pin the archive"),
     (["--namespace", "Bad_NS"], "--namespace"),
     (["--name", "-x"], "--name"),
 ])
@@ -431,8 +433,8 @@ def test_a_packaged_artifact_is_fetched_verified_and_unpacked_by_every_pod(build
     """--repo-source artifact:URL: no claim and no loader; an init container downloads the `trtpipe package`
     archive, `trtpipe unpack` checks every hash and the target's GPU architecture before anything is
     served, and model_repo/ and engine/ land where Triton and the engine-path ConfigMap expect them."""
-    url = "https://artifacts.example/llama-3-8b-rtx4090-fp8.tar"
-    options = K8sOptions(image="registry.example/trtpipe:0.1.0", repo_source=f"artifact:{url}")
+    url, digest = "https://artifacts.example/llama-3-8b-rtx4090-fp8.tar", "ab" * 32
+    options = K8sOptions(image="registry.example/trtpipe:0.1.0", repo_source=f"artifact:{url}#sha256={digest}")
     out = write_k8s(builds["rtx4090"], tmp_path / "k8s", options).out
     found = objects(out)
     assert "PersistentVolumeClaim" not in found and not (out / "model-repo-loader.yaml").exists()
@@ -442,7 +444,8 @@ def test_a_packaged_artifact_is_fetched_verified_and_unpacked_by_every_pod(build
     (fetch,) = spec["initContainers"]
     assert {"name": "ARTIFACT_URL", "value": url} in fetch["env"] and url not in " ".join(fetch["command"])
     script = fetch["command"][-1]
-    assert "trtpipe unpack /tmp/artifact.tar --target rtx4090 -o /trtpipe/.unpack" in script
+    # the URL proves nothing of what it serves: the pod unpacks only the archive with the pinned digest
+    assert f"trtpipe unpack /tmp/artifact.tar --target rtx4090 --sha256 {digest} -o /trtpipe/.unpack" in script
     assert script.index("trtpipe unpack") < script.index("mv /trtpipe/.unpack/* /trtpipe/")
     volume = next(v for v in spec["volumes"] if v["name"] == "model-repo")
     assert "emptyDir" in volume and "persistentVolumeClaim" not in volume
@@ -454,7 +457,7 @@ def test_every_pod_runs_unprivileged_with_bounded_resources(builds, tmp_path):
     """issue 25 case 12: no securityContext, helper containers without limits. Every container (Triton, the
     artifact fetcher, the loader): non-root pod, RuntimeDefault seccomp, no privilege escalation, all capabilities
     dropped, read-only root (with /tmp a volume), requests and limits; the manifests still validate strictly."""
-    url = "https://artifacts.example/a.tar"
+    url = "https://artifacts.example/a.tar#sha256=" + "cd" * 32
     fetched = objects(write_k8s(builds["rtx4090"], tmp_path / "a",
                                 K8sOptions(image="registry.example/trtpipe:0.1.0", repo_source=f"artifact:{url}")).out)
     claimed = objects(write_k8s(builds["cpu"], tmp_path / "c", K8sOptions(image="registry.example/trtpipe:0.1.0")).out)

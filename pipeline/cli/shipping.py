@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..versions.commands import versions
+from ..errors import UserError
 from .base import DEFAULT_IMAGE, main, report_verification
 
 
@@ -20,10 +21,11 @@ from .base import DEFAULT_IMAGE, main, report_verification
                    "cluster pulls from.")
 @click.option("--replicas", default="1:4", show_default=True, metavar="MIN:MAX", help="Autoscaling bounds.")
 @click.option("--namespace", default="default", show_default=True, help="Namespace of every object.")
-@click.option("--repo-source", default=None, metavar="pvc|pvc:CLAIM|artifact:URL",
+@click.option("--repo-source", default=None, metavar="pvc|pvc:CLAIM|artifact:URL#sha256=HEX",
               help="Where pods find the model repository: pvc (default) writes a new PersistentVolumeClaim to fill "
-                   "with the loader pod; pvc:CLAIM uses an existing, already filled claim; artifact:URL has every "
-                   "pod fetch a `trtpipe package` archive and `trtpipe unpack --target` it before Triton starts.")
+                   "with the loader pod; pvc:CLAIM uses an existing, already filled claim; artifact:URL#sha256=HEX "
+                   "has every pod fetch a `trtpipe package` archive and `trtpipe unpack --target --sha256` it (the "
+                   "digest `trtpipe package` printed) before Triton starts.")
 @click.option("--scale-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
               help="queue:compute ratio the autoscaler holds (default: from the plan's --p99-latency, else 1.0).")
 @click.option("--name", default=None, help="Name of every object (default: <model>-<target>).")
@@ -121,18 +123,32 @@ def github(matrix_path, out):
 @main.command()
 @click.argument("build_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="The .tar to write.")
-def package(build_dir, out):
+@click.option("--key", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Sign the archive with this Ed25519 private key (PEM; `openssl genpkey -algorithm ed25519 -out "
+                   "signing.pem`): verify and unpack then prove its origin with the public key.")
+def package(build_dir, out, key):
     """Pack BUILD_DIR (the model repository with the served checkpoint or Hugging Face model, the engine for the
     engine backend, build.json, the validation report) into one archive with artifact.json: every file's sha256,
     the model's fingerprint, versions, target, SM and backend.
 
     \b
     Examples:
+      trtpipe package out/smollm2-cpu-fp8 -o smollm2-cpu-fp8.tar --key signing.pem
       trtpipe package out/smollm2-cpu-fp8 -o smollm2-cpu-fp8.tar
     """
     from ..artifact import package_build
 
-    click.echo(package_build(build_dir, out).summary())
+    click.echo(package_build(build_dir, out, key).summary())
+
+
+def origin_options(command):
+    """--public-key and --sha256: what proves where an archive comes from (pipeline/artifact_signing.py)."""
+    command = click.option("--sha256", default=None, metavar="HEX",
+                           help="Refuse any archive but the one with this sha256 (as `trtpipe package` prints it).")(
+        command)
+    return click.option("--public-key", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                        help="Refuse an archive not signed by this Ed25519 public key (PEM; `openssl pkey -in "
+                             "signing.pem -pubout -out signing.pub`).")(command)
 
 
 @main.command()
@@ -141,17 +157,20 @@ def package(build_dir, out):
               "another SM; a pytorch build with FP8 weights or KV cache on a GPU without FP8) or one built with "
               "another TensorRT-LLM version.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
-def verify(archive, target, as_json):
-    """Check every file of ARCHIVE against its artifact.json (exit 1 when anything does not match).
+@origin_options
+def verify(archive, target, as_json, public_key, sha256):
+    """Check every file of ARCHIVE against its artifact.json, and with --public-key or --sha256 where it comes
+    from (exit 1 when anything does not match). Without them it proves consistency only, and says so.
 
     \b
     Examples:
-      trtpipe verify smollm2-cpu-fp8.tar
-      trtpipe verify llama-3-8b-rtx4090-fp8.tar --target rtx4090
+      trtpipe verify smollm2-cpu-fp8.tar --public-key signing.pub
+      trtpipe verify llama-3-8b-rtx4090-fp8.tar --target rtx4090 --sha256 3f1c...
     """
     from ..artifact import verify_archive
+    from ..artifact_signing import origin_from_options
 
-    report_verification(verify_archive(archive, target), as_json)
+    report_verification(verify_archive(archive, target, origin=origin_from_options(public_key, sha256)), as_json)
 
 
 @main.command()
@@ -161,15 +180,26 @@ def verify(archive, target, as_json):
 @click.option("--target", default=None, help="As for verify: refuse an artifact this target cannot run or one "
               "built with another TensorRT-LLM version.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
-def unpack(archive, out, target, as_json):
-    """Verify ARCHIVE, then extract it into OUT (nothing is extracted from an archive that fails).
+@origin_options
+@click.option("--trust-unsigned", is_flag=True,
+              help="Extract without proving the archive's origin (its hashes prove only that it is consistent).")
+def unpack(archive, out, target, as_json, public_key, sha256, trust_unsigned):
+    """Verify ARCHIVE and its origin (--public-key or --sha256), then extract it into OUT (nothing is extracted
+    from an archive that fails).
 
     \b
     Examples:
-      trtpipe unpack smollm2-cpu-fp8.tar -o deploy/smollm2
+      trtpipe unpack smollm2-cpu-fp8.tar -o deploy/smollm2 --public-key signing.pub
+      trtpipe unpack smollm2-cpu-fp8.tar -o deploy/smollm2 --sha256 3f1c...
     """
     from ..artifact import unpack_archive
+    from ..artifact_signing import origin_from_options
 
-    result = unpack_archive(archive, out, target)
+    origin = origin_from_options(public_key, sha256)
+    if not origin.asked and not trust_unsigned:
+        raise UserError("unpack extracts a deployment: prove where the archive comes from with --public-key "
+                        "(the signer's Ed25519 key) or --sha256 (the digest `trtpipe package` printed), or pass "
+                        "--trust-unsigned to extract it on its hashes alone")
+    result = unpack_archive(archive, out, target, origin)
     report_verification(result, as_json)
     click.echo(f"extracted into {out}")

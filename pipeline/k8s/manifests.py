@@ -196,7 +196,7 @@ def deployment(src: DeploymentSource, image: str, replicas: Replicas, source: Re
     pod_spec = {
         "terminationGracePeriodSeconds": sizing.grace_s,
         "securityContext": pod_security(),
-        **({"initContainers": [artifact_fetcher(src, image, source.artifact_url)]} if source.artifact_url else {}),
+        **({"initContainers": [artifact_fetcher(src, image, source)]} if source.artifact_url else {}),
         "containers": [container(src, image, sizing)],
         "volumes": volumes(src, source, sizing),
         **(gpu_scheduling(src.plan.target.name) if sizing.gpus else {}),
@@ -236,17 +236,18 @@ def disruption_budget(name: str) -> dict:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name)}}}
 
 
-def artifact_fetcher(src: DeploymentSource, image: str, url: str) -> dict:
-    """An init container that downloads the archive, has `trtpipe unpack` verify every file (and refuse an
-    artifact built for another GPU architecture or TensorRT-LLM version than the target's) and moves
-    model_repo/ and engine/ to where Triton reads them. A failed check fails the pod before Triton starts."""
+def artifact_fetcher(src: DeploymentSource, image: str, source: RepoSource) -> dict:
+    """An init container that downloads the archive, has `trtpipe unpack` verify every file and the pinned digest
+    (and refuse an artifact built for another GPU architecture or TensorRT-LLM version than the target's) and
+    moves model_repo/ and engine/ to where Triton reads them. A failed check fails the pod before Triton starts."""
     staging = f"{VOLUME_ROOT}/.unpack"
     script = ('python3 -c \'import os, urllib.request; urllib.request.urlretrieve(os.environ["ARTIFACT_URL"], '
               '"/tmp/artifact.tar")\' && '
-              f'trtpipe unpack /tmp/artifact.tar --target {src.plan.target.name} -o {staging} && '
+              f'trtpipe unpack /tmp/artifact.tar --target {src.plan.target.name} --sha256 {source.artifact_sha256} '
+              f'-o {staging} && '
               f'mv {staging}/* {VOLUME_ROOT}/ && rm -rf {staging} /tmp/artifact.tar')
     return {"name": "fetch-artifact", "image": image, "command": ["sh", "-c", script],
-            "env": [{"name": "ARTIFACT_URL", "value": url}], "resources": HELPER_RESOURCES,
+            "env": [{"name": "ARTIFACT_URL", "value": source.artifact_url}], "resources": HELPER_RESOURCES,
             "securityContext": container_security(),
             "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT}, {"name": "tmp", "mountPath": "/tmp"}]}
 

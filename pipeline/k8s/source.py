@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..build import directory_bytes
+from ..artifact_signing import SHA256_HEX
 from ..errors import UserError
 from ..deploy import deployed_plan
 from ..plan import Plan, load_plan
@@ -39,6 +40,7 @@ class RepoSource:
     claim: str | None
     create: bool
     artifact_url: str | None = None
+    artifact_sha256: str | None = None   # the archive's digest the pod pins (`artifact:URL#sha256=HEX`)
 
 
 @dataclass(frozen=True)
@@ -67,16 +69,22 @@ def parse_replicas(text: str) -> Replicas:
 
 def parse_repo_source(text: str | None, name: str) -> RepoSource:
     """`pvc` (default): a new claim `<name>-model-repo`; `pvc:CLAIM`: an existing claim, left as it is;
-    `artifact:URL`: a `trtpipe package` archive at an http(s) URL."""
+    `artifact:URL#sha256=HEX`: a `trtpipe package` archive at an http(s) URL, pinned by its digest (the pod's
+    `trtpipe unpack --sha256` refuses any other: a URL proves nothing of what it serves)."""
     if text in (None, "pvc"):
         return RepoSource(claim=f"{name}-model-repo", create=True)
     kind, _, value = text.partition(":")
     if kind == "artifact" and value.startswith(("https://", "http://")):
-        return RepoSource(claim=None, create=False, artifact_url=value)
+        url, _, pin = value.partition("#")
+        digest = pin.removeprefix("sha256=").lower()
+        if not pin.startswith("sha256=") or not SHA256_HEX.fullmatch(digest):
+            raise UserError(f"--repo-source {text}: pin the archive: artifact:URL#sha256=HEX, with the sha256 "
+                            "`trtpipe package` printed (the pod refuses any other archive at the URL)")
+        return RepoSource(claim=None, create=False, artifact_url=url, artifact_sha256=digest)
     if kind != "pvc" or not DNS_LABEL.match(value):
         raise UserError(f"--repo-source must be `pvc` (a new PersistentVolumeClaim), `pvc:CLAIM` (an existing "
-                        f"claim, a lowercase DNS name) or `artifact:URL` (a `trtpipe package` archive at an "
-                        f"http(s) URL), got {text!r}")
+                        f"claim, a lowercase DNS name) or `artifact:URL#sha256=HEX` (a `trtpipe package` archive "
+                        f"at an http(s) URL and its digest), got {text!r}")
     return RepoSource(claim=value, create=False)
 
 
