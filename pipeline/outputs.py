@@ -146,11 +146,35 @@ def link_or_copy(source: str | Path, dest: str | Path) -> None:
         shutil.copy2(source, dest)
 
 
+#: the longest output name: the file system's 255 bytes, less the `.NAME.partial-PID` and `.NAME.lock` siblings
+MAX_NAME_BYTES = 255 - len(".") - len(".partial-") - 10
+
+
+def make_output_parent(out: Path) -> None:
+    """`out`'s parent directories, or UserError (exit 2) saying why `out` cannot be written there: a file where a
+    directory must be, a name too long for the file system, no permission (a generic OSError before)."""
+    ancestor = out.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"cannot write {out}: {ancestor} is a file, not a directory; choose another -o")
+    if len(out.name.encode()) > MAX_NAME_BYTES:
+        raise UserError(f"cannot write {out.name[:40]}...: the name is {len(out.name.encode())} bytes, more than the "
+                        f"{MAX_NAME_BYTES} an output name may have (the file system allows 255 with the siblings "
+                        "trtpipe writes beside it); choose a shorter -o")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {out}: no permission to create anything in {ancestor}; choose another -o")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {out.parent}: {exc.strerror or exc}; choose another -o") from None
+
+
 @contextmanager
 def atomic_output_dir(out: Path) -> Iterator[Path]:
     """Yield a temporary sibling of `out`; on success it replaces `out`, on any failure it is removed."""
     out = Path(out).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_parent(out)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -219,7 +243,7 @@ def output_lock(out: Path) -> Iterator[None]:
     second process is refused at once (two `calibrate -o SAME` both printed "wrote" and one output was lost).
     Holding the lock, every `.NAME.partial-*` / `.NAME.old-*` sibling is a killed run's leftover and is removed."""
     out = Path(out).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_parent(out)
     lock = out.parent / f".{out.name}.lock"
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:

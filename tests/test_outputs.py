@@ -91,3 +91,32 @@ def test_manifests_name_no_absolute_path_and_a_moved_build_is_still_up_to_date(t
     assert run(moved) is False                      # the whole build moved: still up to date
     (moved / "ckpt" / "w.bin").write_text("changed weights")
     assert run(moved, force=True) is True           # an input changed: rebuilt
+
+
+@pytest.mark.parametrize("where, says", [
+    ("a-file/out", "is a file, not a directory"),
+    ("a-file/deeper/out", "is a file, not a directory"),
+    ("n" * 240, "more than the 235 an output name may have"),
+])
+def test_an_output_that_cannot_be_written_there_is_one_clear_user_error(tmp_path, inputs, where, says):
+    """issue 25's unclear cases: -o under a file, or a name over the file system's limit, were exit 1 with a bare
+    FileExistsError / OSError."""
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UserError, match=says):
+        with stage_output(tmp_path / where, "convert", inputs, {}):
+            pytest.fail("nothing may be written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "input.txt"]
+
+
+def test_a_parent_without_write_permission_is_a_user_error(tmp_path, inputs, monkeypatch):
+    """Checked with os.access (root passes any permission check, so the test asks both ways)."""
+    from pipeline import outputs
+
+    monkeypatch.setattr(outputs.os, "access", lambda path, mode: False)
+    with pytest.raises(UserError, match="no permission to create anything in"):
+        with stage_output(tmp_path / "out", "convert", inputs, {}):
+            pytest.fail("nothing may be written")
+    monkeypatch.setattr(outputs.os, "access", lambda path, mode: True)
+    with stage_output(tmp_path / "out", "convert", inputs, {}) as output:
+        (output.dir / "x").write_text("y")
+    assert (tmp_path / "out" / "x").read_text() == "y"
