@@ -23,6 +23,10 @@ def build(*args):
     (["smollm2-135m", "--target", "rtx3090", "--precision", "fp8"], "FP8 needs compute capability 8.9"),
     (["nosuchmodel-xyz", "--target", "cpu", "--precision", "fp8"], "is not a directory, a .gguf file, a preset"),
     (["smollm2-135m", "--target", "no-such-gpu", "--precision", "fp16"], "no-such-gpu"),
+    # the advice names flags build has (issue 25: it advised --input-len / --max-context, which it had not)
+    (["smollm2-135m", "--target", "cpu", "--precision", "fp8", "--input-len", "9000"],
+     "raise --max-context or shorten the workload"),
+    (["smollm2-135m", "--target", "cpu", "--precision", "fp8", "--max-context", "1"], "--max-context"),
 ])
 def test_impossible_builds_stop_before_any_work(tmp_path, args, message):
     out = tmp_path / "out"
@@ -30,6 +34,22 @@ def test_impossible_builds_stop_before_any_work(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_the_workload_flags_reach_the_plan(tmp_path, monkeypatch):
+    from pipeline import build as build_module
+
+    seen = {}
+
+    def stop_at_the_plan(model, target, precision, *args, workload=None, **kwargs):
+        seen["workload"] = workload
+        raise build_module.UserError("stopped here")
+
+    monkeypatch.setattr("pipeline.plan.make_plan", stop_at_the_plan)
+    result = build("smollm2-135m", "--target", "cpu", "--precision", "fp8", "--input-len", "512",
+                   "--output-len", "64", "--max-context", "1024", "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "stopped here" in result.output
+    assert (seen["workload"].input_len, seen["workload"].output_len, seen["workload"].max_context) == (512, 64, 1024)
 
 
 @pytest.mark.slow

@@ -85,9 +85,14 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
                    "reference-llmapi or reference-onnx on the cpu target.")
 @click.option("--k8s", "k8s_manifests", is_flag=True,
               help="Also write Kubernetes manifests, alerts and a dashboard to OUT/k8s (see `trtpipe k8s`).")
+@click.option("--input-len", type=click.IntRange(1), default=None, help="Typical prompt length the plan is for "
+              "(default 1024, as `trtpipe plan`).")
+@click.option("--output-len", type=click.IntRange(1), default=None, help="Typical generated length (default 256).")
+@click.option("--max-context", type=click.IntRange(2), default=None,
+              help="Longest prompt + output a request may have (default: min(model context, 8192)).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
-          device, backend, k8s_manifests, as_json):
+          device, backend, k8s_manifests, input_len, output_len, max_context, as_json):
     """Run every stage: convert, calibrate, plan, compile, deploy, validate.
 
     \b
@@ -100,12 +105,16 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
       trtpipe build --matrix trtpipe.toml --only smollm2-cpu-fp8
     """
     from ..build import BuildOptions, build as run_build
+    from ..plan import Workload
 
     if matrix_path is not None:
         if k8s_manifests:
             raise UserError("--k8s writes one build's manifests: run `trtpipe k8s BUILD` for each matrix build")
         if backend is not None:
             raise UserError("--backend chooses one build's backend; a matrix build takes its matrix's settings")
+        if (input_len, output_len, max_context) != (None, None, None):
+            raise UserError("--input-len, --output-len and --max-context plan one build; a matrix build takes its "
+                            "matrix's settings")
         return build_matrix(model, matrix_path, only, out, as_json, dry_run=dry_run, url=url, load_test=load_test,
                             model_dir=model_dir, device=device, progress=not as_json)
     if model is None:
@@ -114,9 +123,12 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
         raise UserError("--only selects builds of a matrix: give --matrix FILE with it")
     safe_name = Path(model).name.replace(".gguf", "")
     out = out or Path("out") / (f"{safe_name}-{target}-{precision}" + (f"-{backend}" if backend else ""))
+    lengths = {k: v for k, v in (("input_len", input_len), ("output_len", output_len), ("max_context", max_context))
+               if v is not None}
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
                            dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
-                           calibration_samples=samples, device=device, progress=not as_json, backend=backend)
+                           calibration_samples=samples, device=device, progress=not as_json, backend=backend,
+                           workload=Workload(**lengths) if lengths else None)
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:
