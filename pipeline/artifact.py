@@ -137,7 +137,20 @@ def collect(machine: BuildMachine, engine: bool):
     yield "build.json", shipped_summary(machine)
     for pattern in VALIDATION_FILES:
         for path in sorted((build_dir / "validation").glob(pattern)):
-            yield path.relative_to(build_dir).as_posix(), portable_file(path, machine)
+            shipped = shipped_report(path) if path.name == "report.json" else portable_file(path, machine)
+            yield path.relative_to(build_dir).as_posix(), shipped
+
+
+def shipped_report(path: Path) -> bytes:
+    """validation/report.json with the repository and log it names as the archive's own (`model_repo`,
+    `validation/server.log`): validate recorded them absolute, and a build moved since names a directory that is
+    neither this one nor home, which the machine check cannot know (issue 25: the old path was shipped)."""
+    report = json.loads(path.read_text())
+    if report.get("repo"):
+        report["repo"] = "model_repo"
+    if report.get("server_log"):
+        report["server_log"] = "validation/server.log"
+    return (json.dumps(report, indent=2) + "\n").encode()
 
 
 def empty_directories(root: Path, base: Path) -> list[str]:

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -140,6 +141,21 @@ def test_unpack_extracts_the_bytes_it_verified_even_if_the_file_is_swapped(archi
     assert not (tmp_path / "deploy" / "escaped").exists() and not (tmp_path / "escaped").exists()
     assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == set(members(archive)) - \
         {SIGNATURE}
+
+
+def test_a_moved_builds_package_names_its_own_repository_not_the_old_path(cpu_build, tmp_path):
+    """validate recorded the repository and log by absolute path; after the build moved, package shipped the old
+    one (issue 25), which is neither the build directory nor home."""
+    moved = tmp_path / "elsewhere" / "build"
+    shutil.copytree(cpu_build, moved)
+    report = json.loads((moved / "validation" / "report.json").read_text())
+    old = "/srv/old-place/tiny-cpu-fp8"
+    report["repo"], report["server_log"] = f"{old}/model_repo", f"{old}/validation/server.log"
+    (moved / "validation" / "report.json").write_text(json.dumps(report))
+    assert invoke("package", moved, "-o", tmp_path / "moved.tar").exit_code == 0
+    shipped = json.loads(members(tmp_path / "moved.tar")["validation/report.json"])
+    assert (shipped["repo"], shipped["server_log"]) == ("model_repo", "validation/server.log")
+    assert not any(old.encode() in data for data in members(tmp_path / "moved.tar").values())
 
 
 def test_nothing_packaged_names_the_build_directory_or_home(cpu_build, archive):
