@@ -50,6 +50,19 @@ def stream(url: str, out: list) -> None:
     out.append((status, events, error))
 
 
+def start_serve(repo: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def serving_url(process: subprocess.Popen) -> str:
+    """The HTTP URL `trtpipe serve` prints once every model is ready."""
+    lines = []
+    while "Ctrl-C to stop" not in "".join(lines) and process.poll() is None:
+        lines.append(process.stdout.readline())
+    return re.search(r"HTTP\s+(\S+)", "".join(lines)).group(1)
+
+
 def server_processes(repo: Path) -> list[str]:
     ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
     return [line for line in ps if str(repo) in line and "pytest" not in line]
@@ -59,14 +72,9 @@ def server_processes(repo: Path) -> list[str]:
 @pytest.mark.parametrize("drain_timeout", [60, 0.5])
 def test_serve_drains_on_sigterm(repo, drain_timeout):
     shm_before = set(Path("/dev/shm").iterdir())
-    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--port", "0",
-                                "--drain-timeout", str(drain_timeout)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_serve(repo, "--drain-timeout", str(drain_timeout))
     try:
-        lines = []
-        while "Ctrl-C to stop" not in "".join(lines) and process.poll() is None:
-            lines.append(process.stdout.readline())
-        url = re.search(r"HTTP\s+(\S+)", "".join(lines)).group(1)
+        url = serving_url(process)
         results: list = []
         clients = [threading.Thread(target=stream, args=(url, results)) for _ in range(4)]
         for client in clients:
@@ -136,13 +144,9 @@ def test_the_liveness_request_tells_a_dead_model_from_a_busy_one(monkeypatch, ou
 def test_serve_stops_when_a_models_process_dies_and_probe_says_so(repo, monkeypatch):
     """kill -9 of the tensorrt_llm model's stub: Triton keeps /v2/health/ready at 200 and answers every request
     "Stub process ... is not healthy" without restarting it; trtpipe probe exits 1 and serve stops with exit 1."""
-    process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_serve(repo)
     try:
-        lines = []
-        while "Ctrl-C to stop" not in "".join(lines) and process.poll() is None:
-            lines.append(process.stdout.readline())
-        url = re.search(r"HTTP\s+(\S+)", "".join(lines)).group(1)
+        url = serving_url(process)
         assert subprocess.run([sys.executable, "-m", "pipeline.cli", "probe", "--url", url]).returncode == 0
         stub = next(line.split()[0] for line in subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True,
                                                                text=True).stdout.splitlines()
