@@ -34,5 +34,9 @@ RUN pip install --no-deps /tmp/trtpipe-src \
     && trtpipe --version \
     && python3 -c "from pipeline.calibrate.data import load_recipe; from pipeline.deploy import model_source_files; load_recipe('news'); model_source_files()"
 
+# Not root (issue 25 case 12): the uid the Kubernetes pods trtpipe writes run as (pipeline/k8s/manifests.py
+# RUN_AS), owning the work directory; mounted volumes need to be writable by it.
+RUN mkdir -p /work && chown 1000:1000 /work
 WORKDIR /work
+USER 1000:1000
 CMD ["trtpipe", "--help"]

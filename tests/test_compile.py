@@ -361,6 +361,10 @@ def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
     # the image Triton's compatibility matrix lists with TensorRT-LLM 1.2.1 (docs/upstream-facts.md §0)
     assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
     assert re.findall(r"^FROM (\S+)", text, re.M) == [TRITON_IMAGE]
+    # not root: the uid the Kubernetes pods run as (issue 25 case 12)
+    from pipeline.k8s.manifests import RUN_AS
+
+    assert re.findall(r"^USER (\S+)", text, re.M) == [f"{RUN_AS}:{RUN_AS}"]
     hadolint = Path(sys.executable).parent / "hadolint"
     result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
