@@ -124,6 +124,14 @@ def check_source_tensors(weights: LazyWeights, arch: ModelArch, where: Path) -> 
         if actual != shape:
             raise UserError(f"{where}: tensor {name} has shape {list(actual)} but config.json implies "
                             f"{list(shape)}; the weights and config.json disagree")
+        if weights.dtype_code(name) not in FLOAT_SOURCE_CODES:
+            raise UserError(f"{where}: tensor {name} is {weights.dtype_code(name)}, not a floating-point dtype "
+                            f"({', '.join(FLOAT_SOURCE_CODES)}); casting it would invent weights (was it quantized "
+                            "by another tool? convert its original float checkpoint)")
+
+
+#: the safetensors dtypes a Hugging Face model's float weights may have
+FLOAT_SOURCE_CODES = ("F32", "F16", "BF16")
 
 
 def _some(names: list[str]) -> str:

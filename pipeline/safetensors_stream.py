@@ -236,6 +236,21 @@ class LazyWeights:
         return tensor[:, cols[0]:cols[1]] if cols is not None else tensor
 
 
+def header_problem(header) -> str | None:
+    """What makes a parsed safetensors header unusable: it must map each tensor name to its dtype, shape and two
+    data offsets (a JSON list, or an entry without them, was an AttributeError / KeyError, exit 1)."""
+    if not isinstance(header, dict):
+        return f"its header is a JSON {type(header).__name__}, not an object of tensors"
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("dtype"), str) \
+                or not isinstance(info.get("shape"), list) or not isinstance(info.get("data_offsets"), list) \
+                or len(info["data_offsets"]) != 2 or not all(isinstance(o, int) for o in info["data_offsets"]):
+            return f"its header entry for {name!r} lacks a dtype, shape or two data offsets"
+    return None
+
+
 def read_header(path: Path) -> tuple[int, dict]:
     """(offset of the data section, header) of a safetensors file, refusing truncated files."""
     with open(path, "rb") as f:
@@ -249,6 +264,9 @@ def read_header(path: Path) -> tuple[int, dict]:
         except (ValueError, MemoryError):
             raise UserError(f"{path}: not a readable safetensors file (corrupt header); "
                             "write or download it again") from None
+    problem = header_problem(header)
+    if problem:
+        raise UserError(f"{path}: not a readable safetensors file ({problem}); write or download it again")
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     size = path.stat().st_size
     if size < 8 + n + end:

@@ -163,6 +163,18 @@ def _unknown_arch(d: Path):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def _int64_weight(d: Path):
+    from safetensors.torch import save_file
+    state = hf_state(d)
+    state["model.layers.0.mlp.up_proj.weight"] = state["model.layers.0.mlp.up_proj.weight"].to(torch.int64)
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _list_header(d: Path):
+    header = json.dumps([{"dtype": "F32"}]).encode()
+    (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+
+
 def _bin_only(d: Path):
     (d / "model.safetensors").rename(d / "pytorch_model.bin")
 
@@ -173,6 +185,9 @@ def _bin_only(d: Path):
     (_wrong_shape, "config.json implies"),
     (_unknown_arch, "unknown architecture 'GPT2LMHeadModel'"),
     (_bin_only, ".bin weights"),
+    # issue 25's unclear cases: an int64 weight was silently cast, a JSON-list header was an AttributeError
+    (_int64_weight, "tensor model.layers.0.mlp.up_proj.weight is I64, not a floating-point dtype"),
+    (_list_header, "its header is a JSON list, not an object of tensors"),
 ])
 def test_bad_weights_fail_cleanly(tiny_llama, tmp_path, damage, message):
     src = corrupt_copy(tiny_llama("gqa"), tmp_path / "hf")
