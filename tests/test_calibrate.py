@@ -360,3 +360,32 @@ def test_smollm2_fp8_and_int8_sq_keep_perplexity(smollm2_checkpoint, tmp_path):
         ppl = report(out)["perplexity"]
         assert 1.0 < ppl["float"] < 100 and ppl["tokens"] > 1000
         assert ppl["ratio"] < limit, f"{precision}: perplexity {ppl['float']:.2f} -> {ppl['quantized']:.2f}"
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("bad.jsonl", '{"text": "a b"\n{not json}\n', "as json data: "),
+    ("binary.jsonl", "\x00\xff\xfe garbage", "as json data: "),
+])
+def test_an_unreadable_local_dataset_says_what_is_wrong_with_it(tmp_path, name, content, says):
+    """issue 25: only "DatasetGenerationError" (datasets' wrapper, which says nothing of the file) was reported."""
+    from pipeline.calibrate.data import load_texts
+
+    path = tmp_path / name
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(UserError, match=says) as raised:
+        load_texts(resolve_recipe(str(path)))
+    assert "DatasetGenerationError" not in str(raised.value) and "An error occurred while generating" not in \
+        str(raised.value)
+
+
+def test_calibrating_on_a_handful_of_tokens_warns(tiny_ckpt, tmp_path):
+    """issue 25: a dataset of 1-2-token lines calibrated on 4 tokens without a word."""
+    from pipeline.calibrate.stage import MIN_CALIBRATION_TOKENS, few_tokens_warning
+
+    data = tmp_path / "short.txt"
+    data.write_text("\n".join(" w5 w6" for _ in range(8)))
+    result = cli(tiny_ckpt, "-o", tmp_path / "out", "--precision", "fp8", "--samples", "2", "--eval-samples", "0",
+                 "--seq-len", "16", "--dataset", data)
+    assert result.exit_code == 0, result.output
+    assert "warning: calibrated on" in result.output and "too few values" in result.output
+    assert few_tokens_warning(64, MIN_CALIBRATION_TOKENS) == ()

@@ -113,13 +113,22 @@ def _texts_from_datasets(recipe: CalibrationRecipe) -> list[str]:
             raise UserError(_not_cached_message(recipe, exc)) from None
         except Exception as exc:  # datasets wraps parse errors of local files in its own exception types
             if local.is_file():
-                raise UserError(f"cannot read {local}: {type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0][:300]}") from None
+                cause = root_cause(exc)
+                raise UserError(f"cannot read {local} as {LOCAL_BUILDERS[local.suffix.lower()]} data: "
+                                f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:300]}") from None
             raise UserError(_not_cached_message(recipe, exc)) from None
     if recipe.field not in ds.column_names:
         raise UserError(f"calibration dataset {recipe.dataset} has no field {recipe.field!r}; "
                         f"its fields are {', '.join(ds.column_names)} (choose one with --text-field)")
     return [str(t) for t in ds[recipe.field] if t is not None]
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception: datasets' DatasetGenerationError says only "An error occurred while generating the
+    dataset"; what was wrong with the file (bad JSON, not UTF-8, empty) is in its cause."""
+    while (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__
+    return exc
 
 
 def _not_cached_message(recipe: CalibrationRecipe, exc: Exception) -> str:

@@ -89,9 +89,11 @@ class CalibrationResult:
     tokens: int
     seconds: float
     skipped: bool = False
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"checkpoint": str(self.path), "skipped": self.skipped, "method": self.method,
+                "warnings": list(self.warnings),
                 "quantization": self.config.get("quantization"), "samples": self.samples,
                 "tokens": self.tokens, "seconds": round(self.seconds, 2), "perplexity": self.perplexity,
                 "report": str(self.path / REPORT_DIR / "report.json")}
@@ -116,6 +118,8 @@ class CalibrationResult:
             p = self.perplexity
             console.print(f"held-out perplexity: float {p['float']:.3f}, quantized {p['quantized']:.3f} "
                           f"({(p['ratio'] - 1) * 100:+.2f}%) over {p['tokens']} tokens")
+        for warning in self.warnings:
+            console.print(f"warning: {warning}")
         console.print(f"wrote {self.path} (report: {self.path / REPORT_DIR})")
         return console.export_text().rstrip()
 
@@ -169,7 +173,19 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
         seconds = time.monotonic() - started
         output.extra["seconds"] = round(seconds, 2)
     return CalibrationResult(out, config, options.chosen_method, calibrator.reports, ppl, len(samples), tokens,
-                             seconds)
+                             seconds, warnings=few_tokens_warning(len(samples), tokens))
+
+
+#: fewer calibration tokens than this and the activation ranges rest on a handful of values
+MIN_CALIBRATION_TOKENS = 256
+
+
+def few_tokens_warning(samples: int, tokens: int) -> tuple[str, ...]:
+    """Issue 25: a dataset of 1-2-token lines calibrated on 4 tokens without a word."""
+    if tokens >= MIN_CALIBRATION_TOKENS:
+        return ()
+    return (f"calibrated on {tokens} tokens ({samples} samples): the activation ranges rest on too few values to "
+            f"be trusted (at least {MIN_CALIBRATION_TOKENS} recommended); use longer texts or more --samples",)
 
 
 def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
