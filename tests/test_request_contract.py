@@ -287,3 +287,7 @@ def test_what_triton_does_before_any_model_sees_the_request(served, path):
     typed = requests.post(f"{served.http_url}/v2/models/ensemble/{path}", json={**body, "max_tokens": 2.5},
                           timeout=60)
     assert typed.status_code == 500 and "as signed-integer" in typed.text
+    if path == "generate":   # a streamed answer asked of /generate: Triton's error body, with HTTP 200
+        streamed = requests.post(f"{served.http_url}/v2/models/ensemble/generate", json={**body, "stream": True},
+                                 timeout=60)
+        assert streamed.status_code == 200 and "use generate stream" in streamed.json()["error"]
