@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
 
 import click
@@ -32,6 +33,28 @@ COMMAND_MODULES = {
 }
 
 
+#: set when SIGINT arrived: an import interrupted by Ctrl-C can surface as an ImportError (numpy's C extensions), which
+#: trtpipe would otherwise report as a missing package with exit 2 (issue 25); it is reported as interrupted, 130
+INTERRUPTED: list[int] = []
+
+
+def watch_interrupts() -> None:
+    """Record SIGINT before raising KeyboardInterrupt as Python does; left alone when SIGINT is ignored (a
+    background job of a script) or handled by someone else."""
+    INTERRUPTED.clear()
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def interrupted(signum, frame):
+        INTERRUPTED.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, interrupted)
+    except ValueError:   # not the main thread (a command invoked from a thread): Python's own handling stays
+        pass
+
+
 class TrtpipeGroup(click.Group):
     """Turns user errors into one line on stderr and exit 2, other failures into exit 1; loads each command's
     module when the command is asked for (COMMAND_MODULES)."""
@@ -45,17 +68,21 @@ class TrtpipeGroup(click.Group):
         return super().get_command(ctx, name)
 
     def invoke(self, ctx):
+        watch_interrupts()
         try:
             return super().invoke(ctx)
-        except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
         except Exception as exc:
+            if INTERRUPTED:   # Ctrl-C, turned into another error on the way (numpy: "umath failed to import")
+                click.echo("interrupted", err=True)
+                sys.exit(130)
+            if isinstance(exc, UserError):
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(exc.exit_code)
             if os.environ.get("TRTPIPE_DEBUG"):
                 raise
             click.echo(f"error: {type(exc).__name__}: {exc} (set TRTPIPE_DEBUG=1 for the traceback)", err=True)
