@@ -33,7 +33,7 @@ from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
 from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
 
 #: how often `trtpipe serve` sends its liveness request (`model_problem`)
-LIVENESS_PERIOD_S = 10.0
+LIVENESS_PERIOD_S = 30.0
 #: what Triton's Python backend answers for a model whose process died; it does not start it again (2.51: the
 #: server and the model stay "ready" while every request gets this; docs/upstream-facts.md)
 DEAD_STUB = "is not healthy"
