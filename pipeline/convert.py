@@ -29,7 +29,7 @@ from .checkpoint import CheckpointConfig
 from .errors import UserError
 from .model.layout import Rank, padded_vocab, shard
 from .model.spec import HF_LAYER, ROW, TRT_LAYER, LinearSpec, dims, hf_tensor_shapes
-from .precisions import DTYPE_CODES
+from .precisions import CHECKPOINT_DTYPES, DTYPE_CODES
 from .outputs import fingerprint_inputs, stage_output
 from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec, torch_dtype
 from .sources import ModelSource, read_hf_arch
@@ -130,8 +130,8 @@ def check_source_tensors(weights: LazyWeights, arch: ModelArch, where: Path) -> 
                             "by another tool? convert its original float checkpoint)")
 
 
-#: the safetensors dtypes a Hugging Face model's float weights may have
-FLOAT_SOURCE_CODES = ("F32", "F16", "BF16")
+#: the safetensors dtypes a Hugging Face model's float weights may have: those of a float checkpoint
+FLOAT_SOURCE_CODES = tuple(DTYPE_CODES[dtype] for dtype in CHECKPOINT_DTYPES)
 
 
 def _some(names: list[str]) -> str:

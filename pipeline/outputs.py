@@ -170,6 +170,19 @@ def make_output_parent(out: Path) -> None:
         raise UserError(f"cannot create {out.parent}: {exc.strerror or exc}; choose another -o") from None
 
 
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write one file whole or not at all: a temporary sibling (named for this process), then renamed over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 @contextmanager
 def atomic_output_dir(out: Path) -> Iterator[Path]:
     """Yield a temporary sibling of `out`; on success it replaces `out`, on any failure it is removed."""

@@ -31,6 +31,7 @@ import requests
 
 from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
 from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
+from .validate.metrics import parse_samples
 
 #: how often `trtpipe serve` sends its liveness request (`model_problem`)
 LIVENESS_PERIOD_S = 30.0
@@ -65,8 +66,7 @@ def live_requests(metrics_url: str | None) -> int | None:
         text = requests.get(f"{metrics_url}/metrics", timeout=5).text
     except requests.RequestException:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(LIVE_REQUESTS_METRIC + "{") or line.startswith(LIVE_REQUESTS_METRIC + " ")]
+    values = [value for name, _, value in parse_samples(text) if name == LIVE_REQUESTS_METRIC]
     return int(sum(values)) if values else None
 
 

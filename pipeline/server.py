@@ -76,7 +76,7 @@ class TritonServer:
     log_path: Path | None = None
     process: subprocess.Popen | None = None
     models: list[str] = field(default_factory=list)
-    drain_file: Path | None = None   # what serve writes to stop the served cpu model (pipeline/drain.py)
+    drain_file: Path | None = None   # what serve writes to stop the served cpu model (pipeline/serve.py)
 
     @property
     def http_url(self) -> str:
@@ -285,9 +285,7 @@ def stop_server(process: subprocess.Popen, shm_prefix: str | None = None) -> Non
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGINT)
             process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
+    except (subprocess.TimeoutExpired, ProcessLookupError):
         pass
     try:
         os.killpg(process.pid, signal.SIGKILL)   # the server's own group (start_new_session): its stubs too

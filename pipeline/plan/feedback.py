@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..backends.base import INFLIGHT_BATCHING, STATIC_BATCHING
 from ..errors import UserError
-from .performance import DERIVED_SOURCE, MEASURED_SOURCE, Workpoint, energy_of
+from .performance import DERIVED_SOURCE, MEASURED_SOURCE, SOL_SOURCE, Workpoint, energy_of
 from .schema import Plan
 
 #: the smallest prefill factor a fit gives (a TTFT below the waits the model predicts is not a negative prefill)
@@ -101,8 +101,10 @@ def phase_tables(plan: Plan) -> dict:
 
 def interpolate(xs: list[float], ys: list[float], x: float) -> float:
     """ys at x, linear through the table's two points (extrapolated beyond them); one point: proportional to x."""
-    if len(xs) == 1 or xs[0] == xs[-1]:
-        return ys[0] * x / xs[0] if len(xs) == 1 else ys[0]
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    if xs[0] == xs[-1]:
+        return ys[0]
     slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
     return max(ys[0] + (x - xs[0]) * slope, 0.0)
 
@@ -122,9 +124,9 @@ def stored_correction(plan: Plan) -> Correction:
 def predict_level(plan: Plan, load: LevelLoad, correction: Correction | None = None) -> Predicted:
     """What `plan` predicts for `load` (module docstring), with `correction` applied to its phases (default: the
     plan's own, `stored_correction`)."""
-    p = plan.performance
+    p, batching = plan.performance, batching_of(plan)
     correction = stored_correction(plan) if correction is None else correction
-    if batching_of(plan) == INFLIGHT_BATCHING and p is not None and p.source in (MEASURED_SOURCE, DERIVED_SOURCE):
+    if batching == INFLIGHT_BATCHING and p is not None and p.source in (MEASURED_SOURCE, DERIVED_SOURCE):
         return served_estimate(plan, load, correction)
     tables = phase_tables(plan)
     prefill = correction.prefill * interpolate(tables["prefill_tokens"], tables["prefill_s"], load.input_tokens)
@@ -132,9 +134,9 @@ def predict_level(plan: Plan, load: LevelLoad, correction: Correction | None = N
     def step(batch: float) -> float:
         return correction.decode * decode_step(tables, batch, load.input_tokens + load.output_tokens / 2)
 
-    source = p.source if p is not None else "speed-of-light"
-    return Predicted(*serving_figures(batching_of(plan), prefill, step, load.concurrency, load.max_batch,
-                                      load.output_tokens), source)
+    source = p.source if p is not None else SOL_SOURCE
+    return Predicted(*serving_figures(batching, prefill, step, load.concurrency, load.max_batch, load.output_tokens),
+                     source)
 
 
 def serving_figures(batching: str, prefill_s: float, step, concurrency: float, max_batch: int,
@@ -319,11 +321,10 @@ def correct(plan: Plan, measured: Measurements) -> Plan:
     before, after = errors(plan, seen, Correction()), errors(plan, seen, correction)
     own = predict_level(plan, plan_load(plan), correction)
     p = plan.performance
-    ttft = own.ttft_s
     corrected = replace(
         p, prefill_s=p.prefill_s * correction.prefill, decode_step_s=p.decode_step_s * correction.decode,
-        ttft_s=ttft, tpot_s=own.tpot_s, output_tokens_per_s=own.output_tokens_per_s,
-        request_latency_s=ttft + (plan.workload.output_len - 1) * own.tpot_s,
+        ttft_s=own.ttft_s, tpot_s=own.tpot_s, output_tokens_per_s=own.output_tokens_per_s,
+        request_latency_s=own.ttft_s + (plan.workload.output_len - 1) * own.tpot_s,
         energy=energy_of(plan.target, own.output_tokens_per_s, plan.tp_size * plan.pp_size),
         percent_of_speed_of_light=(p.percent_of_speed_of_light / correction.decode
                                    if p.percent_of_speed_of_light else None),

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..arch import ModelArch
 from ..host import cpu_model
+from ..outputs import write_atomic
 from ..targets import Target
 from .performance import TIMED_SOURCE, Performance, energy_of
 from .schema import Roofline, Workload
@@ -85,10 +86,7 @@ def host_timing(arch: ModelArch, input_len: int, output_len: int, batch: int, th
         except (TypeError, ValueError):
             pass   # an unreadable entry is timed again
     timing = time_reference_runtime(arch, input_len, context, batch, threads)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(timing.to_dict(), indent=2) + "\n")
-    partial.replace(path)
+    write_atomic(path, json.dumps(timing.to_dict(), indent=2) + "\n")
     return timing
 
 

@@ -313,12 +313,9 @@ class Plan:
 
 def save_plan(plan: Plan, path: Path) -> Path:
     """Write plan.json atomically (temporary sibling, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    from ..outputs import write_atomic
+
+    return write_atomic(path, json.dumps(plan.to_dict(), indent=2) + "\n")
 
 
 def load_plan(path: Path) -> Plan:

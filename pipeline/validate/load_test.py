@@ -10,6 +10,7 @@ queue bound is the plan's decision, `max_queue_size_reason`); failed ones do.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,27 +61,34 @@ def run_level(client: StreamingClient, prompts: tuple[str, ...], max_tokens: int
     }
 
 
+@functools.lru_cache(maxsize=8)
+def prompt_token_counts(tokenizer_dir: str, prompts: tuple[str, ...]) -> tuple[int, ...]:
+    """Each prompt's tokens under the served tokenizer, counted once per tokenizer and prompts (tune asks for every
+    trial with the same ones)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return tuple(len(tokenizer(p)["input_ids"]) for p in prompts)
+
+
 def mean_prompt_tokens(tokenizer_dir: Path | None, prompts: tuple[str, ...], requests: int) -> float | None:
     """The mean prompt tokens of `requests` requests cycling through `prompts` (as run_level sends them), counted
     with the served tokenizer; None without one."""
     if tokenizer_dir is None or not Path(tokenizer_dir).is_dir():
         return None
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    counts = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    counts = prompt_token_counts(str(Path(tokenizer_dir).resolve()), tuple(prompts))
     return sum(counts[i % len(counts)] for i in range(requests)) / requests
 
 
 def with_predictions(levels: list[dict], plan, tokenizer_dir: Path | None, prompts: tuple[str, ...]) -> list[dict]:
-    """Each level with the served batch, its prompt tokens and what `plan` predicted for it (plan/feedback.py);
-    `plan` None (a server trtpipe did not deploy): the levels as measured."""
+    """Each level with the served batch, its prompt tokens (over its own requests) and what `plan` predicted for it
+    (plan/feedback.py); `plan` None (a server trtpipe did not deploy): the levels as measured."""
     from ..plan.feedback import annotate
 
-    tokens = mean_prompt_tokens(tokenizer_dir, prompts, max(lv["requests"] for lv in levels)) if levels else None
     batch = plan.triton.triton_max_batch_size if plan else None
     max_num_tokens = plan.build_config.max_num_tokens if plan and plan.build_config else None
-    return [annotate(lv, plan, tokens, batch, max_num_tokens) for lv in levels]
+    return [annotate(lv, plan, mean_prompt_tokens(tokenizer_dir, prompts, lv["requests"]), batch, max_num_tokens)
+            for lv in levels]
 
 
 def plot_load_test(levels: list[dict], path: Path) -> None:

@@ -266,7 +266,7 @@ class Job:
             return False
         if self.model.shutdown_state() == CANCELLING:
             self.fail(f"the server shut down before this request finished ({len(result.tokens)} tokens generated); "
-                      "send it again", getattr(pb_utils.TritonError, "UNAVAILABLE", None))
+                      "send it again", unavailable())
             return False
         if self.stream:   # final when this token ends the job's last running row (on_row_end sends nothing then)
             self.send([row], final=(row.is_done() or self.stopped) and self.rows_running == 1)
@@ -384,6 +384,13 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
     return tensors
 
 
+def unavailable():
+    """The error code of a request refused or cut because the server is stopping (HTTP 503); None where the Python
+    backend has no codes. Looked up when used: looking it up as this module was imported made Triton 2.51's stub
+    fail to load the model."""
+    return getattr(pb_utils.TritonError, "UNAVAILABLE", None)
+
+
 def live_gauge(model_name: str):
     """(family, gauge) of LIVE_REQUESTS_METRIC for this model ((None, None) where the Python backend has no custom
     metrics).
@@ -423,7 +430,7 @@ class TritonPythonModel:
         self.normalize_log_probs = parameter(config, "normalize_log_probs", "true").lower() == "true"
         self.running: dict = {}          # Triton request id -> the jobs generating for it (for `stop`)
         drain = os.environ.get(DRAIN_FILE_ENV)
-        self.drain_file = Path(drain) if drain else None   # trtpipe serve's stop (pipeline/drain.py)
+        self.drain_file = Path(drain) if drain else None   # trtpipe serve's stop (pipeline/serve.py)
         self.shutdown_checked, self.shutdown = 0.0, None
         self.live = 0
         # the family outlives its metric, or setting the metric fails ("'MetricFamily' has been deleted")
@@ -461,7 +468,7 @@ class TritonPythonModel:
                                        "to another replica or again once it is back")
                 job.parse(request, self)
             except RequestError as exc:
-                job.fail(str(exc), getattr(pb_utils.TritonError, "UNAVAILABLE", None) if draining else None)
+                job.fail(str(exc), unavailable() if draining else None)
             jobs.append(job)
             answers.append(job)
         live = [job for job in jobs if not job.finished]
