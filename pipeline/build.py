@@ -106,10 +106,10 @@ class BuildSummary:
 
 def same_plan(path: Path, plan) -> bool:
     """Whether plan.json at `path` is `plan`; one an older trtpipe wrote, which this one cannot read, is not."""
-    from .plan import load_plan
+    from .plan import load_plan, plan_json
 
     try:
-        return load_plan(path).to_dict() == plan.to_dict()
+        return plan_json(load_plan(path), path.parent) == plan_json(plan, path.parent)
     except UserError:
         return False
 

@@ -70,6 +70,9 @@ def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
     quant = json.loads((out / "checkpoint-fp8" / "config.json").read_text())["quantization"]
     assert quant["quant_algo"] == "FP8"
     assert json.loads((out / "build.json").read_text())["passed"] is True
+    assert (report["repo"], report["server_log"]) == ("model_repo", "validation/server.log")
+    named = [p.relative_to(out) for p in out.rglob("*.json") if str(tmp_path) in p.read_text()]
+    assert not named, f"files naming the build machine's paths (issue 25): {named}"
 
     again = build("smollm2-135m", "--target", "cpu", "--precision", "fp8", "-o", out, "--samples", "16", "--json")
     assert again.exit_code == 0, again.output

@@ -659,3 +659,35 @@ def test_a_cpu_fp8_plan_records_float32_and_still_replans_as_fp8():
     assert kv_cache_request(plan) == "fp16"
     smaller = replan(plan, target=dataclasses.replace(plan.target, memory_bytes=plan.target.memory_bytes // 2))
     assert smaller.precision == "fp16" and smaller.memory.memory_bytes == plan.target.memory_bytes // 2
+
+
+def test_plan_json_names_no_machine_path_and_a_moved_build_reads_its_own_checkpoint(tiny_llama, tmp_path,
+                                                                                    monkeypatch):
+    """issue 25: plan.json held the checkpoint's absolute path; now it is relative to the plan's directory (home
+    as `~`), load_plan makes it absolute again where the file now lies, and build's up-to-date check holds."""
+    from pipeline.build import same_plan
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    build = tmp_path / "machine-specific" / "build"
+    ckpt = convert_model(resolve_model(str(tiny_llama("gqa"))), build / "checkpoint", dtype="float32",
+                         progress=False).path
+    plan = make_plan(resolve_model_info(str(ckpt)), get_target("cpu"), "fp32",
+                     workload=Workload(input_len=32, output_len=16, max_context=64))
+    assert plan.model.path == str(ckpt)
+    save_plan(plan, build / "plan.json")
+    text = (build / "plan.json").read_text()
+    assert str(tmp_path) not in text
+    assert (json.loads(text)["model"]["name"], json.loads(text)["model"]["path"]) == ("checkpoint", "checkpoint")
+    assert load_plan(build / "plan.json").model.path == str(ckpt)
+    assert same_plan(build / "plan.json", plan)
+    moved = tmp_path / "moved"
+    build.rename(moved)
+    assert load_plan(moved / "plan.json").model.path == str(moved / "checkpoint")
+    assert same_plan(moved / "plan.json", load_plan(moved / "plan.json"))
+    home_model = tmp_path / "home" / "models" / "m"
+    save_plan(dataclasses.replace(plan, model=dataclasses.replace(plan.model, path=str(home_model))),
+              tmp_path / "plans" / "p.json")
+    assert json.loads((tmp_path / "plans" / "p.json").read_text())["model"]["path"] == "~/models/m"
+    assert load_plan(tmp_path / "plans" / "p.json").model.path == str(home_model)

@@ -120,6 +120,7 @@ def test_report_files_and_load_test_numbers(good_report):
     _, out = good_report
     saved = json.loads((out / "report.json").read_text())
     assert saved["passed"] is True and len(saved["checks"]) == 8
+    assert saved["server_log"] == "report/server.log"   # relative to the directory holding the report's (issue 25)
     assert (out / "load_test.png").stat().st_size > 0
     assert "Started HTTPService" in (out / "server.log").read_text()
     recorded = json.loads((out / "load_test.json").read_text())

@@ -34,6 +34,7 @@ from .schema import (
     Workload,
     is_trtllm_checkpoint,
     load_plan,
+    plan_json,
     resolve_model_info,
     save_plan,
 )
@@ -42,6 +43,6 @@ from .trtllm import derive_profiles, split_num_tokens_range
 __all__ = [
     "KV_CACHE_CHOICES", "KV_CACHE_QUANT_ALGO", "PLAN_VERSION", "PRECISIONS", "QUANT_ALGO", "TENSORRT_LLM_VERSION",
     "BuildConfig", "MemoryBudget", "ModelInfo", "Overrides", "Plan", "PluginConfig", "Roofline", "TritonParams",
-    "Workload", "derive_profiles", "is_trtllm_checkpoint", "kv_bytes_per_token", "load_plan", "make_plan",
+    "Workload", "derive_profiles", "is_trtllm_checkpoint", "kv_bytes_per_token", "load_plan", "make_plan", "plan_json",
     "render_plan", "resolve_model_info", "save_plan", "split_num_tokens_range", "weights_per_rank_by_stage",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..arch import ModelArch
 from ..checkpoint import CheckpointConfig
 from ..errors import UserError
+from ..outputs import portable, write_atomic
 from ..targets import Target
 from .performance import Performance
 from .trtllm import TOKENS_PER_BLOCK, model_context_limit
@@ -311,11 +312,15 @@ class Plan:
         )
 
 
+def plan_json(plan: Plan, directory: Path) -> str:
+    """plan.json's text in DIRECTORY: paths under it relative to it, under home `~/...` (`portable`), so the
+    file names no machine and a moved build still reads; `load_plan` makes the model's path absolute again."""
+    return json.dumps(portable(plan.to_dict(), Path(directory)), indent=2) + "\n"
+
+
 def save_plan(plan: Plan, path: Path) -> Path:
     """Write plan.json atomically (temporary sibling, then rename)."""
-    from ..outputs import write_atomic
-
-    return write_atomic(path, json.dumps(plan.to_dict(), indent=2) + "\n")
+    return write_atomic(path, plan_json(plan, Path(path).parent))
 
 
 def load_plan(path: Path) -> Plan:
@@ -333,8 +338,9 @@ def load_plan(path: Path) -> Plan:
         raise UserError(f"{path} is not a trtpipe plan (plan_version {PLAN_VERSION}); "
                         "make one with `trtpipe plan MODEL --target T --precision P --json > plan.json`")
     try:
+        data["model"]["path"] = located(data["model"].get("path"), path.parent)
         plan = Plan.from_dict(data)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-run `trtpipe plan`") from None
     from ..backends import backend_for
 
@@ -343,6 +349,14 @@ def load_plan(path: Path) -> Plan:
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
     return plan
+
+
+def located(value: str | None, directory: Path) -> str | None:
+    """A path plan_json recorded, absolute again: `~/...` under home, a relative one under DIRECTORY."""
+    if not value:
+        return value
+    where = Path(value).expanduser()
+    return str(where if where.is_absolute() else (directory / where).absolute())
 
 
 def server_equivalents(plan: Plan) -> dict:

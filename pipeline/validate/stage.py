@@ -15,7 +15,7 @@ import requests
 from ..backends.base import INFLIGHT_BATCHER
 from ..backends.pytorch import LLMAPI
 from ..errors import UserError
-from ..outputs import atomic_output_dir
+from ..outputs import atomic_output_dir, portable
 from ..precisions import QUANT_ALGO
 from ..server import TritonServer, connect, embedded_server
 from .checks import (
@@ -110,8 +110,14 @@ def validate_repository(repo: Path | None, out: Path, options: ValidateOptions |
             checks = run_checks(server, repo, options, tmp, progress)
         report = ValidationReport(repo=str(repo) if repo else "", server=url or server.http_url, checks=checks,
                                   log_path=str(Path(out).resolve() / "server.log") if url is None else None)
-        (tmp / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        (tmp / "report.json").write_text(report_json(report, Path(out).resolve().parent))
     return report
+
+
+def report_json(report: ValidationReport, build_dir: Path) -> str:
+    """report.json's text: the repository and log it names relative to BUILD_DIR (the directory holding the
+    report's; `model_repo` and `validation/server.log` in a build), under home `~/...`: no machine's paths."""
+    return json.dumps(portable(report.to_dict(), build_dir), indent=2) + "\n"
 
 
 def default_grpc_url(http_url: str) -> str:
