@@ -49,8 +49,8 @@ from pathlib import Path, PurePosixPath
 
 from .artifact_paths import BuildMachine
 from .artifact_signing import SIGNATURE, Origin, key_id, load_private_key, signature_member, signature_problem
-from .backends import BACKENDS, DEFAULT_BACKEND, ENGINE, default_backend
-from .backends.base import PYTORCH
+from .backends import BACKENDS, DEFAULT_BACKEND, default_backend
+from .backends.names import ENGINE, PYTORCH
 from .compile import CONTAINER, TENSORRT_LLM_VERSION
 from .errors import UserError
 from .outputs import portable

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import TRTLLM_VERSION
-from .backends.base import HF_CHECKPOINT
+from .backends.names import HF_CHECKPOINT
 from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
 from .outputs import portable

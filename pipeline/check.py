@@ -14,6 +14,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from . import TRTLLM_VERSION
+from .backends.llm_api_args import MODEL_YAML, unknown_llm_api_keys
 from .backends.nvidia_contract import FATAL, LITERAL, PYTHON_MODELS, TENSORRTLLM, UNSET, Parameter, required_keys
 from .errors import UserError
 from .triton_contract import MODELS as NVIDIA_TENSORS, declared_differently
@@ -416,8 +417,6 @@ def check_llm_api_yaml(repo: Path) -> list[Finding]:
     """Keys of every llmapi model.yaml (MODEL/1/model.yaml) and trtllm-serve options YAML (REPO/*.yaml) against
     the LLM API arguments of the pinned TensorRT-LLM (pipeline/data/llm_api_args_<version>.txt)."""
     import yaml
-
-    from .backends.pytorch import MODEL_YAML, unknown_llm_api_keys
 
     findings = []
     for path in sorted([*repo.glob(f"*/*/{MODEL_YAML}"), *repo.glob("*.yaml")]):

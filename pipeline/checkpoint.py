@@ -22,6 +22,8 @@ from .precisions import CHECKPOINT_DTYPES
 from .model.layout import Rank, RankLayout, kv_heads_per_rank
 from .model.spec import Family
 from .safetensors_stream import SafetensorsFile
+from .model import family_of
+from .model.arch_config import arch_from_checkpoint_config
 
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 
@@ -47,7 +49,7 @@ class CheckpointConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, where: str) -> "CheckpointConfig":
-        arch = ModelArch.from_checkpoint_config(raw, where)
+        arch = arch_from_checkpoint_config(raw, where)
         dtype = raw.get("dtype")
         if dtype not in CHECKPOINT_DTYPES:
             raise UserError(f"{where}: dtype {dtype!r} is not one of {', '.join(CHECKPOINT_DTYPES)}")
@@ -75,7 +77,7 @@ class CheckpointConfig:
 
     @property
     def family(self) -> Family:
-        return self.arch.family
+        return family_of(self.arch.architecture)
 
     @property
     def quant_algo(self) -> str | None:

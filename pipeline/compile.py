@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from .backends.base import ENGINE
+from .backends.names import ENGINE
 from .errors import UserError
 from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output

@@ -28,11 +28,14 @@ from .arch import ModelArch
 from .checkpoint import CheckpointConfig
 from .errors import UserError
 from .model.layout import Rank, padded_vocab, shard
-from .model.spec import HF_LAYER, ROW, TRT_LAYER, LinearSpec, dims, hf_tensor_shapes
+from .model import family_of
+from .model.arch_config import hf_tensor_shapes
+from .model.spec import HF_LAYER, ROW, TRT_LAYER, LinearSpec, dims
 from .precisions import CHECKPOINT_DTYPES, DTYPE_CODES
 from .outputs import fingerprint_inputs, stage_output
 from .safetensors_stream import LazyWeights, SafetensorsWriter, SourceRows, TensorSpec, torch_dtype
 from .sources import ModelSource, read_hf_arch
+from .tokenizer import copy_tokenizer_files
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +116,7 @@ def check_source_tensors(weights: LazyWeights, arch: ModelArch, where: Path) -> 
     if missing:
         raise UserError(f"{where}: missing tensor(s) {_some(missing)}; "
                         "the weights are incomplete or do not belong to this config.json")
-    family = arch.family
+    family = family_of(arch.architecture)
     ignored = {family.lm_head[0]} if arch.tie_word_embeddings else set()   # a saved copy of the tied table
     unexpected = sorted(n for n in present - set(expected) - ignored if not n.endswith(family.ignored_sources))
     if unexpected:
@@ -162,7 +165,7 @@ def rank_jobs(arch: ModelArch, weights: LazyWeights, pos: Rank, dtype: str) -> l
     def add(name: str, shape: tuple[int, ...], produce: Producer) -> None:
         jobs.append((TensorSpec(name, dtype, shape), lambda: as_output(produce(), dtype)))
 
-    family, sizes = arch.family, dims(arch)
+    family, sizes = family_of(arch.architecture), dims(arch)
     h = arch.hidden_size
     if pos.is_first_pp:
         hf, trt = family.embedding
@@ -216,21 +219,6 @@ def write_rank_file(path: Path, jobs: list[tuple[TensorSpec, Producer]], advance
         for spec, produce in jobs:
             writer.write(produce())
             advance(spec.nbytes)
-
-
-#: what a Hugging Face tokenizer may consist of: copied beside the checkpoint, and by deploy into the repository
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
-                   "chat_template.jinja")
-
-
-def copy_tokenizer_files(hf_dir: Path, dest: Path) -> None:
-    """Keep the tokenizer beside the checkpoint: deploy and validate need it, and it is small."""
-    tok_dir = dest / "tokenizer"
-    for name in TOKENIZER_FILES:
-        if (hf_dir / name).is_file():
-            tok_dir.mkdir(exist_ok=True)
-            (tok_dir / name).write_bytes((hf_dir / name).read_bytes())
 
 
 def _progress(enabled: bool) -> Progress:

@@ -32,14 +32,15 @@ from pathlib import Path
 
 from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
 from .backends import backend_for
-from .backends.base import MODEL_SOURCES, shell_command
+from .backends.base import shell_command
+from .backends.names import MODEL_SOURCES
 from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
 from .backends.reference import with_runtime
-from .convert import TOKENIZER_FILES
 from .errors import UserError
 from .outputs import fingerprint_inputs, read_manifest, stage_output
 from .plan import Plan
 from .precisions import QUANT_ALGO
+from .tokenizer import TOKENIZER_FILES, copy_tokenizer
 from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, POSTPROCESSING_INPUTS,
                               POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                               TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS, TENSORRT_LLM_INPUTS,
@@ -322,20 +323,6 @@ def bls_wiring() -> dict:
     """The ensemble's step maps, for tensorrt_llm_bls to call the same models the same way."""
     return {step.model_name: {"input_map": step.input_map, "output_map": step.output_map}
             for step in ENSEMBLE_STEPS}
-
-
-def copy_tokenizer(source: Path, dest: Path) -> None:
-    dest.mkdir(parents=True)
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, dest / name)
-    try:
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(dest)
-    except Exception as exc:  # transformers raises many types for broken tokenizer files
-        raise UserError(f"the tokenizer in {source} does not load ({type(exc).__name__}: {exc}); "
-                        "pass --tokenizer with a Hugging Face model directory") from None
 
 
 def refuse_if_check_fails(repo: Path, engine: Path | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .arch import ModelArch
+from .model.arch_config import arch_from_hf_config
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Preset:
 
     @property
     def arch(self) -> ModelArch:
-        return ModelArch.from_hf_config(self.hf_config, where=f"preset {self.name}")
+        return arch_from_hf_config(self.hf_config, where=f"preset {self.name}")
 
 
 #: Llama 3.1's long-context rotary scaling (the same in every size's config.json)

@@ -21,6 +21,7 @@ from .errors import UserError, read_config_json
 from .model import GGUF_MODEL_TYPES
 from .outputs import atomic_output_dir
 from .presets import PRESETS, Preset
+from .model.arch_config import arch_from_hf_config
 
 #: What conversion reads from a hub repository: the configs, safetensors weights and the tokenizer.
 HUB_FILES = ["config.json", "generation_config.json", "model.safetensors.index.json", "*.safetensors",
@@ -189,12 +190,12 @@ def hub_error(exc: Exception, hub_id: str) -> Exception:
 
 def read_hf_arch(directory: Path) -> ModelArch:
     cfg = read_config_json(directory, f"{directory} has no config.json; it is not a Hugging Face model directory")
-    return ModelArch.from_hf_config(cfg, where=str(directory / "config.json"))
+    return arch_from_hf_config(cfg, where=str(directory / "config.json"))
 
 
 def read_gguf_arch(path: Path) -> ModelArch:
     config = _load_gguf_config(path)
-    return ModelArch.from_hf_config(_clean_config_dict(config), where=str(path))
+    return arch_from_hf_config(_clean_config_dict(config), where=str(path))
 
 
 def _load_gguf_config(path: Path):

@@ -26,6 +26,7 @@ from pipeline.plan.feedback import (
 )
 from pipeline.presets import PRESETS
 from pipeline.targets import get_target
+from pipeline.model.arch_config import arch_from_hf_config
 
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
@@ -36,7 +37,7 @@ FAKE = host_timing.HostTiming(threads=1, prefill_s=0.2, prefill_s_short=0.05, de
 
 
 def tiny_arch() -> ModelArch:
-    return ModelArch.from_hf_config(dict(TINY), "tiny")
+    return arch_from_hf_config(dict(TINY), "tiny")
 
 
 @pytest.fixture

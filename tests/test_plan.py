@@ -22,12 +22,15 @@ from pipeline.plan import (
     kv_bytes_per_token,
     load_plan,
     make_plan,
+    plan_document,
     resolve_model_info,
     save_plan,
     split_num_tokens_range,
 )
 from pipeline.presets import PRESETS
 from pipeline.targets import GIB, MIB, catalogue, get_target
+from pipeline.model.arch_config import parameter_count
+from pipeline.model.layout import check_parallelism
 
 # Published parameter counts of the models (their Hugging Face model cards / safetensors index).
 LLAMA2_7B_PARAMS = 6_738_415_616
@@ -301,7 +304,7 @@ def test_cpu_plan_has_no_engine_and_cpu_batching():
     assert plan.triton.preferred_batch_size == [8] and plan.triton.max_queue_delay_microseconds > 0
     assert plan.dtype == "float32"
     # float32 weights in the reference runtime: the tied SmolLM2 embedding is counted once
-    assert plan.weights_bytes == 4 * PRESETS["smollm2-135m"].arch.parameter_count()
+    assert plan.weights_bytes == 4 * parameter_count(PRESETS["smollm2-135m"].arch)
 
 
 #: SmolLM2 with a 32k context: a cpu plan is sized for 8192 tokens unless the workload asks for more.
@@ -379,9 +382,9 @@ ODD_MLP = dataclasses.replace(PRESETS["llama-3-8b"].arch, intermediate_size=1433
     (ODD_MLP, 2, 1),                         # heads split over 2 GPUs, the MLP does not
 ])
 def test_plan_refuses_the_layouts_convert_refuses_in_the_same_words(arch, tp, pp):
-    """convert and plan share ModelArch.check_parallelism: one set of tensor-parallel rules."""
+    """convert and plan share model.layout.check_parallelism: one set of tensor-parallel rules."""
     with pytest.raises(UserError) as by_convert:
-        arch.check_parallelism(tp, pp)
+        check_parallelism(arch, tp, pp)
     with pytest.raises(UserError) as by_plan:
         make_plan(arch, get_target("h100"), "fp16", tp=tp, pp=pp)
     assert str(by_plan.value) == str(by_convert.value)
@@ -394,7 +397,7 @@ def test_save_and_load_round_trip(tmp_path):
     for plan in (plan_for(precision="fp8"), plan_for("smollm2-135m", target="cpu")):
         path = save_plan(plan, tmp_path / "plan.json")
         again = load_plan(path)
-        assert again == plan and again.to_dict() == json.loads(path.read_text())
+        assert again == plan and plan_document(again) == json.loads(path.read_text())
 
 
 def test_plan_json_uses_upstream_names(tmp_path):

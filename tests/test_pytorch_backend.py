@@ -12,7 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline import TRTLLM_VERSION
-from pipeline.backends.pytorch import EXTRA_OPTIONS, LAUNCH_SCRIPT, cuda_graph_batch_sizes, recorded_llm_api_keys
+from pipeline.backends.llm_api_args import recorded_llm_api_keys
+from pipeline.backends.pytorch import EXTRA_OPTIONS, LAUNCH_SCRIPT, cuda_graph_batch_sizes
 from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.deploy import deploy_repository

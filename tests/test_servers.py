@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from pipeline.cli import main
 from pipeline.errors import UserError
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import make_plan, plan_document, resolve_model_info
 from pipeline.plan.servers import server_settings
 from pipeline.targets import get_target
 
@@ -59,7 +59,7 @@ def test_plan_json_carries_both_and_the_cli_prints_a_launch_line():
 
 def test_plans_the_servers_cannot_express_are_refused():
     cpu = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp32")
-    for server, stated in cpu.to_dict()["equivalents"].items():
+    for server, stated in plan_document(cpu)["equivalents"].items():
         assert stated["settings"] == [] and stated["notes"][0].startswith("no equivalent: the cpu target")
     with pytest.raises(UserError, match="from a GPU plan"):
         server_settings(cpu, "vllm")
@@ -68,7 +68,7 @@ def test_plans_the_servers_cannot_express_are_refused():
         server_settings(pp, "tgi")
     assert "--pipeline-parallel-size" in flags(server_settings(pp, "vllm"))
     # plan.json says why TGI has none for this plan, instead of leaving it out
-    assert "tensor parallelism only" in pp.to_dict()["equivalents"]["tgi"]["notes"][0]
+    assert "tensor parallelism only" in plan_document(pp)["equivalents"]["tgi"]["notes"][0]
 
 
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])

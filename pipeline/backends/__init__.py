@@ -9,33 +9,47 @@ validate dispatch on that name through `backend_for`, never on the target. One m
 - `pytorch`: TensorRT-LLM's LLM API serving the Hugging Face model with no compile step (GPU targets), in
   Triton's llmapi layout or trtllm-serve; `reference-llmapi`: the same llmapi contract on the cpu target.
 
-`base.Backend` is what a backend provides. Adding one is a module with a `BACKEND` object, its name in
-`base.NAMES` and an entry in `registry`. The backend modules (and the planner they import) are loaded when a
-backend is first asked for, so that importing `backends.base` for the names costs nothing at start-up.
+`base.Backend` is what a backend provides. Adding one is a module with its backend object, its name in
+`names.NAMES` and a "module:object" entry in `LOCATIONS`. This module imports only the vocabulary (`names`): a
+backend module is imported by name when the backend is first asked for, so the plan's schema and rules, which the
+backends build on, can name a backend without an import circle, and a constant costs nothing at start-up.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 from ..errors import UserError
 from ..targets import Target
-from .base import ENGINE, NAMES, REFERENCE, Backend
+from .names import ENGINE, NAMES, PYTORCH, REFERENCE, REFERENCE_LLMAPI, REFERENCE_ONNX
+
+#: Where each backend object lives, imported when it is first asked for.
+LOCATIONS = {
+    ENGINE: "pipeline.backends.engine:BACKEND",
+    REFERENCE: "pipeline.backends.reference:BACKEND",
+    PYTORCH: "pipeline.backends.pytorch:BACKEND",
+    REFERENCE_LLMAPI: "pipeline.backends.pytorch:REFERENCE_BACKEND",
+    REFERENCE_ONNX: "pipeline.backends.reference:ONNX_BACKEND",
+}
 
 #: The backend a target kind gets when the plan request names none.
 DEFAULT_BACKEND = {"gpu": ENGINE, "cpu": REFERENCE}
 
 
 @functools.cache
-def registry() -> dict[str, Backend]:
-    """Every backend by name, in `base.NAMES` order."""
-    from . import engine, pytorch, reference
+def load(name: str):
+    """The backend object (a `base.Backend`) called NAME, its module imported now."""
+    module, _, attribute = LOCATIONS[name].partition(":")
+    backend = getattr(importlib.import_module(module), attribute)
+    if backend.name != name:
+        raise AssertionError(f"{LOCATIONS[name]} is the {backend.name} backend, not {name}")
+    return backend
 
-    found = {b.name: b for b in (engine.BACKEND, reference.BACKEND, pytorch.BACKEND, pytorch.REFERENCE_BACKEND,
-                                 reference.ONNX_BACKEND)}
-    if tuple(found) != NAMES:
-        raise AssertionError(f"backends.base.NAMES {NAMES} does not list the backends {tuple(found)}")
-    return found
+
+def registry() -> dict:
+    """Every backend by name, in `names.NAMES` order (each module imported)."""
+    return {name: load(name) for name in NAMES}
 
 
 def __getattr__(name: str):
@@ -44,19 +58,19 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def backend_for(name: str) -> Backend:
-    """The backend called `name` (a plan's `backend`); UserError for a name trtpipe does not know."""
-    try:
-        return registry()[name]
-    except KeyError:
-        raise UserError(f"unknown backend {name!r}; trtpipe knows {', '.join(NAMES)}") from None
+def backend_for(name: str):
+    """The backend (a `base.Backend`) called `name` (a plan's `backend`); UserError for a name trtpipe does not
+    know."""
+    if name not in LOCATIONS:
+        raise UserError(f"unknown backend {name!r}; trtpipe knows {', '.join(NAMES)}")
+    return load(name)
 
 
 def default_backend(target: Target) -> str:
     return DEFAULT_BACKEND[target.kind]
 
 
-def backend_serving(name: str | None, target: Target) -> Backend:
+def backend_serving(name: str | None, target: Target):
     """The backend called `name` (None: the target's default) if it serves `target`; UserError naming the
     backends that do, and the one among them with the same repository layout (request contract)."""
     backend = backend_for(name or default_backend(target))
@@ -70,5 +84,5 @@ def backend_serving(name: str | None, target: Target) -> Backend:
                     f"{' | '.join(b.name for b in serving)}{hint}")
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "ENGINE", "REFERENCE", "Backend", "backend_for", "backend_serving",
-           "default_backend"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "LOCATIONS", "backend_for", "backend_serving", "default_backend",
+           "registry"]

@@ -19,40 +19,12 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from .names import MODEL_REPOSITORY, PORTS
+
 if TYPE_CHECKING:
     from ..compile import CompileResult
     from ..plan import Plan
     from ..plan.policy import PlanRequest
-
-#: The backends' names as plan.json spells them (here, not beside each backend, so that the command line can offer
-#: them without importing the backends).
-ENGINE = "engine"
-REFERENCE = "reference"
-REFERENCE_ONNX = "reference-onnx"
-PYTORCH = "pytorch"
-REFERENCE_LLMAPI = "reference-llmapi"
-NAMES = (ENGINE, REFERENCE, PYTORCH, REFERENCE_LLMAPI, REFERENCE_ONNX)
-#: The reference backend's `runtime` parameter (deploy --runtime) -> the backend that deploys it.
-RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
-#: How a backend batches (`Backend.batching`; pipeline/plan/feedback.py models each): a batch generated to its end
-#: before the next starts (the reference runtime), or TensorRT-LLM's in-flight batching (per iteration).
-STATIC_BATCHING, INFLIGHT_BATCHING = "static", "inflight"
-#: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
-INFLIGHT_BATCHER = "inflight_batcher_llm"
-#: What a backend serves (besides an engine): the TensorRT-LLM checkpoint convert/calibrate write, or its
-#: Hugging Face twin (calibrate --format both; the float checkpoint exported back for fp16/bf16).
-TRTLLM_CHECKPOINT = "trtllm"
-HF_CHECKPOINT = "hf"
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-#: The Python model sources shipped with trtpipe as package data (data/model_repo/<model>/1/model.py).
-MODEL_SOURCES = PACKAGE_DIR / "data" / "model_repo"
-#: Triton's ports, as NVIDIA's images, launcher and Kubernetes examples use them
-PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
-#: Where a serve command expects the model repository (set in the environment: a recorded command never
-#: names the machine the repository was built on)
-MODEL_REPOSITORY = "$MODEL_REPOSITORY"
-
 
 class Backend(Protocol):
     """One backend: its planner, its build step and its part of the model repository."""

@@ -44,8 +44,8 @@ from ..plan.trtllm import (
 )
 from ..targets import FP8_MIN_SM, Target
 from .nvidia_contract import TENSORRTLLM, required_keys
-from .base import (ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT, parameter_string,
-                   tritonserver_args)
+from .base import parameter_string, tritonserver_args
+from .names import ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).

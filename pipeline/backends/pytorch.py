@@ -18,17 +18,15 @@
 
 `reference-llmapi` is the same contract on the cpu target: trtpipe's reference runtime serves the
 TensorRT-LLM checkpoint from data/model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
-live here. The LLM API keys are checked against TensorRT-LLM's recorded list (`unknown_llm_api_keys`,
-data/llm_api_args_<version>.txt), which `trtpipe check` uses.
+live here. The LLM API keys are checked against TensorRT-LLM's recorded list (`llm_api_args`), which
+`trtpipe check` uses too.
 """
 
 from __future__ import annotations
 
-import difflib
 import shlex
 import shutil
 from dataclasses import replace
-from functools import cache
 from pathlib import Path
 
 import yaml
@@ -38,16 +36,26 @@ from ..errors import UserError
 from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
 from ..plan.schema import Plan
+from ..tokenizer import TOKENIZER_FILES, copy_tokenizer
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
-from .base import (HF_CHECKPOINT, INFLIGHT_BATCHING, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, PYTORCH,
-                   REFERENCE_LLMAPI, STATIC_BATCHING, TRTLLM_CHECKPOINT, tritonserver_args)
+from .base import tritonserver_args
+from .llm_api_args import MODEL_YAML
+from .names import (
+    HF_CHECKPOINT,
+    INFLIGHT_BATCHING,
+    MODEL_REPOSITORY,
+    MODEL_SOURCES,
+    PYTORCH,
+    REFERENCE_LLMAPI,
+    STATIC_BATCHING,
+    TRTLLM_CHECKPOINT,
+)
 from .engine import plan_engine
 from .reference import CHECKPOINT_DIR, copy_checkpoint, copy_runtime, plan_reference, runtime_closure
 
 #: The repository layout of both: NVIDIA's triton_backend/all_models/llmapi (one tensorrt_llm model).
 LLMAPI = "llmapi"
 LLMAPI_MODELS = ("tensorrt_llm",)
-MODEL_YAML = "model.yaml"
 EXTRA_OPTIONS = "extra_llm_api_options.yaml"
 #: The served Hugging Face model inside the version directory (model.yaml's `model` when deploy copied it).
 SERVED_MODEL_DIR = "model"
@@ -58,8 +66,6 @@ LAUNCH_SCRIPT = "trtllm-serve.sh"
 LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / "tensorrt_llm" / "1" / "model.py"
 #: The GPU flavour's: the LLM API serving model.yaml's model (trtpipe's own; docs/pytorch-backend.md says why).
 PYTORCH_MODEL_SOURCE = MODEL_SOURCES / "llmapi_pytorch" / "tensorrt_llm" / "1" / "model.py"
-#: TorchLlmArgs keys of the pinned TensorRT-LLM release, with their source (the file's header).
-LLM_API_ARGS_FILE = PACKAGE_DIR / "data" / f"llm_api_args_{TRTLLM_VERSION}.txt"
 #: LLM API SamplingParams' default max_tokens, used when a request leaves sampling_param_max_tokens unset.
 DEFAULT_MAX_TOKENS = 32
 
@@ -305,8 +311,6 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
                                      "exec " + shlex.join(trtllm_serve_command(served)), ""]))
         script.chmod(0o755)
     else:
-        from ..deploy import copy_tokenizer
-
         model = CHECKPOINT_DIR
         copy_tokenizer(tokenizer, version_dir / "tokenizer")
     (version_dir / MODEL_YAML).write_text(yaml.safe_dump(model_yaml(plan, model), sort_keys=False))
@@ -314,8 +318,6 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
 
 def served_files(checkpoint: Path) -> list[Path]:
     """The files of a Hugging Face model directory the LLM API loads: config, weights, tokenizer."""
-    from ..convert import TOKENIZER_FILES
-
     named = [checkpoint / name for name in (*HF_MODEL_FILES, *TOKENIZER_FILES) if (checkpoint / name).is_file()]
     return named + sorted(checkpoint.glob("*.safetensors"))
 
@@ -331,48 +333,3 @@ def trtllm_serve_command(model: str) -> list[str]:
     """trtllm-serve with the plan's YAML (§4.2: --extra_llm_api_options overrides trtllm-serve's own flags)."""
     return ["trtllm-serve", model, "--backend", "pytorch", "--host", "0.0.0.0", "--port", "8000",
             "--extra_llm_api_options", EXTRA_OPTIONS]
-
-
-# ----------------------------------------------------------------------------------------------
-# The recorded LLM API arguments
-
-
-@cache
-def recorded_llm_api_keys() -> dict[str, frozenset[str]]:
-    """{"llm_args": keys, "model.yaml": the llmapi model's own keys}; SECTION.KEY for nested keys."""
-    if not LLM_API_ARGS_FILE.is_file():
-        raise UserError(f"trtpipe's LLM API argument list {LLM_API_ARGS_FILE} is missing; reinstall trtpipe")
-    sections: dict[str, set[str]] = {}
-    current = None
-    for line in LLM_API_ARGS_FILE.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = sections.setdefault(line[1:-1], set())
-        elif current is not None:
-            current.add(line)
-    return {name: frozenset(keys) for name, keys in sections.items()}
-
-
-def unknown_llm_api_keys(data: dict, model_yaml_file: bool) -> list[tuple[str, str]]:
-    """(key, the nearest known key or "") for every key of an LLM API YAML that TensorRT-LLM would refuse
-    (LlmArgs forbids extra keys); nested keys are checked for the sections whose keys are recorded."""
-    recorded = recorded_llm_api_keys()
-    known = recorded["llm_args"] | (recorded["model.yaml"] if model_yaml_file else frozenset())
-    problems = []
-    for key, value in data.items():
-        name = str(key)
-        if name not in known:
-            problems.append((name, _nearest(name, {k for k in known if "." not in k})))
-            continue
-        nested = {k for k in known if k.startswith(name + ".")}
-        if nested and isinstance(value, dict):
-            problems += [(f"{name}.{sub}", _nearest(f"{name}.{sub}", nested)) for sub in value
-                         if f"{name}.{sub}" not in nested]
-    return problems
-
-
-def _nearest(key: str, candidates: set[str]) -> str:
-    match = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=0.6)
-    return match[0] if match else ""

@@ -37,8 +37,18 @@ from ..plan.schema import MemoryBudget, Plan, TritonParams
 from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from ..host import serving_threads
-from .base import (INFLIGHT_BATCHER, MODEL_REPOSITORY, MODEL_SOURCES, PACKAGE_DIR, REFERENCE, REFERENCE_ONNX,
-                   RUNTIMES, STATIC_BATCHING, TRTLLM_CHECKPOINT, parameter_string, tritonserver_args)
+from .base import parameter_string, tritonserver_args
+from .names import (
+    INFLIGHT_BATCHER,
+    MODEL_REPOSITORY,
+    MODEL_SOURCES,
+    PACKAGE_DIR,
+    REFERENCE,
+    REFERENCE_ONNX,
+    RUNTIMES,
+    STATIC_BATCHING,
+    TRTLLM_CHECKPOINT,
+)
 
 TRITON_BACKEND = "python"
 #: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more

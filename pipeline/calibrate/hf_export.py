@@ -36,6 +36,7 @@ from ..precisions import DTYPE_CODES, E4M3_MAX
 from ..runtime.checkpoint import CheckpointReader
 from ..runtime.hf_checkpoint import KV_SCALES
 from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code, torch_dtype
+from ..model.arch_config import hf_config_of
 
 FLOAT8 = {"dynamic": False, "num_bits": 8, "type": "float"}
 WEIGHTS_FILE = "model.safetensors"
@@ -60,7 +61,7 @@ def write_hf_checkpoint(float_dir: Path, quantized_dir: Path | None, out: Path) 
     with SafetensorsWriter(out / WEIGHTS_FILE, specs, {"format": "pt"}) as writer:
         for _, tensor in tensors:
             writer.write(tensor)
-    config = arch.to_hf_config(dtype)
+    config = hf_config_of(arch, dtype)
     if q is not None:
         ignore = ["lm_head", *_excluded_hf_modules(q)]
         quant = {"quant_algo": "FP8", "kv_cache_quant_algo": q.cfg.kv_cache_quant_algo, "exclude_modules": ignore}

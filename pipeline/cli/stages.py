@@ -10,8 +10,7 @@ from pathlib import Path
 import click
 
 from .. import NVIDIA_MODEL_FILES
-from ..backends.base import NAMES as BACKEND_NAMES
-from ..backends.base import RUNTIMES
+from ..backends.names import NAMES, RUNTIMES
 from ..errors import UserError
 from ..precisions import CALIBRATION_FORMATS, PRECISIONS
 from .base import DEFAULT_IMAGE, device_option, main
@@ -79,7 +78,7 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
               help="Calibration samples (default: the recipe's).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @device_option("calibration and the golden reference run")
-@click.option("--backend", type=click.Choice(sorted(BACKEND_NAMES)), default=None,
+@click.option("--backend", type=click.Choice(sorted(NAMES)), default=None,
               help="What serves the model: engine (default on GPUs; compiled by trtllm-build) or pytorch "
                    "(TensorRT-LLM LLM API on the Hugging Face checkpoint, no compile); reference (default on cpu), "
                    "reference-llmapi or reference-onnx on the cpu target.")
@@ -343,7 +342,7 @@ def targets(as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the form other stages read).")
 @click.option("--server", type=click.Choice(["vllm", "tgi"]), default=None,
               help="Print the launch line of that server with the plan's batch, context and KV-cache budget.")
-@click.option("--backend", type=click.Choice(sorted(BACKEND_NAMES)), default=None,
+@click.option("--backend", type=click.Choice(sorted(NAMES)), default=None,
               help="What serves the model: engine (default on GPUs) or pytorch (TensorRT-LLM LLM API, no engine); "
                    "reference (default on cpu) or reference-llmapi (the llmapi contract on the cpu target).")
 @click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
@@ -371,7 +370,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     """
     from rich.console import Console
 
-    from ..plan import Overrides, Workload, render_plan, resolve_model_info, save_plan
+    from ..plan import Overrides, Workload, plan_document, render_plan, resolve_model_info, save_plan
     from ..plan.density import densities, plan_instances
     from ..plan.servers import server_settings
     from ..targets import get_target
@@ -393,7 +392,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     if out is not None:
         save_plan(result, out)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps(plan_document(result), indent=2))
         return
     if equivalent is not None:
         from ..presets import served_model_id

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ..backends import backend_for
-from ..backends.base import PORTS
+from ..backends.names import PORTS
 from ..plan import Plan
 from ..tritonconfig import parse_pbtxt, to_pbtxt
 from .source import VOLUME_ROOT, DeploymentSource, Replicas, RepoSource

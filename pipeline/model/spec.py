@@ -119,24 +119,3 @@ def dims(arch: "ModelArch") -> dict[str, int]:
     """The named sizes of an architecture (whole model, before any tensor-parallel split)."""
     return {"hidden": arch.hidden_size, "q": arch.q_size, "kv": arch.kv_size, "head": arch.head_size,
             "intermediate": arch.intermediate_size, "vocab": arch.vocab_size}
-
-
-def hf_tensor_shapes(arch: "ModelArch") -> dict[str, tuple[int, ...]]:
-    """Every tensor a Hugging Face model of this family and these dimensions has, with its shape (convert
-    checks a source against it; the reference runtime reads a Hugging Face checkpoint by it)."""
-    family, sizes = arch.family, dims(arch)
-    h = arch.hidden_size
-    shapes = {family.embedding[0]: (arch.vocab_size, h), family.final_norm[0]: (h,)}
-    if not arch.tie_word_embeddings:
-        shapes[family.lm_head[0]] = (arch.vocab_size, h)
-    for layer in range(arch.num_hidden_layers):
-        p = HF_LAYER.format(layer)
-        for norm in family.layer_norms(arch):
-            shapes[p + norm.hf + ".weight"] = (sizes[norm.size],)
-        for lin in family.linears:
-            for part in lin.parts:
-                rows = sizes[part.rows]
-                shapes[p + part.hf + ".weight"] = (rows, sizes[lin.inputs])
-                if family.has_bias(lin, arch):
-                    shapes[p + part.hf + ".bias"] = (rows,)
-    return shapes

@@ -7,7 +7,8 @@ budget, for an engine the TensorRT-LLM 1.2.1 BuildConfig / PluginConfig values a
 profiles trtllm-build will derive from them, the Triton `tensorrt_llm` model parameters, and a roofline
 estimate. `save_plan` writes it as plan.json (upstream names as keys), `load_plan` reads it back.
 
-- `schema`: the inputs (Workload, Overrides, ModelInfo), the Plan and its parts, plan.json;
+- `schema`: the inputs (Workload, Overrides, ModelInfo), the Plan and its parts, reading plan.json;
+- `document`: plan.json as written (the plan and its vLLM/TGI equivalents, `servers`);
 - `memory`: bytes of weights, KV cache, activations and runtime reserve; roofline timings;
 - `trtllm`: TensorRT-LLM 1.2.1's rules (quantization names, tp/pp layouts, context length, paged
   context FMHA, optimization profiles);
@@ -34,15 +35,15 @@ from .schema import (
     Workload,
     is_trtllm_checkpoint,
     load_plan,
-    plan_json,
     resolve_model_info,
-    save_plan,
 )
+from .document import plan_document, plan_json, save_plan
 from .trtllm import derive_profiles, split_num_tokens_range
 
 __all__ = [
     "KV_CACHE_CHOICES", "KV_CACHE_QUANT_ALGO", "PLAN_VERSION", "PRECISIONS", "QUANT_ALGO", "TENSORRT_LLM_VERSION",
     "BuildConfig", "MemoryBudget", "ModelInfo", "Overrides", "Plan", "PluginConfig", "Roofline", "TritonParams",
-    "Workload", "derive_profiles", "is_trtllm_checkpoint", "kv_bytes_per_token", "load_plan", "make_plan", "plan_json",
-    "render_plan", "resolve_model_info", "save_plan", "split_num_tokens_range", "weights_per_rank_by_stage",
+    "Workload", "derive_profiles", "is_trtllm_checkpoint", "kv_bytes_per_token", "load_plan", "make_plan",
+    "plan_document", "plan_json", "render_plan", "resolve_model_info", "save_plan", "split_num_tokens_range",
+    "weights_per_rank_by_stage",
 ]

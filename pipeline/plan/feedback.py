@@ -31,7 +31,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..backends.base import INFLIGHT_BATCHING, STATIC_BATCHING
+from ..backends.names import INFLIGHT_BATCHING, STATIC_BATCHING
 from ..errors import UserError
 from .performance import DERIVED_SOURCE, MEASURED_SOURCE, SOL_SOURCE, Workpoint, energy_of
 from .schema import Plan

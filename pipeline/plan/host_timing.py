@@ -132,6 +132,7 @@ def timing_model(arch: ModelArch, layers: int):
     import torch
 
     from ..checkpoint import CheckpointConfig
+    from ..model import family_of
     from ..model.spec import dims
     from ..runtime.checkpoint import Layer, Linear, ModelWeights
     from ..runtime.model import ReferenceModel
@@ -139,7 +140,7 @@ def timing_model(arch: ModelArch, layers: int):
     cut = replace(arch, num_hidden_layers=layers)
     cfg = CheckpointConfig.new(cut, "float32")
     rank, sizes = cfg.layout.rank(0), dims(cut)
-    family = cut.family
+    family = family_of(cut.architecture)
 
     def uniform(*shape: int) -> torch.Tensor:
         return torch.empty(*shape).uniform_(-0.02, 0.02)
@@ -183,7 +184,7 @@ def timed_performance(target: Target, workload: Workload, batch: int, timing: Ho
                       roof: Roofline) -> Performance:
     """What the cpu plan predicts at its batch of clients: the static-batching model (plan/feedback.py) over the
     timed phases, the roofline beside them as the speed of light; `decode_step_s` is the planned batch's step."""
-    from ..backends.base import STATIC_BATCHING
+    from ..backends.names import STATIC_BATCHING
     from .feedback import decode_step, serving_figures
 
     phases = timing.phases()

@@ -18,6 +18,7 @@ from ..safetensors_stream import ITEM_SIZE
 from ..targets import GIB, Target
 from .schema import Roofline, Workload
 from .trtllm import QUANT_ALGO
+from ..model import family_of
 
 LOGITS_BYTES = 4                 # PretrainedConfig.logits_dtype default 'float32'
 CUDA_CONTEXT_RESERVE = 1 * GIB   # CUDA context + cuBLAS(Lt) + TensorRT-LLM plugin workspaces
@@ -45,7 +46,7 @@ def _linear_weight_bytes(in_f: int, out_f: int, precision: str, dtype_bytes: int
 def layer_bytes_per_rank(arch: ModelArch, precision: str, dtype: str, tp: int) -> int:
     """One decoder layer on one tp rank, from the family's spec: every linear split as the spec says (K/V
     heads duplicated when tp > num_key_value_heads), its bias in the model dtype, norms whole."""
-    family, eb = arch.family, _element_bytes(dtype)
+    family, eb = family_of(arch.architecture), _element_bytes(dtype)
     rank = RankLayout(tp, 1, arch.num_hidden_layers).rank(0)
     total = sum(dims(arch)[n.size] * eb for n in family.layer_norms(arch))
     for lin in family.linears:
@@ -163,7 +164,8 @@ def prefill_seconds(arch: ModelArch, input_len: int, precision: str, tp: int, ta
     """2 FLOPs per weight per token for the decoder GEMMs and lm_head of the last token, plus causal
     attention 2 * layers * L^2 * q_size, over tp GPUs at the dense peak rate."""
     h, sizes = arch.hidden_size, dims(arch)
-    linear = arch.num_hidden_layers * sum(lin.out_features(sizes) * sizes[lin.inputs] for lin in arch.family.linears)
+    linears = family_of(arch.architecture).linears
+    linear = arch.num_hidden_layers * sum(lin.out_features(sizes) * sizes[lin.inputs] for lin in linears)
     flops = 2 * linear * input_len + 2 * arch.vocab_size * h + 2 * arch.num_hidden_layers * input_len ** 2 * arch.q_size
     return flops / (tp * target.peak_ops_per_s(precision))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..arch import ModelArch
 from ..errors import UserError
+from ..model.layout import check_parallelism
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
 from ..targets import FP8_MIN_SM, Target
 from .schema import ModelInfo, Overrides, Plan, Workload
@@ -138,7 +139,7 @@ def check_target_supports(target: Target, precision: str, kv_cache_dtype: str, t
     if target.is_gpu and tp * pp > target.max_gpus:
         raise UserError(f"tp {tp} x pp {pp} needs {tp * pp} GPUs; the {target.name} target has at most "
                         f"{target.max_gpus}")
-    arch.check_parallelism(tp, pp)
+    check_parallelism(arch, tp, pp)
     return warnings
 
 

@@ -89,7 +89,7 @@ def performance_table(plan: Plan):
     """What the target will do: the figures, what they are (measured, derived, speed of light, timed) and their
     basis."""
     from ..backends import backend_for
-    from ..backends.base import INFLIGHT_BATCHING
+    from ..backends.names import INFLIGHT_BATCHING
 
     p, w = plan.performance, plan.workload
     batching = "in-flight" if backend_for(plan.backend).batching == INFLIGHT_BATCHING else "static"

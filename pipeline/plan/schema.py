@@ -1,7 +1,7 @@
 """The plan's schema: its inputs (workload, overrides, model) and outputs, and plan.json itself.
 
 Output field names are TensorRT-LLM 1.2.1 / tensorrtllm_backend names where one exists, so plan.json
-reads like the upstream configuration it becomes. `save_plan` writes it atomically, `load_plan` reads it
+reads like the upstream configuration it becomes (`document.save_plan` writes it); `load_plan` reads it
 back and turns anything that is not a plan into one clear message.
 
 `Plan.backend` names what serves the model (`pipeline.backends`: "engine" or "reference"); every stage
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..arch import ModelArch
+from ..backends.names import NAMES
 from ..checkpoint import CheckpointConfig
 from ..errors import UserError
-from ..outputs import portable, write_atomic
 from ..targets import Target
 from .performance import Performance
 from .trtllm import TOKENS_PER_BLOCK, model_context_limit
@@ -276,8 +276,6 @@ class Plan:
             "warnings": list(self.warnings),
             "llm_api": self.llm_api,
             "performance": self.performance.to_dict() if self.performance else None,
-            # what vLLM and TGI would be launched with for the same budget (written, never read back)
-            "equivalents": server_equivalents(self),
         }
 
     @classmethod
@@ -312,17 +310,6 @@ class Plan:
         )
 
 
-def plan_json(plan: Plan, directory: Path) -> str:
-    """plan.json's text in DIRECTORY: paths under it relative to it, under home `~/...` (`portable`), so the
-    file names no machine and a moved build still reads; `load_plan` makes the model's path absolute again."""
-    return json.dumps(portable(plan.to_dict(), Path(directory)), indent=2) + "\n"
-
-
-def save_plan(plan: Plan, path: Path) -> Path:
-    """Write plan.json atomically (temporary sibling, then rename)."""
-    return write_atomic(path, plan_json(plan, Path(path).parent))
-
-
 def load_plan(path: Path) -> Plan:
     path = Path(path)
     if not path.exists():
@@ -342,27 +329,17 @@ def load_plan(path: Path) -> Plan:
         plan = Plan.from_dict(data)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-run `trtpipe plan`") from None
-    from ..backends import backend_for
-
-    try:
-        backend_for(plan.backend)
-    except UserError as exc:
-        raise UserError(f"{path}: {exc}") from None
+    if plan.backend not in NAMES:
+        raise UserError(f"{path}: unknown backend {plan.backend!r}; trtpipe knows {', '.join(NAMES)}")
     return plan
 
 
 def located(value: str | None, directory: Path) -> str | None:
-    """A path plan_json recorded, absolute again: `~/...` under home, a relative one under DIRECTORY."""
+    """A path `document.plan_json` recorded, absolute again: `~/...` under home, a relative one under DIRECTORY."""
     if not value:
         return value
     where = Path(value).expanduser()
     return str(where if where.is_absolute() else (directory / where).absolute())
-
-
-def server_equivalents(plan: Plan) -> dict:
-    from .servers import equivalents   # servers builds on this module's types
-
-    return equivalents(plan)
 
 
 # ----------------------------------------------------------------------------------------------

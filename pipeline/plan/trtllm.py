@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
 
 from ..arch import ModelArch
 from ..errors import UserError
 from ..precisions import KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
-if TYPE_CHECKING:
-    from .schema import BuildConfig, PluginConfig
 
 TOKENS_PER_BLOCK = 32            # PluginConfig.tokens_per_block default (1.2.x)
 MAX_BATCH_SIZE_CAP = 2048        # BuildConfig.max_batch_size default: the largest we ever plan
@@ -83,7 +80,7 @@ def split_num_tokens_range(max_num_tokens: int) -> list[list[int]]:
     return ranges
 
 
-def derive_profiles(build: BuildConfig, plugin: PluginConfig) -> list[dict]:
+def derive_profiles(build, plugin) -> list[dict]:
     """The optimization profiles trtllm-build 1.2.1 creates for an in-flight-batching decoder.
 
     With gpt_attention_plugin, remove_input_padding and a paged KV cache the engine supports in-flight

@@ -11,7 +11,7 @@ is exactly the value the engine's GEMM sees.
 
 `CheckpointReader` validates every rank file from the headers alone and then merges one piece at a
 time (the embedding, one decoder layer, the final norm, a range of lm_head rows), reading only that
-piece's bytes: the layer stream (`stream.py`) never holds more than one layer. `load_checkpoint`
+piece's bytes: the layer stream (`stream.py`) never holds more than one layer. `hf_checkpoint.load_checkpoint`
 merges everything at once for the serving runtime.
 """
 
@@ -118,15 +118,6 @@ def merge_pieces(reader) -> ModelWeights:
     embedding = reader.embedding()
     return ModelWeights(embedding, [reader.layer(i) for i in range(reader.num_layers)], reader.final_norm(),
                         embedding if reader.tied_lm_head else reader.lm_head())
-
-
-def load_checkpoint(ckpt_dir: Path) -> tuple[CheckpointConfig, ModelWeights]:
-    """Read, validate and merge a checkpoint (TensorRT-LLM's, or a Hugging Face model directory:
-    `hf_checkpoint.open_checkpoint`); UserError (naming every problem) if it is not runnable."""
-    from .hf_checkpoint import open_checkpoint
-
-    reader = open_checkpoint(ckpt_dir)
-    return reader.cfg, reader.merge_all()
 
 
 def expected_tensors(cfg: CheckpointConfig, rf: RankFile) -> dict[str, Expect]:

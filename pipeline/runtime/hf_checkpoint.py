@@ -1,7 +1,7 @@
 """Read a Hugging Face checkpoint — FP8 in nvidia-modelopt's unified layout (what `calibrate --format both`
 and modelopt's `export_hf_checkpoint` write), or float — as the reference runtime's merged pieces.
 
-The tensor names come from the family's spec (`pipeline.model.spec`: `hf_tensor_shapes`, each LinearSpec's
+The tensor names come from the family's spec (`pipeline.model.arch_config.hf_tensor_shapes`, each LinearSpec's
 Hugging Face parts); nothing here names a tensor of its own except modelopt's scale suffixes. The layout:
 - per quantized linear part (q/k/v/o, gate/up/down projections): `weight` float8_e4m3fn, `weight_scale`
   and `input_scale` float32 scalars; excluded modules (`hf_quant_config.json` exclude_modules, or
@@ -29,13 +29,24 @@ from pathlib import Path
 
 import torch
 
-from ..arch import ModelArch
 from ..checkpoint import CheckpointConfig, is_excluded
 from ..errors import UserError, read_config_json
-from ..model.spec import HF_LAYER, LinearSpec, Part, hf_tensor_shapes
+from ..model.arch_config import arch_from_hf_config, hf_tensor_shapes
+from ..model.spec import HF_LAYER, LinearSpec, Part
 from ..precisions import DTYPE_CODES
 from ..safetensors_stream import LazyWeights, torch_dtype
-from .checkpoint import FLOATS, SCALAR, CheckpointReader, Expect, Layer, Linear, check_tensors, merge_pieces, report
+from .checkpoint import (
+    FLOATS,
+    SCALAR,
+    CheckpointReader,
+    Expect,
+    Layer,
+    Linear,
+    ModelWeights,
+    check_tensors,
+    merge_pieces,
+    report,
+)
 from .config import check_supported
 from .quant import TensorQuant
 
@@ -91,6 +102,13 @@ def open_checkpoint(path: Path):
     return HfCheckpointReader(path) if is_hf_checkpoint(path) else CheckpointReader(path)
 
 
+def load_checkpoint(ckpt_dir: Path) -> tuple[CheckpointConfig, ModelWeights]:
+    """Read, validate and merge a checkpoint (TensorRT-LLM's or a Hugging Face model directory); UserError
+    (naming every problem) if it is not runnable."""
+    reader = open_checkpoint(ckpt_dir)
+    return reader.cfg, reader.merge_all()
+
+
 def read_hf_quantization(directory: Path, config: dict) -> HfQuantization:
     """The quantization of a Hugging Face checkpoint; UserError for one the reference runtime cannot execute."""
     where = Path(directory) / "config.json"
@@ -144,7 +162,7 @@ class HfCheckpointReader:
         self.path = Path(directory)
         config = read_config_json(self.path, f"{self.path} has no config.json; it is not a Hugging Face model")
         where = str(self.path / "config.json")
-        arch = ModelArch.from_hf_config(config, where)
+        arch = arch_from_hf_config(config, where)
         self.quant = read_hf_quantization(self.path, config)
         self.cfg = CheckpointConfig.new(arch, arch.dtype).with_quantization(
             {"quant_algo": self.quant.quant_algo, "kv_cache_quant_algo": self.quant.kv_cache_quant_algo,

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..checkpoint import CheckpointConfig
-from .checkpoint import Layer, Linear, ModelWeights, load_checkpoint
+from .checkpoint import Layer, Linear, ModelWeights
+from .hf_checkpoint import load_checkpoint
 from .rope import RotaryTable
 from .generate import (
     EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, token_steps,

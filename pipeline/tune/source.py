@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends import backend_for
-from ..backends.base import INFLIGHT_BATCHER
+from ..backends.names import INFLIGHT_BATCHER
 from ..errors import UserError
 from ..deploy import deployed_plan, repository_tokenizer
 from ..plan import Plan, load_plan

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ..backends.base import ENGINE
+from ..backends.names import ENGINE
 from ..errors import UserError
 from ..plan import Overrides, Plan
 from ..plan.policy import replan as plan_again

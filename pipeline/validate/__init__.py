@@ -26,14 +26,14 @@ results, the rendered verdict) and `stage` (serving, running the checks, report.
 reference).
 """
 
-from .checks import GoldenReference, config_differences
+from .checks import config_differences
 from .client import EnsembleClient
 from .load_test import run_level
-from .report import DEFAULT_PROMPTS, CheckResult, ValidateOptions, ValidationReport, render_report
+from .report import DEFAULT_PROMPTS, CheckResult, GreedyReference, ValidateOptions, ValidationReport, render_report
 from .stage import golden_reference, reference_for, validate_repository
 
 __all__ = [
-    "DEFAULT_PROMPTS", "CheckResult", "EnsembleClient", "GoldenReference", "ValidateOptions", "ValidationReport",
+    "DEFAULT_PROMPTS", "CheckResult", "EnsembleClient", "GreedyReference", "ValidateOptions", "ValidationReport",
     "config_differences", "golden_reference", "reference_for", "render_report", "run_level",
     "validate_repository",
 ]

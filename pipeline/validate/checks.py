@@ -2,7 +2,7 @@
 
   models_ready     every model of the repository is loaded and READY
   config_matches   the configuration the server reports equals each config.pbtxt (every field it sets)
-  golden           greedy generation equals a reference (`GoldenReference`)
+  golden           greedy generation equals a reference (`GreedyReference`)
   streaming        streamed, tokens arrive one response at a time and join to the non-streamed text (the
                    ensemble: `stream` true over gRPC)
   http_generate    /v2/models/ensemble/generate and generate_stream with the JSON NVIDIA's clients send
@@ -27,23 +27,7 @@ from tritonclient.grpc import model_config_pb2
 from ..server import TritonServer, list_repository_models
 from ..tritonconfig import parse_pbtxt
 from .client import EnsembleClient, RequestFailed, StreamResult
-from .report import CheckResult, ValidateOptions
-
-
-class GoldenReference(Protocol):
-    """What the golden check compares the server with: greedy completions of prompts (`pipeline/golden.py`)."""
-
-    name: str
-    exact: bool  # token-identical expected (unquantized); otherwise token agreement is reported
-
-    def complete_all(self, prompts: list[str], max_tokens: int) -> list[str]: ...
-
-    def tokenize(self, text: str) -> list[int]: ...
-
-    def agreement(self, prompt: str, completion: str) -> tuple[int, int]:
-        """(tokens of `completion` that are the reference's greedy choice after the prompt and the
-        completion so far, tokens of `completion`)."""
-        ...
+from .report import CheckResult, GreedyReference, ValidateOptions
 
 
 class Completions(Protocol):
@@ -137,7 +121,7 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
                        "it on this repository, or fix the fields the server rewrote")
 
 
-def golden_case(client: Completions, reference: GoldenReference, prompt: str, expected: str,
+def golden_case(client: Completions, reference: GreedyReference, prompt: str, expected: str,
                 max_tokens: int) -> tuple[dict, float]:
     """One prompt served and compared with the reference's completion: (its case in the report, its token
     agreement from 0 to 1)."""

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .client import REQUEST_TIMEOUT_S
-
-if TYPE_CHECKING:
-    from .checks import GoldenReference
 
 DEFAULT_PROMPTS = (
     "The capital of France is",
@@ -49,11 +46,27 @@ class ValidationReport:
                 "checks": [asdict(check) for check in self.checks], "server_log": self.log_path}
 
 
+class GreedyReference(Protocol):
+    """What the golden check compares the server with: greedy completions of prompts (`pipeline/golden.py`)."""
+
+    name: str
+    exact: bool  # token-identical expected (unquantized); otherwise token agreement is reported
+
+    def complete_all(self, prompts: list[str], max_tokens: int) -> list[str]: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def agreement(self, prompt: str, completion: str) -> tuple[int, int]:
+        """(tokens of `completion` that are the reference's greedy choice after the prompt and the
+        completion so far, tokens of `completion`)."""
+        ...
+
+
 @dataclass
 class ValidateOptions:
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
     max_tokens: int = 16
-    golden: GoldenReference | None = None
+    golden: GreedyReference | None = None
     load_test: bool = False
     concurrencies: tuple[int, ...] = (1, 2, 4, 8)
     requests_per_client: int = 2

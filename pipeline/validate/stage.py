@@ -12,14 +12,13 @@ from pathlib import Path
 
 import requests
 
-from ..backends.base import INFLIGHT_BATCHER
+from ..backends.names import INFLIGHT_BATCHER
 from ..backends.pytorch import LLMAPI
 from ..errors import UserError
 from ..outputs import atomic_output_dir, portable
 from ..precisions import QUANT_ALGO
 from ..server import TritonServer, connect, embedded_server
 from .checks import (
-    GoldenReference,
     check_bad_requests,
     check_config_matches,
     check_golden,
@@ -32,7 +31,7 @@ from .llmapi import MODEL as LLMAPI_MODEL
 from .llmapi import LlmapiClient, llmapi_bad_requests
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
-from .report import CheckResult, ValidateOptions, ValidationReport
+from .report import CheckResult, GreedyReference, ValidateOptions, ValidationReport
 
 
 def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions, out_dir: Path,
@@ -135,18 +134,18 @@ def default_metrics_url(http_url: str) -> str:
 
 
 def golden_reference(model: str | None, *, precision: str, weights_dtype: str,
-                     device: str = "auto") -> GoldenReference | None:
+                     device: str = "auto") -> GreedyReference | None:
     """The golden reference for a repository serving MODEL at PRECISION from a WEIGHTS_DTYPE checkpoint: the
     Hugging Face model run with its weights rounded to that dtype, compared exactly unless quantized."""
-    from ..golden import GoldenReference as StreamedReference
+    from ..golden import GoldenReference
 
     if model is None:
         return None
-    return StreamedReference.from_spec(model, exact=precision not in QUANT_ALGO, weights_dtype=weights_dtype,
+    return GoldenReference.from_spec(model, exact=precision not in QUANT_ALGO, weights_dtype=weights_dtype,
                                        device=device)
 
 
-def reference_for(repo: Path | None, golden: str | None, device: str = "auto") -> GoldenReference | None:
+def reference_for(repo: Path | None, golden: str | None, device: str = "auto") -> GreedyReference | None:
     """`trtpipe validate REPO`'s golden reference: --golden MODEL, else the model deploy recorded in REPO's
     manifest (`pipeline.deploy.read_deployment`), with the precision and dtype recorded there (an exact
     float32 comparison for a repository deploy did not write); None when there is no model to compare with."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..backends import backend_for
-from ..backends.base import INFLIGHT_BATCHER
+from ..backends.names import INFLIGHT_BATCHER
 from ..errors import UserError
 from ..server import list_repository_models
 from ..tritonconfig import parse_pbtxt

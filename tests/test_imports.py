@@ -1,0 +1,121 @@
+"""The package's import graph, drawn from its source: every import statement, at module level or inside a
+function, is an edge; importing `a.b.c` first runs the packages `a` and `a.b`, so those are edges too (except a
+package above the importing module, which Python has already started); so is an import only for type
+checking. A cycle is a set of modules that cannot
+be imported in any order without one of them seeing another half-initialised (issue 26)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pipeline
+
+PACKAGE = Path(pipeline.__file__).parent
+#: Triton model sources and recipes: programs run by Triton's Python backend, not modules of the package.
+NOT_MODULES = ("data",)
+
+
+def module_files() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[1:2] and parts[1] in NOT_MODULES:
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def import_nodes(tree: ast.AST):
+    """Every import in TREE, at any depth; those under `if TYPE_CHECKING:` too: a module that needs another's
+    types to be read depends on it as much as one that runs it."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+def imported(module: str, is_package: bool, node, modules: dict) -> set[str]:
+    """The package's modules that NODE, in MODULE, makes Python run."""
+    if isinstance(node, ast.Import):
+        named = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        named = [source] + [f"{source}.{alias.name}" for alias in node.names]
+    runs = set()
+    for name in named:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            target = ".".join(parts[:depth])
+            if target in modules and not (module + ".").startswith(target + ".") and target != module:
+                runs.add(target)
+    return runs
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: set().union(*(imported(name, path.name == "__init__.py", node, modules)
+                                for node in import_nodes(ast.parse(path.read_text()))))
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter
+                counter += 1
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_package_init():
+    graph = {"p": {"p.a"}, "p.a": set(), "q": set(), "q.b": {"p.a", "p"}, "p.c": {"q.b"}}
+    assert cycles(graph) == []
+    graph["p"].add("p.c")   # p's __init__ imports p.c, which imports q.b, which runs p
+    assert cycles(graph) == [["p", "p.c", "q.b"]]
+
+
+def test_an_import_of_a_module_runs_the_packages_above_it():
+    modules = {"pipeline": 0, "pipeline.plan": 0, "pipeline.plan.schema": 0, "pipeline.backends": 0,
+               "pipeline.backends.base": 0}
+    node = ast.parse("from ..plan.schema import Plan").body[0]
+    assert imported("pipeline.backends.base", False, node, modules) == {"pipeline.plan", "pipeline.plan.schema"}
+    inner = ast.parse("from . import base").body[0]
+    assert imported("pipeline.backends", True, inner, modules) == {"pipeline.backends.base"}
+
+
+def test_the_package_import_graph_has_no_cycle():
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
