@@ -50,7 +50,7 @@ from pathlib import Path, PurePosixPath
 from .artifact_paths import BuildMachine
 from .artifact_signing import SIGNATURE, Origin, key_id, load_private_key, signature_member, signature_problem
 from .backends import BACKENDS, DEFAULT_BACKEND, default_backend
-from .backends.names import ENGINE, PYTORCH
+from .backends.names import PYTORCH
 from .compile import CONTAINER, TENSORRT_LLM_VERSION
 from .errors import UserError
 from .outputs import portable
@@ -107,10 +107,11 @@ def package_build(build_dir: Path, out: Path, key: Path | None = None) -> Packag
         raise UserError(f"{build_dir} has no model_repo/ (the build stopped before deploy)")
     target = get_target(summary["options"]["target"])
     backend = build_backend(summary, target)
-    if backend == ENGINE and not (build_dir / "engine" / "config.json").is_file():
+    builds_engine = BACKENDS[backend].builds_engine
+    if builds_engine and not (build_dir / "engine" / "config.json").is_file():
         raise UserError(f"{build_dir}/engine holds no built engine (engine/config.json); build it on the GPU first")
     machine = BuildMachine.of(build_dir, summary)
-    contents = {rel: data for rel, data in collect(machine, engine=backend == ENGINE)}
+    contents = {rel: data for rel, data in collect(machine, engine=builds_engine)}
     artifact = describe(machine, summary, report, target, contents)
     artifact["directories"] = empty_directories(build_dir / "model_repo", build_dir)
     manifest = (json.dumps(artifact, indent=2) + "\n").encode()

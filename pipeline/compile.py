@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from .backends.names import ENGINE
+from .backends import backend_for
 from .errors import UserError
 from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output
@@ -226,7 +226,7 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
     """Write the command and build config into `out`, and build the engine when this machine can. With
     `onnx` (an `export-onnx` directory) also write the classic TensorRT build of that graph, trtexec.sh:
     written only, never run (no TensorRT here; unverified)."""
-    if plan.backend != ENGINE or plan.build_config is None or plan.plugin_config is None:
+    if not backend_for(plan.backend).builds_engine or plan.build_config is None or plan.plugin_config is None:
         raise UserError(f"the plan's backend is {plan.backend} ({plan.target.name} target), which builds no "
                         "engine; deploy the checkpoint directly: trtpipe deploy --checkpoint CHECKPOINT --plan "
                         "PLAN -o REPO")

@@ -119,3 +119,36 @@ def test_an_import_of_a_module_runs_the_packages_above_it():
 def test_the_package_import_graph_has_no_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def backend_name_compares(tree: ast.AST) -> list[int]:
+    """Lines comparing something's `backend` with a backend's name (a literal or `names`' constant)."""
+    from pipeline.backends.names import NAMES
+
+    constants = {"ENGINE", "REFERENCE", "REFERENCE_ONNX", "PYTORCH", "REFERENCE_LLMAPI"}
+
+    def is_name(node) -> bool:
+        return (isinstance(node, ast.Constant) and node.value in NAMES) or (
+            isinstance(node, ast.Name) and node.id in constants)
+
+    def is_backend(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "backend") or (
+            isinstance(node, ast.Name) and node.id == "backend")
+
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            and isinstance(node.ops[0], (ast.Eq, ast.NotEq)) and len(node.comparators) == 1
+            and ((is_backend(node.left) and is_name(node.comparators[0]))
+                 or (is_name(node.left) and is_backend(node.comparators[0])))]
+
+
+def test_outside_backends_a_backend_is_asked_for_its_capabilities_not_compared_by_name():
+    """docs/architecture.md's rule (issue 26): `backend_for(plan.backend).builds_engine`, never `== ENGINE`."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for name, path in module_files().items()
+             if not name.startswith("pipeline.backends")
+             for line in backend_name_compares(ast.parse(path.read_text()))]
+    assert not found, found
+
+
+def test_the_name_compare_finder_sees_one():
+    tree = ast.parse('if plan.backend == ENGINE or "engine" != backend or plan.backend == other: pass')
+    assert backend_name_compares(tree) == [1, 1]

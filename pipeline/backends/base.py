@@ -32,6 +32,7 @@ class Backend(Protocol):
     name: str                        # plan.json's `backend`
     triton_backend: str              # the Triton backend of the `tensorrt_llm` model
     target_kinds: tuple[str, ...]    # the target kinds it plans for ("gpu", "cpu")
+    builds_engine: bool              # compiles a TensorRT-LLM engine (trtllm-build) that the repository names
     exact_checkpoint_dtype: bool     # serves a checkpoint in its own dtype (an engine is built in it)
     serves_embedded: bool            # trtpipe's embedded Triton server (this machine) can serve it
     memory_scope: str                # whose memory the plan budgets: "per GPU" | "host"

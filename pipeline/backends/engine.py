@@ -84,6 +84,7 @@ class EngineBackend:
     name = ENGINE
     triton_backend = TRITON_BACKEND
     target_kinds = ("gpu",)
+    builds_engine = True
     exact_checkpoint_dtype = True
     serves_embedded = False   # needs a GPU and the tensorrtllm backend: --url
     memory_scope = "per GPU"

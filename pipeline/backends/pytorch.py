@@ -92,6 +92,7 @@ class PytorchBackend:
     name = PYTORCH
     triton_backend = "python"
     target_kinds = ("gpu",)
+    builds_engine = False
     exact_checkpoint_dtype = True   # irrelevant: it plans from the Hugging Face model, never a TRT-LLM checkpoint
     serves_embedded = False         # needs a GPU and TensorRT-LLM: --url
     memory_scope = "per GPU"
@@ -159,6 +160,7 @@ class ReferenceLlmapiBackend:
     name = REFERENCE_LLMAPI
     triton_backend = "python"
     target_kinds = ("cpu",)
+    builds_engine = False
     exact_checkpoint_dtype = False
     serves_embedded = True
     memory_scope = "host"

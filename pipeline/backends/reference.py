@@ -66,6 +66,7 @@ class ReferenceBackend:
     name = REFERENCE
     triton_backend = TRITON_BACKEND
     target_kinds = ("cpu",)
+    builds_engine = False
     exact_checkpoint_dtype = False   # any checkpoint dtype, computed in float32
     serves_embedded = True
     memory_scope = "host"

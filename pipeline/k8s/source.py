@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends import backend_for
 from ..build import directory_bytes
 from ..artifact_signing import SHA256_HEX
 from ..errors import UserError
@@ -116,7 +117,7 @@ def read_source(path: Path, name: str | None) -> DeploymentSource:
     name = check_name(name) if name else default_name(model, plan.target.name)
     engine_config = None
     volume = directory_bytes(repo)
-    if plan.backend == "engine":
+    if backend_for(plan.backend).builds_engine:
         engine_config = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
         volume += plan.weights_bytes   # the engine is about as large as the weights it was built from
     return DeploymentSource(plan=plan, repo=repo, name=name, volume_bytes=volume, engine_config=engine_config)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ..backends.names import ENGINE
+from ..backends import backend_for
 from ..errors import UserError
 from ..plan import Overrides, Plan
 from ..plan.policy import replan as plan_again
@@ -114,18 +114,19 @@ class SearchSpace:
 
 def build_space(plan: Plan, slo: Slo, concurrencies: tuple[int, ...], rebuild: bool = False) -> SearchSpace:
     """The space for `plan`'s backend; UserError for --rebuild without an engine."""
-    if rebuild and plan.backend != ENGINE:
+    builds_engine = backend_for(plan.backend).builds_engine
+    if rebuild and not builds_engine:
         raise UserError(f"--rebuild recompiles TensorRT-LLM engines; this is a {plan.backend} deployment "
                         f"({plan.target.name}), which builds none")
     triton = plan.triton
-    kind = "gpu" if plan.backend == ENGINE else "cpu"
+    kind = "gpu" if builds_engine else "cpu"
     choices = QUEUE_DELAYS_US if kind == "gpu" else CPU_QUEUE_DELAYS_US
     delays = tuple(sorted(set(choices) | {triton.max_queue_delay_microseconds}))
     params = [Param("max_queue_delay_microseconds", "choice", choices=delays)]
     params += [Param(f"{model}_instances", "int", 1, TOKENIZER_INSTANCES[kind])
                for model in ("preprocessing", "postprocessing")]
     notes: list[str] = []
-    if plan.backend != ENGINE:
+    if not builds_engine:
         upper = max(triton.triton_max_batch_size, max(concurrencies))
         params += [Param("max_batch_size", "int", 1, upper, log=True),
                    Param("tensorrt_llm_instances", "int", 1, CPU_MODEL_INSTANCES)]
@@ -192,7 +193,7 @@ def roofline_candidate(plan: Plan, slo: Slo, space: SearchSpace) -> Candidate:
 
 def candidate_plan(base: Plan, candidate: Candidate) -> Plan:
     """`base` with the candidate's values; Infeasible when the planner (or host memory) says it cannot run."""
-    if base.backend == ENGINE:
+    if backend_for(base.backend).builds_engine:
         return engine_candidate_plan(base, candidate)
     plan = replan(base, Overrides(max_batch_size=candidate.max_batch_size))
     if plan.triton.triton_max_batch_size != candidate.max_batch_size:

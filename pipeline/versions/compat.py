@@ -52,13 +52,13 @@ def refuse_unless_compatible(repo: Repository, source: Repository) -> None:
 
 def backend_refusal(repo: Repository, source: Repository) -> str | None:
     for role, r in (("REPO", repo), ("SOURCE", source)):
-        if r.backend == "engine":
-            return f"{role} {r.path} is served by a TensorRT-LLM engine: {ENGINE_REASON}"
         try:
             backend = backend_for(r.backend)
         except UserError:
             return (f"{role} {r.path}: its manifest names no backend trtpipe knows ({r.backend!r}); "
                     "re-run `trtpipe deploy`")
+        if backend.builds_engine:
+            return f"{role} {r.path} is served by a TensorRT-LLM engine: {ENGINE_REASON}"
         if backend.layout != INFLIGHT_BATCHER:
             return (f"{role} {r.path} has the llmapi layout ({r.backend} backend), whose repository-level files "
                     "(model.yaml's model, trtllm-serve.sh) name tensorrt_llm/1: versions are not expressible there. "
