@@ -16,10 +16,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 
-# The package is all a wheel needs: the Triton model sources and calibration recipes are package data
-# (pipeline/data/), so a regular (non-editable) install carries them and the sources are removed after.
+# The package and its two top-level data folders (the Triton model sources, the calibration recipes), which the
+# wheel carries inside the package (pipeline/data/): a regular install has them, and the sources are removed after.
 COPY pyproject.toml /tmp/trtpipe-src/
 COPY pipeline /tmp/trtpipe-src/pipeline
+COPY model_repo /tmp/trtpipe-src/model_repo
+COPY calibration /tmp/trtpipe-src/calibration
 
 # The container already provides torch, transformers, safetensors, numpy and tensorrt_llm 1.2.1;
 # resolving trtpipe's own pins would replace them. trtpipe is installed without dependencies, then

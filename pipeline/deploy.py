@@ -10,7 +10,7 @@ chosen by `plan.backend`):
 - engine: the `tensorrtllm` backend; `gpt_model_path` is the absolute path of the engine directory,
   which need not exist yet (deploy renders from the plan alone; `trtpipe check` verifies the repository
   against the engine's config.json once it exists, and deploy does so now when it already exists);
-- reference: a Python-backend model (data/model_repo/tensorrt_llm) that runs trtpipe's reference runtime
+- reference: a Python-backend model (model_repo/tensorrt_llm) that runs trtpipe's reference runtime
   over the checkpoint copied into `tensorrt_llm/1/checkpoint`, with the runtime package copied beside it.
 
 Tokenizer files are copied into `preprocessing/1/tokenizer` and `postprocessing/1/tokenizer`, named relative
@@ -33,11 +33,11 @@ from pathlib import Path
 from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
 from .backends import backend_for
 from .backends.base import shell_command
-from .backends.names import MODEL_SOURCES
 from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
 from .backends.reference import with_runtime
 from .errors import UserError
 from .outputs import fingerprint_inputs, read_manifest, stage_output
+from .package_data import MODEL_SOURCES
 from .plan import Plan
 from .precisions import QUANT_ALGO
 from .tokenizer import TOKENIZER_FILES, copy_tokenizer
@@ -49,7 +49,7 @@ from .tritonconfig import Batching, ModelSpec, build_model_config, to_pbtxt
 
 STAGE = "deploy"
 MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
-#: The models whose Python source is the same for every backend (data/model_repo/<name>/1/model.py).
+#: The models whose Python source is the same for every backend (model_repo/<name>/1/model.py).
 COMMON_PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 #: The datatype of the logits outputs (NVIDIA's default `logits_datatype`).
 LOGITS_DTYPE = "TYPE_FP32"
@@ -277,7 +277,7 @@ def model_specs(s: DeploySettings) -> list[ModelSpec]:
 # ------------------------------------------------------------------------------------------- the files
 
 def model_source_files() -> list[Path]:
-    """The model.py files of the backend-independent models, from the package's data/model_repo/."""
+    """The model.py files of the backend-independent models, from model_repo/ (`package_data.MODEL_SOURCES`)."""
     files = [MODEL_SOURCES / name / "1" / "model.py" for name in COMMON_PYTHON_MODELS]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:

@@ -28,7 +28,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-# What `trtpipe serve` and the cpu target's served model share (pipeline/serve.py, data/model_repo/tensorrt_llm):
+# What `trtpipe serve` and the cpu target's served model share (pipeline/serve.py, model_repo/tensorrt_llm):
 #: the environment variable naming the file serve writes when it stops: DRAINING (refuse new requests) or
 #: CANCELLING (end the running ones with an error: the drain timeout passed)
 DRAIN_FILE_ENV = "TRTPIPE_DRAIN_FILE"

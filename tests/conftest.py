@@ -276,7 +276,7 @@ class StubError:
 
 
 def load_cpu_model(monkeypatch, model: str = "tensorrt_llm"):
-    """pipeline/data/model_repo/MODEL/1/model.py (default: the cpu target's tensorrt_llm), imported with stand-ins for
+    """model_repo/MODEL/1/model.py (default: the cpu target's tensorrt_llm), imported with stand-ins for
     Triton's Python backend (triton_python_backend_utils: tensors, responses, errors, the decoupled policy)."""
     import importlib.util
     import sys
@@ -290,7 +290,7 @@ def load_cpu_model(monkeypatch, model: str = "tensorrt_llm"):
     stub.get_input_tensor_by_name = lambda request, name: next((t for t in request.inputs() if t.name() == name), None)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
     monkeypatch.setattr(sys, "path", list(sys.path))   # the model puts its own directory first
-    path = Path(__file__).parent.parent / "pipeline" / "data" / "model_repo" / model / "1" / "model.py"
+    path = Path(__file__).parent.parent / "model_repo" / model / "1" / "model.py"
     spec = importlib.util.spec_from_file_location(f"cpu_{model}_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

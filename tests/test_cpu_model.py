@@ -1,4 +1,4 @@
-"""The cpu target's tensorrt_llm model (pipeline/data/model_repo/tensorrt_llm/1/model.py) answering a batch,
+"""The cpu target's tensorrt_llm model (model_repo/tensorrt_llm/1/model.py) answering a batch,
 imported with stand-ins for Triton's Python backend (conftest.load_cpu_model) and run on a tiny checkpoint.
 
 The requests of one `execute` call share decode steps; in decoupled mode each is answered as soon as its own

@@ -12,16 +12,12 @@ from pathlib import Path
 import pipeline
 
 PACKAGE = Path(pipeline.__file__).parent
-#: Triton model sources and recipes: programs run by Triton's Python backend, not modules of the package.
-NOT_MODULES = ("data",)
 
 
 def module_files() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[1:2] and parts[1] in NOT_MODULES:
-            continue
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found[name] = path
     return found

@@ -1,4 +1,4 @@
-"""The GPU llmapi repository's `tensorrt_llm/1/model.py` (trtpipe's, data/model_repo/llmapi_pytorch): what can
+"""The GPU llmapi repository's `tensorrt_llm/1/model.py` (trtpipe's, model_repo/llmapi_pytorch): what can
 be checked without a GPU or TensorRT-LLM (issue 13).
 
 It has NOT run against TensorRT-LLM or Triton here. These tests load it with stand-ins for

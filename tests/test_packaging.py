@@ -23,6 +23,8 @@ PACKAGE_DATA = ["pipeline/data/targets.json", "pipeline/data/calibration/news.js
                   for m in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls",
                             "llmapi/tensorrt_llm", "llmapi_pytorch/tensorrt_llm")),
                 "pipeline/data/llm_api_args_1.2.1.txt"]
+#: The design card's top-level folders beside pipeline/, which the wheel carries as pipeline/data/<folder>/.
+TOP_LEVEL_DATA = ("model_repo", "calibration")
 
 
 def run(cmd: list, **kw) -> subprocess.CompletedProcess:
@@ -32,11 +34,13 @@ def run(cmd: list, **kw) -> subprocess.CompletedProcess:
 
 
 def build_wheel(tmp_path: Path) -> Path:
-    """A wheel from exactly what the Dockerfile copies (pyproject.toml and pipeline/), built offline."""
+    """A wheel from exactly what the Dockerfile copies (pyproject.toml, pipeline/, model_repo/, calibration/), built
+    offline."""
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(REPO / "pyproject.toml", src)
-    shutil.copytree(REPO / "pipeline", src / "pipeline", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder in ("pipeline", *TOP_LEVEL_DATA):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
          tmp_path / "dist", src])
     wheel, = (tmp_path / "dist").glob("trtpipe-*.whl")
@@ -76,3 +80,19 @@ def test_installed_wheel_builds_smollm2_without_the_source_tree(tmp_path):
     source_tree = {input_key(REPO / Path(f).relative_to(site), out) for f in model_sources}
     assert installed <= set(deployed)
     assert not source_tree & set(deployed), "deploy read the source tree"
+
+
+def test_the_data_folders_live_once_at_the_top_level_and_the_wheel_lists_every_package():
+    """issue 26: model_repo/ and calibration/ beside pipeline/, nothing of them duplicated under it, and
+    pyproject's explicit package list (needed to map them into the wheel) misses no package of the tree."""
+    import tomllib
+
+    from pipeline.package_data import MODEL_SOURCES, RECIPES
+
+    assert (MODEL_SOURCES, RECIPES) == (REPO / "model_repo", REPO / "calibration")
+    assert not any((REPO / "pipeline" / "data" / folder).exists() for folder in TOP_LEVEL_DATA)
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tree = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "pipeline").rglob("__init__.py")}
+    mapped = {f"pipeline.data.{folder}": folder for folder in TOP_LEVEL_DATA}
+    assert set(setuptools["packages"]) == tree | set(mapped)
+    assert setuptools["package-dir"] == mapped

@@ -10,12 +10,12 @@ from functools import cache
 
 from .. import TRTLLM_VERSION
 from ..errors import UserError
-from .names import PACKAGE_DIR
+from ..package_data import DATA_DIR
 
 #: The llmapi model's own YAML (NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml).
 MODEL_YAML = "model.yaml"
 #: TorchLlmArgs keys of the pinned TensorRT-LLM release, with their source (the file's header).
-LLM_API_ARGS_FILE = PACKAGE_DIR / "data" / f"llm_api_args_{TRTLLM_VERSION}.txt"
+LLM_API_ARGS_FILE = DATA_DIR / f"llm_api_args_{TRTLLM_VERSION}.txt"
 
 
 

@@ -7,8 +7,6 @@ modules by name when one is first asked for.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 #: The backends' names as plan.json spells them (here, not beside each backend, so that the command line can offer
 #: them without importing the backends).
 ENGINE = "engine"
@@ -29,9 +27,6 @@ INFLIGHT_BATCHER = "inflight_batcher_llm"
 TRTLLM_CHECKPOINT = "trtllm"
 HF_CHECKPOINT = "hf"
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-#: The Python model sources shipped with trtpipe as package data (data/model_repo/<model>/1/model.py).
-MODEL_SOURCES = PACKAGE_DIR / "data" / "model_repo"
 #: Triton's ports, as NVIDIA's images, launcher and Kubernetes examples use them
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 #: Where a serve command expects the model repository (set in the environment: a recorded command never

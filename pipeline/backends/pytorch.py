@@ -9,7 +9,7 @@
   fp8, the float checkpoint exported back for fp16/bf16, so a GGUF source is served dequantized);
 - deploy: Triton's `llmapi` layout: one `tensorrt_llm` Python model whose `1/model.yaml` holds the
   LLM() arguments, whose config.pbtxt declares the llmapi request contract (`LLMAPI_INPUTS` ->
-  `LLMAPI_OUTPUTS`) and whose `1/model.py` is trtpipe's (data/model_repo/llmapi_pytorch: builds LLM() from
+  `LLMAPI_OUTPUTS`) and whose `1/model.py` is trtpipe's (model_repo/llmapi_pytorch: builds LLM() from
   model.yaml and serves that contract; not run here, no GPU), and beside it at the repository root the same
   settings as a `trtllm-serve` `--extra_llm_api_options` YAML with its launch script. A Hugging Face
   directory given to deploy is copied (hard links where the file system allows) into `1/model/`, and
@@ -17,7 +17,7 @@
   machine it was written on.
 
 `reference-llmapi` is the same contract on the cpu target: trtpipe's reference runtime serves the
-TensorRT-LLM checkpoint from data/model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
+TensorRT-LLM checkpoint from model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
 live here. The LLM API keys are checked against TensorRT-LLM's recorded list (`llm_api_args`), which
 `trtpipe check` uses too.
 """
@@ -40,11 +40,11 @@ from ..tokenizer import TOKENIZER_FILES, copy_tokenizer
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
 from .base import tritonserver_args
 from .llm_api_args import MODEL_YAML
+from ..package_data import MODEL_SOURCES
 from .names import (
     HF_CHECKPOINT,
     INFLIGHT_BATCHING,
     MODEL_REPOSITORY,
-    MODEL_SOURCES,
     PYTORCH,
     REFERENCE_LLMAPI,
     STATIC_BATCHING,

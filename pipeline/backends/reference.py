@@ -3,7 +3,7 @@ Python-backend `tensorrt_llm` model (the cpu target; no engine, nothing to build
 
 - plan: float32 weights and KV cache in host memory, small dynamic batches (`plan_reference`);
 - build: nothing (the checkpoint is what it serves);
-- deploy: `REPO/tensorrt_llm/1` gets data/model_repo/tensorrt_llm/1/model.py, the checkpoint
+- deploy: `REPO/tensorrt_llm/1` gets model_repo/tensorrt_llm/1/model.py, the checkpoint
   (`checkpoint/`, hard links when possible) and the runtime package (`pipeline/`, exactly the modules
   `pipeline.runtime` imports), so the server's Python needs torch, safetensors, numpy and transformers
   but not trtpipe itself.
@@ -38,11 +38,10 @@ from ..plan.trtllm import quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from ..host import serving_threads
 from .base import parameter_string, tritonserver_args
+from ..package_data import MODEL_SOURCES, PACKAGE_DIR
 from .names import (
     INFLIGHT_BATCHER,
     MODEL_REPOSITORY,
-    MODEL_SOURCES,
-    PACKAGE_DIR,
     REFERENCE,
     REFERENCE_ONNX,
     RUNTIMES,

@@ -1,4 +1,4 @@
-"""Calibration data: recipes (pipeline/data/calibration/*.json), text loading through `datasets`, tokenized samples.
+"""Calibration data: recipes (calibration/*.json), text loading through `datasets`, tokenized samples.
 
 A recipe names the dataset, the text field, the number of samples, the sequence length and the seed;
 the same recipe always gives the same token samples. `--dataset` is a recipe name, a local
@@ -17,8 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UserError
+from ..package_data import RECIPES
 
-RECIPE_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 DEFAULT_RECIPE = "news"
 OFFLINE_CORPUS = "trtpipe:news"
 LOCAL_BUILDERS = {".txt": "text", ".cor": "text", ".text": "text", ".jsonl": "json", ".json": "json",
@@ -42,13 +42,13 @@ class CalibrationRecipe:
 
 
 def recipe_names() -> list[str]:
-    return sorted(p.stem for p in RECIPE_DIR.glob("*.json"))
+    return sorted(p.stem for p in RECIPES.glob("*.json"))
 
 
 def load_recipe(name: str) -> CalibrationRecipe:
-    path = RECIPE_DIR / f"{name}.json"
+    path = RECIPES / f"{name}.json"
     if not path.is_file():
-        raise UserError(f"no calibration recipe {name!r} in {RECIPE_DIR} (recipes: {', '.join(recipe_names())})")
+        raise UserError(f"no calibration recipe {name!r} in {RECIPES} (recipes: {', '.join(recipe_names())})")
     data = json.loads(path.read_text())
     data.pop("description", None)
     return CalibrationRecipe(**data)
@@ -59,7 +59,7 @@ def resolve_recipe(dataset: str | None, *, text_field: str | None = None, sample
     """The recipe for `--dataset` (default: the offline news corpus) with the command-line overrides."""
     if dataset is None:
         recipe = load_recipe(DEFAULT_RECIPE)
-    elif (RECIPE_DIR / f"{dataset}.json").is_file():
+    elif (RECIPES / f"{dataset}.json").is_file():
         recipe = load_recipe(dataset)
     elif Path(dataset).expanduser().exists():
         path = Path(dataset).expanduser().resolve()

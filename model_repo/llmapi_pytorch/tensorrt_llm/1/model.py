@@ -1,6 +1,6 @@
 """tensorrt_llm (llmapi flavour) for GPU targets: TensorRT-LLM's LLM API (PyTorch backend) serves the Hugging
 Face model that `model.yaml` beside this file names, through the request contract trtpipe's config.pbtxt
-declares (the same contract the cpu flavour, data/model_repo/llmapi, serves with the reference runtime).
+declares (the same contract the cpu flavour, model_repo/llmapi, serves with the reference runtime).
 
 trtpipe's own model, not NVIDIA's: NVIDIA's llmapi model (TensorRT-LLM triton_backend/all_models/llmapi/
 tensorrt_llm/1/model.py with its helpers.py; in nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 under

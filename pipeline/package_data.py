@@ -1,0 +1,27 @@
+"""Where the data trtpipe ships lies: the package itself, and the design card's two top-level folders.
+
+`model_repo/` (the Triton model sources deploy copies) and `calibration/` (the recipes) live at the top level of
+the source tree, beside `pipeline/`. The wheel carries them inside the package, as `pipeline/data/model_repo/` and
+`pipeline/data/calibration/` (pyproject.toml's package-dir), so an installed trtpipe finds them there and a source
+checkout (an editable install, the tests) at the top level: one copy in either case.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: The package's own data files (the target catalogue, the LLM API argument list).
+DATA_DIR = PACKAGE_DIR / "data"
+
+
+def shipped_folder(name: str) -> Path:
+    """The top-level folder NAME as this installation has it: inside the package (a wheel), else the checkout's."""
+    installed = DATA_DIR / name
+    return installed if installed.is_dir() else PACKAGE_DIR.parent / name
+
+
+#: The Python model sources (model_repo/<model>/1/model.py).
+MODEL_SOURCES = shipped_folder("model_repo")
+#: The calibration recipes (calibration/<name>.json).
+RECIPES = shipped_folder("calibration")
