@@ -23,7 +23,7 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.validate import aiperf
 from pipeline.validate.aiperf import SyntheticPrompts, parse_export, run_aiperf
-from conftest import load_cpu_model
+from support.triton_stubs import load_cpu_model
 
 DATA = Path(__file__).parent / "data" / "aiperf"
 #: run_level's dict: its keys, and the keys of its percentile entries
@@ -138,7 +138,7 @@ def test_no_prompts_or_no_load_is_a_user_error(tmp_path):
 # ------------------------------------------------------------------------------ both generators, one server
 
 #: The served model's words: letters only, so aiperf's re-tokenization of the streamed text counts one token
-#: per generated token (conftest's " w17" is split into " w" and "17" by the byte-level pre-tokenizer).
+#: per generated token (support.models' " w17" is split into " w" and "17" by the byte-level pre-tokenizer).
 WORDS = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(101)]
 END_ID = 1
 PROMPT_WORDS, MAX_TOKENS, CONCURRENCY, PER_CLIENT = 16, 32, 8, 3
@@ -182,7 +182,7 @@ def build_small_repository(root: Path) -> tuple[Path, tuple[str, ...]]:
     """A small random Llama's cpu repository (GPT-2 small's size: decode steps of tens of ms, so the server's
     steps and not the clients' scheduling set the timings) with the dynamic
     batcher waiting QUEUE_DELAY_US for a full batch, and the prompts both generators send."""
-    from conftest import make_tiny_model
+    from support.models import make_tiny_model
 
     from pipeline.convert import convert_model
     from pipeline.deploy import deploy_repository

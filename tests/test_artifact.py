@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ci_fixtures import tiny_model_with_tokenizer
+from support.models import tiny_model_with_tokenizer
 from click.testing import CliRunner
 from test_compile import pretend_gpu_box
 

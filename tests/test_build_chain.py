@@ -9,7 +9,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import buildable_copy
+from support.models import buildable_copy
 from test_tune import fake_load  # noqa: F401  (the fixture)
 
 from pipeline.cli import main

@@ -26,7 +26,7 @@ def build(*args):
 @pytest.fixture(scope="module")
 def tiny_model(tiny_llama, tmp_path_factory):
     """The tiny random Llama with a word-level tokenizer and a context long enough for build's default workload."""
-    from conftest import buildable_copy
+    from support.models import buildable_copy
 
     return buildable_copy(tiny_llama("gqa"), tmp_path_factory.mktemp("tiny-pytorch") / "tiny")
 

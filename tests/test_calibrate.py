@@ -18,7 +18,7 @@ from pipeline.calibrate.smoothquant import smoothing_vector
 from pipeline.calibrate.trtcache import read_calibration_cache
 from pipeline.cli import main
 from pipeline.errors import UserError
-from conftest import make_tiny_model
+from support.models import make_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from conftest import make_tiny_model, save_word_tokenizer
+from support.models import make_tiny_model, save_word_tokenizer
 from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository

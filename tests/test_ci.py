@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ci_fixtures import tiny_model_with_tokenizer
+from support.models import tiny_model_with_tokenizer
 from click.testing import CliRunner
 from test_matrix import write_matrix
 

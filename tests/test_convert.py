@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.sources import resolve_model
-from trtllm_rules import expected_rank
+from support.trtllm_rules import expected_rank
 
 
 def convert(hf_dir: Path, out: Path, **kw):
@@ -212,7 +212,7 @@ def test_impossible_parallelism_is_refused(tiny_llama, tmp_path, args, message):
 
 
 def test_kv_heads_must_divide_or_be_divided_by_tp(tmp_path):
-    from conftest import make_tiny_model
+    from support.models import make_tiny_model
     hf = make_tiny_model(tmp_path / "hf", num_attention_heads=6, num_key_value_heads=3, hidden_size=48)
     code, output = run_cli("convert", hf, "-o", tmp_path / "out", "--tp", "2")
     assert code == 2 and "num_key_value_heads 3" in output

@@ -1,5 +1,5 @@
 """The cpu target's tensorrt_llm model (model_repo/tensorrt_llm/1/model.py) answering a batch,
-imported with stand-ins for Triton's Python backend (conftest.load_cpu_model) and run on a tiny checkpoint.
+imported with stand-ins for Triton's Python backend (support.triton_stubs.load_cpu_model) and run on a tiny checkpoint.
 
 The requests of one `execute` call share decode steps; in decoupled mode each is answered as soon as its own
 rows are done (its end id, its max_tokens), while the others go on generating."""
@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import StubRequest, load_cpu_model
+from support.triton_stubs import StubRequest, load_cpu_model
 from pipeline.runtime import ReferenceModel, SamplingConfig
 
 FINAL = 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import tiny_cpu_checkpoint
+from support.models import tiny_cpu_checkpoint
 
 from pipeline.cli import main
 from pipeline.plan import make_plan, resolve_model_info

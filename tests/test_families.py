@@ -25,8 +25,8 @@ from pipeline.errors import UserError
 from pipeline.model import ARCHITECTURES, FAMILIES, family_of
 from pipeline.presets import PRESETS
 from pipeline.sources import resolve_model
-from conftest import save_word_tokenizer
-from trtllm_rules import expected_rank
+from support.models import save_word_tokenizer
+from support.trtllm_rules import expected_rank
 from pipeline.model.arch_config import parameter_count
 
 

@@ -279,7 +279,7 @@ def test_plan_measured_on_the_command_line(timed, tmp_path):
 def test_validate_records_predictions_and_plan_measured_corrects_with_them(tiny_llama, tmp_path):
     """deploy -> validate --load-test (the embedded server) -> plan --measured load_test.json: every level
     carries the served batch, its prompt tokens and the plan's prediction, and the correction is fitted to them."""
-    from conftest import tiny_cpu_checkpoint
+    from support.models import tiny_cpu_checkpoint
 
     from pipeline.validate import ValidateOptions, validate_repository
 

@@ -9,7 +9,7 @@ import torch
 
 from pipeline.golden import GoldenReference, StreamedTransformers
 from pipeline.runtime import stream
-from conftest import make_tiny_model
+from support.models import make_tiny_model
 
 SEQUENCES = [[1, 5, 7, 9, 3, 2, 8], [4, 4, 4], [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [7]]
 

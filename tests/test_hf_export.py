@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from conftest import save_word_tokenizer
+from support.models import save_word_tokenizer
 from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.runtime.checkpoint import CheckpointReader

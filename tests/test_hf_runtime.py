@@ -23,7 +23,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from conftest import save_word_tokenizer
+from support.models import save_word_tokenizer
 from pipeline.checkpoint import CheckpointConfig
 from pipeline.cli import main
 from pipeline.convert import convert_model

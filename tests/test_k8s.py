@@ -23,7 +23,6 @@ from pipeline.k8s.dashboard import dashboard_expressions
 from pipeline.k8s.manifests import GPU_PRODUCTS, LOAD_BYTES_PER_S, SHM_PER_RANK, VOLUME_ROOT
 from pipeline.k8s.source import read_source
 from pipeline.plan import Workload, load_plan, make_plan, resolve_model_info, save_plan
-from pipeline.server import ServerPool
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.tritonconfig import parse_pbtxt
@@ -283,18 +282,14 @@ def test_every_expression_parses_and_reads_only_known_series(written):
 
 
 @pytest.fixture(scope="module")
-def live_metrics() -> set[str]:
+def live_metrics(triton_pool) -> set[str]:
     """Metric families the embedded Triton serves after good and bad requests to the fixture ensemble."""
-    pool = ServerPool(ready_timeout=120)
-    try:
-        server = pool.get(FIXTURE_REPO)
-        url = f"{server.http_url}/v2/models/ensemble/generate"
-        for prompt in ("one two three", "four five"):
-            assert requests.post(url, json={"text_input": prompt, "max_tokens": 4}, timeout=30).status_code == 200
-        assert requests.post(url, json={"text_input": "no max_tokens"}, timeout=30).status_code >= 400
-        text = requests.get(f"{server.endpoints.metrics_url}/metrics", timeout=30).text
-    finally:
-        pool.close()
+    server = triton_pool.get(FIXTURE_REPO)
+    url = f"{server.http_url}/v2/models/ensemble/generate"
+    for prompt in ("one two three", "four five"):
+        assert requests.post(url, json={"text_input": prompt, "max_tokens": 4}, timeout=30).status_code == 200
+    assert requests.post(url, json={"text_input": "no max_tokens"}, timeout=30).status_code >= 400
+    text = requests.get(f"{server.endpoints.metrics_url}/metrics", timeout=30).text
     return set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
 
 

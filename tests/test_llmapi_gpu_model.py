@@ -80,7 +80,7 @@ def model_module(monkeypatch):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, tiny_llama):
     """The GPU llmapi repository of a tiny model's Hugging Face directory (with a tokenizer)."""
-    from conftest import save_word_tokenizer
+    from support.models import save_word_tokenizer
 
     hf = tmp_path_factory.mktemp("gpu-llmapi") / "hf"
     shutil.copytree(tiny_llama("gqa"), hf)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ci_fixtures import tiny_model_with_tokenizer
+from support.models import tiny_model_with_tokenizer
 from click.testing import CliRunner
 
 from pipeline.cli import main

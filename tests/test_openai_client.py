@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import pipeline.validate
-from conftest import JsonHandler
+from support.http import JsonHandler
 from pipeline.cli import main
 from pipeline.validate import ValidateOptions
 from pipeline.validate.openai import validate_openai

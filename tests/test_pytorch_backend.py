@@ -21,7 +21,7 @@ from pipeline.errors import UserError
 from pipeline.plan import Overrides, Workload, load_plan, make_plan, resolve_model_info
 from pipeline.targets import get_target
 from pipeline.tritonconfig import dtype_name, parse_pbtxt
-from conftest import deploy_tiny_llmapi, save_word_tokenizer
+from support.models import deploy_tiny_llmapi, save_word_tokenizer
 
 def llama_plans(**workload):
     model = resolve_model_info("llama-3-8b")

@@ -1,6 +1,7 @@
 """The cpu target's tensorrt_llm model against NVIDIA's request contract (pipeline/triton_contract.py): every input
 is honoured or refused by name, and each implemented one changes the answer the way TensorRT-LLM documents it.
-First with stand-ins for Triton's Python backend (conftest.load_cpu_model), then live on the embedded Triton."""
+First with stand-ins for Triton's Python backend (support.triton_stubs.load_cpu_model), then live on the embedded
+Triton."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from conftest import StubRequest, StubTensor, load_cpu_model
+from support.triton_stubs import StubRequest, StubTensor, load_cpu_model
 
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.triton_contract import TENSORRT_LLM_INPUTS

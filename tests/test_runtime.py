@@ -478,7 +478,7 @@ def test_eval_cli_reports_bad_input_in_one_line(checkpoint, tmp_path):
 def test_a_nan_weight_is_refused_by_name_by_calibrate_and_the_runtime(tiny_llama, tmp_path):
     """NaN/inf weights converted and calibrated with exit 0 and "perplexity float nan" (issue 25 case 2)."""
     from click.testing import CliRunner
-    from conftest import save_word_tokenizer
+    from support.models import save_word_tokenizer
     from safetensors.torch import load_file, save_file
 
     from pipeline.cli import main

@@ -18,7 +18,7 @@ import torch
 from pipeline.runtime import ReferenceModel, perplexity
 from pipeline.runtime.quant import fake_quant_fp8, fake_quant_int8
 
-from conftest import make_tiny_model
+from support.models import make_tiny_model
 
 QUANT_CASES = [("fp8", None, 1), ("int8-sq", None, 1), ("fp8", "fp8", 2), ("int8-sq", "int8", 2)]
 

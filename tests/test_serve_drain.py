@@ -17,7 +17,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from conftest import tiny_cpu_checkpoint
+from support.models import tiny_cpu_checkpoint
 from pipeline.cli import main
 
 TOKENS = 1200

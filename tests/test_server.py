@@ -19,17 +19,9 @@ from click.testing import CliRunner
 from pipeline import server as server_mod
 from pipeline.cli import main
 from pipeline.errors import UserError
-from pipeline.server import ServerPool, connect, embedded_server, port_is_free
+from pipeline.server import connect, embedded_server, port_is_free
 
 FIXTURE_REPO = Path(__file__).parent / "fixtures_repo"
-
-
-@pytest.fixture(scope="session")
-def triton_pool():
-    """One embedded server per repository for the whole session."""
-    pool = ServerPool(ready_timeout=120)
-    yield pool
-    pool.close()
 
 
 @pytest.fixture(scope="session")

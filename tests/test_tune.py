@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import save_word_tokenizer
+from support.models import save_word_tokenizer
 
 from pipeline.check import check_repository
 from pipeline.cli import main

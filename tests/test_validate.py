@@ -57,13 +57,6 @@ class ReverseEcho:
         return sum(a == b for a, b in zip(mine, served)), len(served)
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pool = ServerPool(ready_timeout=120)
-    yield pool
-    pool.close()
-
-
 def variant(tmp_path: Path, name: str, edit) -> Path:
     """A copy of the fixture repository whose tiny_llm config.pbtxt is changed by `edit(ModelConfig)`."""
     repo = tmp_path / name
@@ -81,9 +74,9 @@ def set_parameter(key: str, value: str):
     return edit
 
 
-def served(pool: ServerPool, repo: Path) -> dict:
-    """validate_repository's keywords for using the pool's running server on `repo`."""
-    server = pool.get(repo)
+def served(triton_pool: ServerPool, repo: Path) -> dict:
+    """validate_repository's keywords for using the triton_pool's running server on `repo`."""
+    server = triton_pool.get(repo)
     return {"url": server.http_url, "grpc_url": server.endpoints.grpc_url,
             "metrics_url": server.endpoints.metrics_url}
 
@@ -181,41 +174,44 @@ def test_the_metrics_check_counts_exactly_what_validate_sent(good_report):
 # ------------------------------------------------------------------------------ each broken case is caught
 
 
-def test_wrong_golden_output_fails_with_the_first_difference(pool, tmp_path):
+def test_wrong_golden_output_fails_with_the_first_difference(triton_pool, tmp_path):
     report = validate_repository(FIXTURE_REPO, tmp_path / "out", options(golden=ReverseEcho(wrong_after=3)),
-                                 **served(pool, FIXTURE_REPO))
+                                 **served(triton_pool, FIXTURE_REPO))
     golden = checks_of(report)["golden"]
     assert not golden.passed and not report.passed
     assert "0/4 greedy completions identical" in golden.detail and "different" in golden.detail
     assert golden.fix
 
 
-def test_quantized_golden_reports_token_agreement(pool, tmp_path):
-    report = validate_repository(FIXTURE_REPO, tmp_path / "out",
-                                 options(golden=ReverseEcho(exact=False, wrong_after=6)), **served(pool, FIXTURE_REPO))
+def test_quantized_golden_reports_token_agreement(triton_pool, tmp_path):
+    reference = ReverseEcho(exact=False, wrong_after=6)
+    report = validate_repository(FIXTURE_REPO, tmp_path / "out", options(golden=reference),
+                                 **served(triton_pool, FIXTURE_REPO))
     golden = checks_of(report)["golden"]
     assert golden.passed  # 6 of 8 tokens agree: 75% >= 70%
     assert golden.data["mean_token_agreement"] == pytest.approx(0.75)
     assert "greedy choice given the same prefix" in golden.detail
-    report = validate_repository(FIXTURE_REPO, tmp_path / "out2",
-                                 options(golden=ReverseEcho(exact=False, wrong_after=4)), **served(pool, FIXTURE_REPO))
+    reference = ReverseEcho(exact=False, wrong_after=4)
+    report = validate_repository(FIXTURE_REPO, tmp_path / "out2", options(golden=reference),
+                                 **served(triton_pool, FIXTURE_REPO))
     assert not checks_of(report)["golden"].passed  # 4 of 8: 50% < 70%
 
 
-def test_no_reference_fails_golden_and_says_to_pass_one(pool, tmp_path):
-    report = validate_repository(FIXTURE_REPO, tmp_path / "out", options(golden=None), **served(pool, FIXTURE_REPO))
+def test_no_reference_fails_golden_and_says_to_pass_one(triton_pool, tmp_path):
+    report = validate_repository(FIXTURE_REPO, tmp_path / "out", options(golden=None),
+                                 **served(triton_pool, FIXTURE_REPO))
     assert not checks_of(report)["golden"].passed
     assert "--golden" in checks_of(report)["golden"].fix
 
 
-def test_config_that_differs_from_the_served_one_is_named(pool, tmp_path):
+def test_config_that_differs_from_the_served_one_is_named(triton_pool, tmp_path):
     """The server runs the fixture; the repository given to validate says max_batch_size 4 and another delay."""
     def edit(config):
         config.max_batch_size = 4
         config.dynamic_batching.max_queue_delay_microseconds = 100
 
     other = variant(tmp_path, "edited", edit)
-    report = validate_repository(other, tmp_path / "out", options(), **served(pool, FIXTURE_REPO))
+    report = validate_repository(other, tmp_path / "out", options(), **served(triton_pool, FIXTURE_REPO))
     check = checks_of(report)["config_matches"]
     assert not check.passed
     assert "tiny_llm: max_batch_size: repository 4, server 8" in check.detail
@@ -223,17 +219,17 @@ def test_config_that_differs_from_the_served_one_is_named(pool, tmp_path):
     assert "ensemble" not in check.detail  # the unchanged model matches
 
 
-def test_stream_that_arrives_in_one_piece_fails_streaming(pool, tmp_path):
+def test_stream_that_arrives_in_one_piece_fails_streaming(triton_pool, tmp_path):
     repo = variant(tmp_path, "bulk", set_parameter("stream_mode", "bulk"))
-    report = validate_repository(repo, tmp_path / "out", options(), **served(pool, repo))
+    report = validate_repository(repo, tmp_path / "out", options(), **served(triton_pool, repo))
     check = checks_of(report)["streaming"]
     assert not check.passed and "did not arrive incrementally" in check.detail
     assert checks_of(report)["golden"].passed  # only streaming is broken
 
 
-def test_model_that_accepts_bad_requests_fails(pool, tmp_path):
+def test_model_that_accepts_bad_requests_fails(triton_pool, tmp_path):
     repo = variant(tmp_path, "lenient", set_parameter("validate_inputs", "false"))
-    report = validate_repository(repo, tmp_path / "out", options(), **served(pool, repo))
+    report = validate_repository(repo, tmp_path / "out", options(), **served(triton_pool, repo))
     check = checks_of(report)["bad_requests"]
     assert not check.passed
     accepted = {o["request"] for o in check.data["outcomes"] if not o["rejected"]}
@@ -246,7 +242,7 @@ def test_model_that_accepts_bad_requests_fails(pool, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_queue_server(pool, tmp_path_factory):
+def small_queue_server(triton_pool, tmp_path_factory):
     """The fixture with one request executing and one queued at most (0.4 s per 8-token request)."""
     def edit(config):
         config.max_batch_size = 1
@@ -258,7 +254,7 @@ def small_queue_server(pool, tmp_path_factory):
     ensemble = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text())
     ensemble.max_batch_size = 1  # an ensemble may not batch more than its steps
     (repo / "ensemble" / "config.pbtxt").write_text(text_format.MessageToString(ensemble))
-    return pool.get(repo)
+    return triton_pool.get(repo)
 
 
 def test_triton_sheds_a_full_queue_with_503_from_a_model_but_400_through_the_ensemble(small_queue_server):
@@ -450,8 +446,8 @@ def test_the_package_exports_what_the_cli_build_and_benchmarks_import():
 # ---------------------------------------------------------------------------------------------- the CLI
 
 
-def test_cli_validate_exits_1_and_writes_the_report_when_a_check_fails(pool, tmp_path):
-    server = pool.get(FIXTURE_REPO)
+def test_cli_validate_exits_1_and_writes_the_report_when_a_check_fails(triton_pool, tmp_path):
+    server = triton_pool.get(FIXTURE_REPO)
     out = tmp_path / "validation"
     result = CliRunner().invoke(main, ["validate", str(FIXTURE_REPO), "--url", server.http_url, "--grpc-url",
                                        server.endpoints.grpc_url, "--metrics-url", server.endpoints.metrics_url,
@@ -463,8 +459,8 @@ def test_cli_validate_exits_1_and_writes_the_report_when_a_check_fails(pool, tmp
     assert json.loads((out / "report.json").read_text())["passed"] is False
 
 
-def test_cli_validate_without_metrics_fails_the_check_unless_skipped(pool, tmp_path):
-    server = pool.get(FIXTURE_REPO)
+def test_cli_validate_without_metrics_fails_the_check_unless_skipped(triton_pool, tmp_path):
+    server = triton_pool.get(FIXTURE_REPO)
     args = ["validate", str(FIXTURE_REPO), "--url", server.http_url, "--grpc-url", server.endpoints.grpc_url,
             "--max-tokens", "2"]
     result = CliRunner().invoke(main, [*args, "--metrics-url", f"127.0.0.1:{free_port()}", "-o", str(tmp_path / "a")])

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from conftest import deploy_tiny_llmapi, save_word_tokenizer
+from support.models import deploy_tiny_llmapi, save_word_tokenizer
 
 LLMAPI_CHECKS = ["models_ready", "config_matches", "golden", "streaming", "bad_requests", "load_test", "metrics"]
 

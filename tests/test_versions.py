@@ -13,7 +13,8 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from conftest import JsonHandler, make_tiny_model, save_word_tokenizer
+from support.http import JsonHandler
+from support.models import make_tiny_model, save_word_tokenizer
 from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.convert import convert_model
