@@ -47,11 +47,11 @@ import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
+from . import TRITON_IMAGE, TRTLLM_VERSION
 from .artifact_paths import BuildMachine
 from .artifact_signing import SIGNATURE, Origin, key_id, load_private_key, signature_member, signature_problem
 from .backends import BACKENDS, DEFAULT_BACKEND, default_backend
 from .backends.names import PYTORCH
-from .compile import CONTAINER, TENSORRT_LLM_VERSION
 from .errors import UserError
 from .outputs import portable
 from .targets import FP8_MIN_SM, get_target
@@ -194,8 +194,8 @@ def describe(machine: BuildMachine, summary: dict, report: dict, target, content
         "target": target.name,
         "sm": target.sm,
         "backend": build_backend(summary, target),
-        "tensorrt_llm_version": TENSORRT_LLM_VERSION,
-        "triton_container": CONTAINER,
+        "tensorrt_llm_version": TRTLLM_VERSION,
+        "triton_container": TRITON_IMAGE,
         "model": {"spec": machine.shipped_model(options["model"]),
                   "checkpoint_sha256": checkpoint_digest(build_dir)},
         "precision": options["precision"],
@@ -470,9 +470,9 @@ def target_mismatches(artifact: dict, target) -> list[str]:
                     f"sm {target.sm}: an engine runs only on the SM it was built for"]
     else:
         problems = []
-    if artifact.get("tensorrt_llm_version") != TENSORRT_LLM_VERSION:
+    if artifact.get("tensorrt_llm_version") != TRTLLM_VERSION:
         problems.append(f"built with TensorRT-LLM {artifact.get('tensorrt_llm_version')}, but {target.name} "
-                        f"deployments run {TENSORRT_LLM_VERSION}")
+                        f"deployments run {TRTLLM_VERSION}")
     return problems
 
 

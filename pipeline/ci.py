@@ -24,8 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from . import TRITON_IMAGE
-from .compile import TENSORRT_LLM_VERSION
+from . import TRITON_IMAGE, TRTLLM_VERSION
 from .errors import UserError
 from .matrix import Matrix, MatrixEntry, entry_for_ci
 from .targets import get_target
@@ -37,7 +36,6 @@ CHECKOUT = "actions/checkout@11d5960a326750d5838078e36cf38b85af677262"         #
 CACHE = "actions/cache@0057852bfaa89a56745cba8c7296529d2fc39830"               # v4.3.0
 UPLOAD_ARTIFACT = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"  # v4.6.2
 
-CONTAINER_IMAGE = TRITON_IMAGE
 #: NVIDIA's `docker run` flags in the tensorrtllm_backend README (shared memory for the Python backend and
 #: NCCL, unlimited locked memory, a larger stack), with all GPUs of the runner.
 CONTAINER_OPTIONS = "--gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 --ipc=host"
@@ -62,7 +60,7 @@ def runner_labels(target_name: str) -> list[str]:
 
 
 def cache_key_parts(entry: MatrixEntry) -> dict:
-    return {"fingerprint": entry.fingerprint(), "trtllm": TENSORRT_LLM_VERSION, "sm": get_target(entry.target).sm}
+    return {"fingerprint": entry.fingerprint(), "trtllm": TRTLLM_VERSION, "sm": get_target(entry.target).sm}
 
 
 def checkout() -> dict:
@@ -140,7 +138,7 @@ def gpu_matrix_job(entries: list[MatrixEntry], matrix_file: str) -> dict:
         "permissions": READ_ONLY,
         "timeout-minutes": 240,
         "strategy": {"fail-fast": False, "matrix": {"include": [ci_include(e) for e in entries]}},
-        "container": {"image": CONTAINER_IMAGE, "options": CONTAINER_OPTIONS},
+        "container": {"image": TRITON_IMAGE, "options": CONTAINER_OPTIONS},
         "defaults": {"run": {"shell": "bash"}},   # a container's default shell is sh
         "env": matrix_env(),
         "steps": [

@@ -42,13 +42,11 @@ from .backends import backend_for
 from .errors import UserError
 from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output
-from . import TRITON_IMAGE
-from . import TRTLLM_VERSION as TENSORRT_LLM_VERSION
+from . import TRITON_IMAGE, TRTLLM_VERSION
 from .plan import Plan, is_trtllm_checkpoint
 
 BUILD_CONFIG_FILE = "build_config.json"
 COMMAND_FILE = "trtllm-build.sh"
-CONTAINER = TRITON_IMAGE
 #: The PluginConfig fields trtllm-build 1.2.x exposes as flags (tensorrt_llm/plugin/plugin.py
 #: `cli_plugin_args`); the others are set by the builder itself.
 CLI_PLUGIN_ARGS = (
@@ -217,7 +215,7 @@ def compile_engine(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = F
 def not_built_here_message(result: CompileResult, plan: Plan) -> str:
     return (f"{result.reason}. Wrote the exact trtllm-build command ({result.engine_dir / COMMAND_FILE}) and its "
             f"--build_config ({result.engine_dir / BUILD_CONFIG_FILE}); build on a {plan.target.name}-class GPU "
-            f"inside the trtpipe container (Dockerfile, base {CONTAINER}): docker run --gpus all "
+            f"inside the trtpipe container (Dockerfile, base {TRITON_IMAGE}): docker run --gpus all "
             "-v $PWD:/work -w /work trtpipe trtpipe compile CHECKPOINT --plan PLAN -o ENGINE")
 
 
@@ -253,7 +251,7 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
             tmp = output.dir
             (tmp / BUILD_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
             (tmp / COMMAND_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile: the exact TensorRT-LLM "
-                                            f"{TENSORRT_LLM_VERSION} engine build.\nexec {shlex.join(command)}\n")
+                                            f"{TRTLLM_VERSION} engine build.\nexec {shlex.join(command)}\n")
             if trtexec is not None:
                 (tmp / TRTEXEC_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile --onnx: TensorRT's build of "
                                                 "the exported graph (unverified: never run by trtpipe).\n"
@@ -273,10 +271,10 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
 def missing_build_requirements() -> str | None:
     """Why an engine cannot be built here, or None when TensorRT-LLM 1.2.x, trtllm-build and a CUDA GPU are."""
     if importlib.util.find_spec("tensorrt_llm") is None:
-        return f"TensorRT-LLM {TENSORRT_LLM_VERSION} is not importable on this machine"
+        return f"TensorRT-LLM {TRTLLM_VERSION} is not importable on this machine"
     found = installed_version("tensorrt_llm") or "unknown"
     if not found.startswith("1.2."):
-        return (f"TensorRT-LLM {found} is installed, but trtpipe plans for {TENSORRT_LLM_VERSION} (later "
+        return (f"TensorRT-LLM {found} is installed, but trtpipe plans for {TRTLLM_VERSION} (later "
                 "releases removed trtllm-build)")
     if shutil.which("trtllm-build") is None:
         return "TensorRT-LLM is importable but its trtllm-build command is not on PATH"

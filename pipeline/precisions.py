@@ -9,6 +9,9 @@ FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
 #: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
+#: --kv-cache of plan and build: auto (fp8 for fp8 weights, int8 for int8-sq, else unquantized), a float dtype or a
+#: quantized one (calibrate --kv-cache offers the quantized ones alone: KV_CACHE_QUANT_ALGO)
+KV_CACHE_CHOICES = ("auto", "fp16", "bf16", "fp32", *KV_CACHE_QUANT_ALGO)
 #: checkpoint dtypes (and 8-bit element types) -> safetensors dtype code (pipeline.safetensors_stream)
 DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "fp8": "F8_E4M3", "int8": "I8"}
 #: the dtypes a float checkpoint may have

@@ -32,6 +32,7 @@ import requests
 
 from .errors import UserError
 from .host import DRAIN_FILE_ENV
+from .triton_admin import TritonAdmin
 
 PYTRITON_INSTALL = "pip install --no-deps nvidia-pytriton==0.7.0"
 #: NumPy 1.x for the Python models served by the embedded server (see `stub_site_packages`).
@@ -239,21 +240,6 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def model_states(http_url: str, timeout: float = 5.0) -> dict[str, str]:
-    """State of every model in the server's repository index (READY, UNAVAILABLE, LOADING, ...).
-
-    The index has one entry per model version Triton knows: after a model was reloaded with another version
-    (`trtpipe versions serve --url`) the one it unloaded stays listed as UNAVAILABLE, so a model with any READY
-    version is READY."""
-    response = requests.post(f"{http_url}/v2/repository/index", json={}, timeout=timeout)
-    response.raise_for_status()
-    states: dict[str, str] = {}
-    for entry in response.json():
-        if states.get(entry["name"]) != "READY":
-            states[entry["name"]] = entry.get("state", "UNKNOWN")
-    return states
-
-
 def wait_until_ready(server: TritonServer, timeout: float) -> None:
     """Block until the server is live, ready and every model of its repository is READY."""
     deadline = time.monotonic() + timeout
@@ -264,7 +250,7 @@ def wait_until_ready(server: TritonServer, timeout: float) -> None:
                             f"ready; last lines of {server.log_path}:\n{server.log_tail()}")
         try:
             if server.is_healthy(timeout=2.0):
-                states = model_states(server.http_url)
+                states = TritonAdmin(server.http_url, timeout=5.0).states()
                 if states and all(state == "READY" for state in states.values()):
                     server.models = sorted(states)
                     return

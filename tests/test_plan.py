@@ -629,7 +629,7 @@ def test_cli_plan_of_a_hugging_face_directory(tiny_llama):
 def every_plan():
     """Every plan the planner makes for SmolLM2 (cpu backends) and Llama-3-8B (rtx4090 backends) at every precision
     and --kv-cache choice it accepts."""
-    from pipeline.plan import KV_CACHE_CHOICES, PRECISIONS
+    from pipeline.precisions import KV_CACHE_CHOICES, PRECISIONS
 
     cases = [("smollm2-135m", "cpu", b) for b in ("reference", "reference-onnx")]
     cases += [("llama-3-8b", "rtx4090", b) for b in ("engine", "pytorch")]

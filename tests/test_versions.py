@@ -278,7 +278,7 @@ def ready(url: str) -> dict[int, bool]:
 
 @pytest.mark.slow
 def test_a_running_server_serves_version_2_then_rolls_back_to_1(world, explicit_server):
-    from pipeline.server import model_states
+    from pipeline.triton_admin import TritonAdmin
 
     repo, server = explicit_server
     a = reference_completion(world["ckpt-a"], world["tokenizer"])
@@ -299,6 +299,6 @@ def test_a_running_server_serves_version_2_then_rolls_back_to_1(world, explicit_
     assert served_completion(server.http_url) == a
     assert list(trtllm_config(repo).version_policy.specific.versions) == [1]
     assert json.loads((repo / "manifest.json").read_text())["versions"]["served"] == 1
-    assert set(model_states(server.http_url).values()) == {"READY"}   # version 2 is listed UNAVAILABLE now
+    assert set(TritonAdmin(server.http_url).states().values()) == {"READY"}   # version 2 is listed UNAVAILABLE now
     if 2 not in live["still_ready"]:
         assert ready(server.http_url) == {1: True, 2: False}

@@ -12,7 +12,7 @@ import click
 from .. import NVIDIA_MODEL_FILES
 from ..backends.names import NAMES, RUNTIMES
 from ..errors import UserError
-from ..precisions import CALIBRATION_FORMATS, PRECISIONS
+from ..precisions import CALIBRATION_FORMATS, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
 from .base import DEFAULT_IMAGE, device_option, main
 
 
@@ -68,7 +68,7 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--only", multiple=True, metavar="NAME", help="With --matrix: only this build (repeatable).")
 @click.option("--target", default="cpu", show_default=True, help="Target from `trtpipe targets` (cpu, rtx4090, ...).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True)
-@click.option("--kv-cache", type=click.Choice(["auto", "fp16", "fp8", "int8"]), default="auto", show_default=True)
+@click.option("--kv-cache", type=click.Choice(KV_CACHE_CHOICES), default="auto", show_default=True)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Build directory (default: out/<model>-<target>-<precision>[-<backend>]).")
 @click.option("--dry-run", is_flag=True, help="Do everything that needs no GPU; print the engine build command.")
@@ -162,7 +162,7 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
               help="Directory for the quantized checkpoint (with calibration/ report, plots and TensorRT cache).")
 @click.option("--precision", type=click.Choice(["fp8", "int8-sq"]), required=True,
               help="fp8: FP8 E4M3 weights and activations; int8-sq: SmoothQuant W8A8 (per-channel weights).")
-@click.option("--kv-cache", type=click.Choice(["fp8", "int8"]), default=None,
+@click.option("--kv-cache", type=click.Choice(sorted(KV_CACHE_QUANT_ALGO)), default=None,
               help="Also quantize the KV cache (per-layer scales from the K and V values).")
 @click.option("--method", type=click.Choice(["entropy", "percentile", "mse", "max"]), default=None,
               help="Activation amax method (default: max for both precisions, chosen by measurement; "
@@ -316,7 +316,7 @@ def targets(as_json):
 @click.argument("model")
 @click.option("--target", required=True, help="A target from `trtpipe targets` (rtx4090, h100, cpu, ...).")
 @click.option("--precision", type=click.Choice(PRECISIONS), required=True, help="Weight precision.")
-@click.option("--kv-cache", type=click.Choice(["auto", "fp16", "bf16", "fp32", "fp8", "int8"]), default="auto",
+@click.option("--kv-cache", type=click.Choice(KV_CACHE_CHOICES), default="auto",
               show_default=True, help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else "
               "unquantized (a checkpoint's own KV quantization when MODEL is a checkpoint).")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs per engine).")

@@ -17,10 +17,8 @@ estimate. `save_plan` writes it as plan.json (upstream names as keys), `load_pla
 - `render`: the human-readable tables.
 """
 
-from .. import TRTLLM_VERSION as TENSORRT_LLM_VERSION
 from .memory import kv_bytes_per_token, weights_per_rank_by_stage
-from ..precisions import KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
-from .policy import KV_CACHE_CHOICES, make_plan
+from .policy import make_plan
 from .render import render_plan
 from .schema import (
     PLAN_VERSION,
@@ -41,7 +39,7 @@ from .document import plan_document, plan_json, save_plan
 from .trtllm import derive_profiles, split_num_tokens_range
 
 __all__ = [
-    "KV_CACHE_CHOICES", "KV_CACHE_QUANT_ALGO", "PLAN_VERSION", "PRECISIONS", "QUANT_ALGO", "TENSORRT_LLM_VERSION",
+    "PLAN_VERSION",
     "BuildConfig", "MemoryBudget", "ModelInfo", "Overrides", "Plan", "PluginConfig", "Roofline", "TritonParams",
     "Workload", "derive_profiles", "is_trtllm_checkpoint", "kv_bytes_per_token", "load_plan", "make_plan",
     "plan_document", "plan_json", "render_plan", "resolve_model_info", "save_plan", "split_num_tokens_range",

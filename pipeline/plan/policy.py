@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from ..arch import ModelArch
 from ..errors import UserError
 from ..model.layout import check_parallelism
-from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
+from ..precisions import FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
 from ..targets import FP8_MIN_SM, Target
 from .schema import ModelInfo, Overrides, Plan, Workload
 from .trtllm import model_context_limit
 
-KV_CACHE_CHOICES = ("auto", "fp16", "bf16", "fp32", "fp8", "int8")
 
 #: Triton queue bound (0 would be unlimited): this many full batches may wait, so an overload is
 #: rejected at once instead of every queued request timing out.

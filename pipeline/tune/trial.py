@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import requests
 
 from ..backends import backend_for
 from ..deploy import deploy_repository
@@ -36,6 +35,7 @@ from ..validate.load_test import with_predictions
 from ..validate.checks import check_config_matches
 from .source import TuneSource
 from .space import Candidate, Instances
+from ..triton_admin import LoadRefused, NotServed, TritonAdmin
 
 LOAD_GENERATORS = ("builtin", "aiperf")
 #: Models reloaded through model control, composing models before the ensemble and BLS that call them.
@@ -140,8 +140,10 @@ def serving(repo: Path, url: str | None, log_path: Path, ready_timeout: float) -
 def reload_order(http_url: str, repo: Path) -> tuple[str, ...]:
     """Triton refuses an ensemble whose max_batch_size exceeds a composing model's: when the batch shrinks the
     ensemble (and BLS) go first, when it grows the composing models do."""
-    response = requests.get(f"{http_url}/v2/models/ensemble/config", timeout=30)
-    current = response.json().get("max_batch_size", 0) if response.status_code == 200 else 0
+    try:
+        current = TritonAdmin(http_url).config("ensemble").get("max_batch_size", 0)
+    except NotServed:
+        current = 0
     wanted = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text()).max_batch_size
     callers, composing = ("ensemble", "tensorrt_llm_bls"), ("preprocessing", "tensorrt_llm", "postprocessing")
     return callers + composing if wanted < current else composing + callers
@@ -149,21 +151,18 @@ def reload_order(http_url: str, repo: Path) -> tuple[str, ...]:
 
 def reload_models(http_url: str, repo: Path) -> None:
     """Load every model of `repo` on the server with the repository's config (model control, explicit mode)."""
-    from google.protobuf import json_format
-
+    admin = TritonAdmin(http_url)
     for name in reload_order(http_url, repo):
-        config = parse_pbtxt((repo / name / "config.pbtxt").read_text())
-        body = {"parameters": {"config": json_format.MessageToJson(config, preserving_proto_field_name=True)}}
-        response = requests.post(f"{http_url}/v2/repository/models/{name}/load", json=body, timeout=REQUEST_TIMEOUT_S)
-        if response.status_code == 200:
-            continue
-        message = response.text.strip()
-        if "not allowed" in message or "explicit" in message or response.status_code in (404, 405):
-            raise UserError(f"the server at {http_url} does not let trtpipe reload models ({response.status_code}: "
-                            f"{message}); start it with `trtpipe serve REPO --model-control-mode explicit` "
-                            "(tritonserver: --model-control-mode=explicit --load-model=*) so each trial's "
-                            "configuration can be loaded")
-        raise RuntimeError(f"{http_url} refused the trial's config of {name} ({response.status_code}: {message})")
+        try:
+            admin.load(name, parse_pbtxt((repo / name / "config.pbtxt").read_text()))
+        except LoadRefused as refused:
+            if refused.model_control:
+                raise UserError(f"the server at {http_url} does not let trtpipe reload models ({refused.status}: "
+                                f"{refused.text}); start it with `trtpipe serve REPO --model-control-mode explicit` "
+                                "(tritonserver: --model-control-mode=explicit --load-model=*) so each trial's "
+                                "configuration can be loaded") from None
+            raise RuntimeError(f"{http_url} refused the trial's config of {name} ({refused.status}: "
+                               f"{refused.text})") from None
 
 
 # ----------------------------------------------------------------------------------------------

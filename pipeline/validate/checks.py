@@ -21,13 +21,13 @@ from typing import Protocol
 
 import numpy as np
 import requests
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
+from google.protobuf import text_format
 
 from ..server import TritonServer, list_repository_models
 from ..tritonconfig import parse_pbtxt
 from .client import EnsembleClient, RequestFailed, StreamResult
 from .report import CheckResult, GreedyReference, ValidateOptions
+from ..triton_admin import NotServed, TritonAdmin
 
 
 class Completions(Protocol):
@@ -51,13 +51,15 @@ class Completions(Protocol):
 
 
 def check_models_ready(server: TritonServer, repo: Path | None) -> CheckResult:
-    response = requests.post(f"{server.http_url}/v2/repository/index", json={}, timeout=30)
-    states = {e["name"]: e.get("state", "UNKNOWN") for e in response.json()} if response.ok else {}
+    admin = TritonAdmin(server.http_url)
+    try:
+        states = admin.states()
+    except requests.HTTPError:
+        states = {}
     expected = list_repository_models(repo) if repo else sorted(states)
     problems = []
     for name in expected:
-        ready = requests.get(f"{server.http_url}/v2/models/{name}/ready", timeout=30).status_code == 200
-        if not ready:
+        if not admin.ready(name):
             problems.append(f"{name}: {states.get(name, 'not in the server repository')}")
     detail = (f"{len(expected)} models ready: {', '.join(expected)}" if not problems
               else "not ready: " + "; ".join(problems))
@@ -107,11 +109,11 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
         except text_format.ParseError as exc:
             problems.append(f"{name}/config.pbtxt does not parse: {exc}")
             continue
-        response = requests.get(f"{server.http_url}/v2/models/{name}/config", timeout=30)
-        if response.status_code != 200:
-            problems.append(f"{name}: the server has no config ({response.status_code})")
+        try:
+            actual = TritonAdmin(server.http_url).model_config(name)
+        except NotServed as missing:
+            problems.append(f"{name}: the server has no config ({missing.status})")
             continue
-        actual = json_format.ParseDict(response.json(), model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
         problems += [f"{name}: {d}" for d in config_differences(expected, actual)]
         compared.append(name)
     detail = (f"server configs of {', '.join(compared)} match their config.pbtxt" if not problems

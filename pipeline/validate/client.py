@@ -28,6 +28,7 @@ import requests
 
 from ..errors import UserError
 from ..server import TritonServer
+from ..triton_admin import NotServed, TritonAdmin
 
 ENSEMBLE = "ensemble"
 REQUEST_TIMEOUT_S = 120.0
@@ -134,12 +135,12 @@ class EnsembleClient(TallyingClient):
         super().__init__()
         self.server = server
         self.timeout = timeout
-        response = requests.get(f"{server.http_url}/v2/models/{ENSEMBLE}/config", timeout=30)
-        if response.status_code != 200:
-            raise UserError(f"the server has no `{ENSEMBLE}` model ({response.status_code}: "
-                            f"{response.text.strip()}); validate needs NVIDIA's inflight_batcher_llm ensemble "
-                            "(text_input, max_tokens -> text_output)")
-        self.config = response.json()
+        try:
+            self.config = TritonAdmin(server.http_url).config(ENSEMBLE)
+        except NotServed as missing:
+            raise UserError(f"the server has no `{ENSEMBLE}` model ({missing.status}: {missing.text}); validate "
+                            "needs NVIDIA's inflight_batcher_llm ensemble (text_input, max_tokens -> text_output)") \
+                from None
         self.inputs = {i["name"]: i for i in self.config.get("input", [])}
         missing = {"text_input", "max_tokens"} - set(self.inputs)
         if missing or "text_output" not in {o["name"] for o in self.config.get("output", [])}:

@@ -17,6 +17,7 @@ import requests
 from ..errors import UserError
 from .checks import BadRequest
 from .client import REQUEST_TIMEOUT_S, RequestFailed, StreamResult, TallyingClient, generate_stream_events
+from ..triton_admin import NotServed, TritonAdmin
 
 MODEL = "tensorrt_llm"
 OUTPUTS = ("text_output", "finish_reason")
@@ -38,11 +39,12 @@ class LlmapiClient(TallyingClient):
         self.http_url = http_url.rstrip("/")
         self.base = f"{self.http_url}/v2/models/{model}"
         self.timeout = timeout
-        response = requests.get(f"{self.base}/config", timeout=30)
-        if response.status_code != 200:
-            raise UserError(f"the server has no `{model}` model ({response.status_code}: {response.text.strip()}); "
-                            "an llmapi repository serves one tensorrt_llm model (text_input -> text_output)")
-        self.inputs = {i["name"]: i for i in response.json().get("input", [])}
+        try:
+            config = TritonAdmin(self.http_url).config(model)
+        except NotServed as missing:
+            raise UserError(f"the server has no `{model}` model ({missing.status}: {missing.text}); an llmapi "
+                            "repository serves one tensorrt_llm model (text_input -> text_output)") from None
+        self.inputs = {i["name"]: i for i in config.get("input", [])}
         if "text_input" not in self.inputs:
             raise UserError(f"the `{model}` model lacks the llmapi contract's text_input input")
 

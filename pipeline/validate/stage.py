@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import requests
 
 from ..backends.names import INFLIGHT_BATCHER
 from ..backends.pytorch import LLMAPI
@@ -32,6 +31,7 @@ from .llmapi import LlmapiClient, llmapi_bad_requests
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
 from .report import CheckResult, GreedyReference, ValidateOptions, ValidationReport
+from ..triton_admin import TritonAdmin
 
 
 def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions, out_dir: Path,
@@ -83,8 +83,8 @@ def repository_layout(repo: Path | None, server: TritonServer) -> str:
     served = read_deployment(repo) if repo else None
     if served is not None:
         return backend_for(served.backend).layout
-    has = {name: requests.get(f"{server.http_url}/v2/models/{name}/config", timeout=30).status_code == 200
-           for name in (ENSEMBLE, LLMAPI_MODEL)}
+    admin = TritonAdmin(server.http_url)
+    has = {name: admin.serves(name) for name in (ENSEMBLE, LLMAPI_MODEL)}
     return LLMAPI if has[LLMAPI_MODEL] and not has[ENSEMBLE] else INFLIGHT_BATCHER
 
 

@@ -21,6 +21,7 @@ import requests
 
 from ..errors import UserError
 from .repository import TRTLLM, Repository
+from ..triton_admin import LoadRefused, NotServed, TritonAdmin
 
 REQUEST_TIMEOUT_S = 30.0
 POLL_S = 0.25
@@ -66,20 +67,16 @@ def base_url(url: str) -> str:
 
 def check_serves_repository(http: str, repo: Repository) -> None:
     """The server answers and its tensorrt_llm is REPO's (every field REPO's config sets, version_policy aside)."""
-    from google.protobuf import json_format
-    from tritonclient.grpc import model_config_pb2
-
     from ..validate.checks import config_differences
     from .compat import model_config
 
     try:
-        response = requests.get(f"{http}/v2/models/{TRTLLM}/config", timeout=REQUEST_TIMEOUT_S)
+        served = TritonAdmin(http, timeout=REQUEST_TIMEOUT_S).model_config(TRTLLM)
     except requests.RequestException as exc:
         raise UserError(f"no Triton server answers at {http} ({type(exc).__name__}); check --url") from None
-    if response.status_code != 200:
-        raise UserError(f"the server at {http} has no {TRTLLM} model ({response.status_code}: "
-                        f"{response.text.strip()}); is it serving {repo.path}?")
-    served = json_format.ParseDict(response.json(), model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+    except NotServed as missing:
+        raise UserError(f"the server at {http} has no {TRTLLM} model ({missing.status}: {missing.text}); is it "
+                        f"serving {repo.path}?") from None
     served.ClearField("version_policy")
     differences = config_differences(model_config(repo, TRTLLM), served)
     if differences:
@@ -88,29 +85,22 @@ def check_serves_repository(http: str, repo: Repository) -> None:
 
 
 def load(http: str, config) -> None:
-    from google.protobuf import json_format
-
-    body = {"parameters": {"config": json_format.MessageToJson(config, preserving_proto_field_name=True)}}
-    response = requests.post(f"{http}/v2/repository/models/{TRTLLM}/load", json=body, timeout=None)
-    if response.status_code == 200:
-        return
-    message = response.text.strip()
-    if response.status_code == 503 or "not allowed" in message:
-        raise UserError(f"the server at {http} does not allow model control ({response.status_code}: {message}): "
+    try:
+        TritonAdmin(http).load(TRTLLM, config)
+    except LoadRefused as refused:
+        status, message = refused.status, refused.text
+        if not refused.model_control:
+            raise RuntimeError(f"the server at {http} could not load the version ({status}: {message}); "
+                               "nothing was changed in the repository and the server keeps what it served") from None
+        raise UserError(f"the server at {http} does not allow model control ({status}: {message}): "
                         "it was started with --model-control-mode none (the default, also of `trtpipe serve`) or "
                         "poll. Nothing was changed. Either run this without --url and restart the server, or start "
                         "it with `trtpipe serve REPO --model-control-mode explicit` (tritonserver: "
-                        "--model-control-mode=explicit --load-model=*) to switch it live")
-    raise RuntimeError(f"the server at {http} could not load the version ({response.status_code}: {message}); "
-                       "nothing was changed in the repository and the server keeps what it served")
+                        "--model-control-mode=explicit --load-model=*) to switch it live") from None
 
 
 def is_ready(http: str, version: int) -> bool:
-    try:
-        return requests.get(f"{http}/v2/models/{TRTLLM}/versions/{version}/ready",
-                            timeout=REQUEST_TIMEOUT_S).status_code == 200
-    except requests.RequestException:
-        return False
+    return TritonAdmin(http, timeout=REQUEST_TIMEOUT_S).ready(TRTLLM, version)
 
 
 def wait_ready(http: str, version: int, deadline: float) -> None:
