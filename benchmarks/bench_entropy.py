@@ -27,7 +27,7 @@ def smollm2_histograms(samples: int, seq_len: int) -> dict:
     import tempfile
     from pathlib import Path
 
-    from pipeline.calibrate.checkpoint import open_float_checkpoint
+    from pipeline.calibrate.quantized_checkpoint import open_float_checkpoint
     from pipeline.calibrate.data import load_texts, load_tokenizer, resolve_recipe, tokenize_samples
     from pipeline.calibrate.histogram import StreamingHistogram
     from pipeline.convert import convert_model

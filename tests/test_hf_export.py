@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from support.models import save_word_tokenizer
 from pipeline.cli import main
 from pipeline.convert import convert_model
-from pipeline.runtime.checkpoint import CheckpointReader
+from pipeline.runtime.trtllm_reader import CheckpointReader
 from pipeline.sources import resolve_model
 
 

@@ -29,7 +29,7 @@ from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.evaluate import evaluate
 from pipeline.model.spec import HF_LAYER, dims
-from pipeline.runtime.checkpoint import CheckpointReader
+from pipeline.runtime.trtllm_reader import CheckpointReader
 from pipeline.runtime.hf_checkpoint import HfCheckpointReader, fused_groups
 from pipeline.sources import resolve_model
 

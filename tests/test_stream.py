@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from pipeline.errors import UserError
 from pipeline.runtime import LayerStream, ReferenceModel, perplexity, resolve_device
-from pipeline.runtime import checkpoint as runtime_checkpoint
+from pipeline.runtime import trtllm_reader
 from pipeline.runtime import stream as stream_module
-from pipeline.runtime.checkpoint import Layer
+from pipeline.runtime.trtllm_reader import Layer
 
 SEQUENCES = [[1, 5, 7, 9, 3, 2, 8], [4, 4, 4], [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [7]]
 LAYOUTS = [("gqa", 1, 1), ("gqa", 2, 2), ("mqa", 4, 1), ("tied", 1, 1), ("llama3-rope", 1, 2)]
@@ -78,14 +78,14 @@ def test_argmax_ties_resolve_to_the_first_token_like_torch(checkpoint, monkeypat
 
 def test_only_one_layer_is_alive_at_a_time(checkpoint, monkeypatch):
     refs: list[weakref.ref[Layer]] = []
-    real = runtime_checkpoint.CheckpointReader.layer
+    real = trtllm_reader.CheckpointReader.layer
 
     def tracked(self, index):
         layer = real(self, index)
         refs.append(weakref.ref(layer))
         return layer
 
-    monkeypatch.setattr(runtime_checkpoint.CheckpointReader, "layer", tracked)
+    monkeypatch.setattr(trtllm_reader.CheckpointReader, "layer", tracked)
     seen = []
 
     def after_layer(i):
@@ -136,7 +136,7 @@ def test_cuda_without_a_gpu_and_unknown_devices_are_user_errors(monkeypatch):
 
 def test_layers_move_every_tensor_to_the_device(checkpoint):
     """The CUDA path moves weights, biases, norms and smoothing vectors; checked on the meta device (no GPU here)."""
-    from pipeline.runtime.checkpoint import CheckpointReader
+    from pipeline.runtime.trtllm_reader import CheckpointReader
 
     layer = CheckpointReader(checkpoint("gqa")).layer(0)
     qkv, fc = layer.linears["attention.qkv"], layer.linears["mlp.fc"]

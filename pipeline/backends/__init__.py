@@ -7,7 +7,7 @@ validate dispatch on that name through `backend_for`, never on the target. One m
 - `reference`: trtpipe's reference runtime serving the checkpoint from a Triton Python model (the cpu target);
   `reference-onnx`: the same model computing with ONNX Runtime over the checkpoint's ONNX export;
 - `pytorch`: TensorRT-LLM's LLM API serving the Hugging Face model with no compile step (GPU targets), in
-  Triton's llmapi layout or trtllm-serve; `reference-llmapi`: the same llmapi contract on the cpu target.
+  Triton's llmapi layout or trtllm-serve; `reference_llmapi`: the same llmapi contract on the cpu target.
 
 `base.Backend` is what a backend provides. Adding one is a module with its backend object, its name in
 `names.NAMES` and a "module:object" entry in `LOCATIONS`. This module imports only the vocabulary (`names`): a
@@ -29,7 +29,7 @@ LOCATIONS = {
     ENGINE: "pipeline.backends.engine:BACKEND",
     REFERENCE: "pipeline.backends.reference:BACKEND",
     PYTORCH: "pipeline.backends.pytorch:BACKEND",
-    REFERENCE_LLMAPI: "pipeline.backends.pytorch:REFERENCE_BACKEND",
+    REFERENCE_LLMAPI: "pipeline.backends.reference_llmapi:BACKEND",
     REFERENCE_ONNX: "pipeline.backends.reference:ONNX_BACKEND",
 }
 

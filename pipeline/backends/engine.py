@@ -46,6 +46,7 @@ from ..targets import FP8_MIN_SM, Target
 from .nvidia_contract import TENSORRTLLM, required_keys
 from .base import parameter_string, tritonserver_args
 from .names import ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT
+from ..compile import compile_checkpoint
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
@@ -100,8 +101,6 @@ class EngineBackend:
         return plan.dtype   # the engine's dtype: compile refuses a checkpoint in another
 
     def build_artifact(self, checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool, force: bool):
-        from ..compile import compile_checkpoint
-
         return compile_checkpoint(checkpoint, plan, out, dry_run=dry_run, force=force)
 
     def check_artifacts(self, engine: Path | None, checkpoint: Path | None) -> tuple[Path | None, Path | None]:

@@ -16,9 +16,8 @@
   model.yaml and the script name it relative to the repository, so the repository names nothing of the
   machine it was written on.
 
-`reference-llmapi` is the same contract on the cpu target: trtpipe's reference runtime serves the
-TensorRT-LLM checkpoint from model_repo/llmapi/tensorrt_llm/1/model.py, so the contract is validated
-live here. The LLM API keys are checked against TensorRT-LLM's recorded list (`llm_api_args`), which
+`reference-llmapi` (reference_llmapi.py) is the same contract on the cpu target, served by trtpipe's reference
+runtime. The LLM API keys are checked against TensorRT-LLM's recorded list (`llm_api_args`), which
 `trtpipe check` uses too.
 """
 
@@ -46,12 +45,10 @@ from .names import (
     INFLIGHT_BATCHING,
     MODEL_REPOSITORY,
     PYTORCH,
-    REFERENCE_LLMAPI,
-    STATIC_BATCHING,
-    TRTLLM_CHECKPOINT,
 )
 from .engine import plan_engine
-from .reference import CHECKPOINT_DIR, copy_checkpoint, copy_runtime, plan_reference, runtime_closure
+from .reference import CHECKPOINT_DIR
+from ..presets import served_model_id
 
 #: The repository layout of both: NVIDIA's triton_backend/all_models/llmapi (one tensorrt_llm model).
 LLMAPI = "llmapi"
@@ -156,59 +153,7 @@ class PytorchBackend:
         return tritonserver_args(model_repository, 0, extra_args)
 
 
-class ReferenceLlmapiBackend:
-    name = REFERENCE_LLMAPI
-    triton_backend = "python"
-    target_kinds = ("cpu",)
-    builds_engine = False
-    exact_checkpoint_dtype = False
-    serves_embedded = True
-    memory_scope = "host"
-    layout = LLMAPI
-    batching = STATIC_BATCHING
-    checkpoint_format = TRTLLM_CHECKPOINT
-    summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
-
-    def plan(self, request: PlanRequest) -> Plan:
-        base = plan_reference(request)
-        options = {"max_batch_size": base.triton.triton_max_batch_size, "max_seq_len": base.max_seq_len}
-        return replace(base, backend=REFERENCE_LLMAPI,
-                       llm_api={"tensorrt_llm_version": TRTLLM_VERSION, "options": options, "reasons": {}})
-
-    def checkpoint_dtype(self, plan: Plan) -> str:
-        from .reference import BACKEND
-
-        return BACKEND.checkpoint_dtype(plan)
-
-    def build_artifact(self, checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool, force: bool) -> None:
-        """Nothing to build: the checkpoint is served as it is."""
-        return None
-
-    def check_artifacts(self, engine: Path | None, checkpoint: Path | None) -> tuple[Path | None, Path | None]:
-        from .reference import BACKEND
-
-        return BACKEND.check_artifacts(engine, checkpoint)
-
-    def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
-        if not LLMAPI_MODEL_SOURCE.is_file():
-            raise UserError(f"trtpipe's model source {LLMAPI_MODEL_SOURCE} is missing; reinstall trtpipe")
-        return [LLMAPI_MODEL_SOURCE, *runtime_closure(), checkpoint]
-
-    def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
-        return {}
-
-    def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
-        shutil.copyfile(LLMAPI_MODEL_SOURCE, version_dir / "model.py")
-        copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
-        copy_runtime(runtime_closure(), version_dir)
-
-    def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
-                      extra_args: tuple[str, ...] = ()) -> list[str]:
-        return tritonserver_args(model_repository, 0, ("--allow-gpu-metrics=false", *extra_args))
-
-
 BACKEND = PytorchBackend()
-REFERENCE_BACKEND = ReferenceLlmapiBackend()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,8 +246,6 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
     version_dir.mkdir(parents=True)
     (repo / "tensorrt_llm" / "config.pbtxt").write_text(to_pbtxt(llmapi_config(plan)))
     if plan.backend == PYTORCH:
-        from ..presets import served_model_id
-
         model = SERVED_MODEL_DIR if checkpoint else served_model_id(plan.model)
         served = f"tensorrt_llm/1/{SERVED_MODEL_DIR}" if checkpoint else model
         (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(plan.llm_api["options"], sort_keys=False))

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, weight_statistics
+from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, weight_statistics
 from .formats import FP8, INT8
 from .histogram import ChannelMax, StreamingHistogram
 from .report import TensorReport, tensor_report

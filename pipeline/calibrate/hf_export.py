@@ -33,10 +33,11 @@ from ..checkpoint import is_excluded
 from ..errors import UserError
 from ..model.spec import HF_LAYER, dims
 from ..precisions import DTYPE_CODES, E4M3_MAX
-from ..runtime.checkpoint import CheckpointReader
+from ..runtime.trtllm_reader import CheckpointReader
 from ..runtime.hf_checkpoint import KV_SCALES
 from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code, torch_dtype
 from ..model.arch_config import hf_config_of
+from ..outputs import fingerprint_inputs, stage_output
 
 FLOAT8 = {"dynamic": False, "num_bits": 8, "type": "float"}
 WEIGHTS_FILE = "model.safetensors"
@@ -87,8 +88,6 @@ class HfExport:
 def export_float_checkpoint(checkpoint: Path, out: Path, *, force: bool = False) -> HfExport:
     """The float TensorRT-LLM `checkpoint` as a Hugging Face model at `out`, as a stage (manifest, atomic,
     skipped when the checkpoint is unchanged)."""
-    from ..outputs import fingerprint_inputs, stage_output
-
     checkpoint, out = Path(checkpoint), Path(out)
     with stage_output(out, EXPORT_STAGE, fingerprint_inputs([checkpoint]), {"format": "hf"},
                       force=force) as output:

@@ -20,7 +20,7 @@ from ..precisions import CALIBRATION_FORMATS, QUANT_ALGO
 from ..outputs import fingerprint_inputs, stage_output
 from .amax import DEFAULT_PERCENTILE, METHODS
 from ..checkpoint import is_excluded
-from .checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
+from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
 from .hf_export import write_hf_checkpoint
 from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples

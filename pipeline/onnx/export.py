@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from ..checkpoint import CheckpointConfig
 from ..errors import UserError
 from ..outputs import fingerprint_inputs, stage_output
-from ..runtime.checkpoint import CheckpointReader
+from ..runtime.trtllm_reader import CheckpointReader
 from . import CONFIG_FILE, DATA_FILE, MODEL_FILE
 from .graph import BATCH, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph
 from .quantize import quantized_weights

@@ -25,7 +25,7 @@ import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from ..checkpoint import CheckpointConfig
-from ..runtime.checkpoint import Layer, Linear
+from ..runtime.trtllm_reader import Layer, Linear
 from ..runtime.quant import TensorQuant
 from ..runtime.rope import RotaryTable
 from .quantize import QuantizedWeight, activation_scale, weight_tensor, zero_point

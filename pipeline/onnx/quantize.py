@@ -28,7 +28,7 @@ from onnx import TensorProto
 from ..checkpoint import CheckpointConfig, RankFile
 from ..errors import UserError
 from ..model.spec import QKV, ROW
-from ..runtime.checkpoint import CheckpointReader, Linear, merge_qkv
+from ..runtime.trtllm_reader import CheckpointReader, Linear, merge_qkv
 from ..runtime.quant import TensorQuant
 
 #: ONNX element type of each quantized format and the torch dtype that holds its values

@@ -32,6 +32,8 @@ from ..outputs import write_atomic
 from ..targets import Target
 from .performance import TIMED_SOURCE, Performance, energy_of
 from .schema import Roofline, Workload
+from ..backends.names import STATIC_BATCHING
+from .feedback import decode_step, serving_figures
 
 LAYERS_TIMED = 2
 REPEATS = 3
@@ -134,7 +136,7 @@ def timing_model(arch: ModelArch, layers: int):
     from ..checkpoint import CheckpointConfig
     from ..model import family_of
     from ..model.spec import dims
-    from ..runtime.checkpoint import Layer, Linear, ModelWeights
+    from ..runtime.trtllm_reader import Layer, Linear, ModelWeights
     from ..runtime.model import ReferenceModel
 
     cut = replace(arch, num_hidden_layers=layers)
@@ -184,9 +186,6 @@ def timed_performance(target: Target, workload: Workload, batch: int, timing: Ho
                       roof: Roofline) -> Performance:
     """What the cpu plan predicts at its batch of clients: the static-batching model (plan/feedback.py) over the
     timed phases, the roofline beside them as the speed of light; `decode_step_s` is the planned batch's step."""
-    from ..backends.names import STATIC_BATCHING
-    from .feedback import decode_step, serving_figures
-
     phases = timing.phases()
 
     def step(rows: float) -> float:

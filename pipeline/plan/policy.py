@@ -17,6 +17,7 @@ from ..precisions import FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PR
 from ..targets import FP8_MIN_SM, Target
 from .schema import ModelInfo, Overrides, Plan, Workload
 from .trtllm import model_context_limit
+from ..backends import backend_serving
 
 
 #: Triton queue bound (0 would be unlimited): this many full batches may wait, so an overload is
@@ -179,8 +180,6 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
               tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
               pp: int = 1, backend: str | None = None) -> Plan:
     """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work."""
-    from ..backends import backend_serving
-
     if isinstance(model, ModelArch):
         model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
     workload = workload or Workload()

@@ -7,6 +7,8 @@ from dataclasses import asdict
 from .. import TRTLLM_VERSION
 from .memory import format_gib
 from .schema import Plan
+from ..backends import backend_for
+from ..backends.names import INFLIGHT_BATCHING
 
 
 def _kv_table(title: str, rows: list[tuple[str, object]]):
@@ -23,8 +25,6 @@ def _kv_table(title: str, rows: list[tuple[str, object]]):
 def render_plan(plan: Plan) -> list:
     """Rich renderables: a readable summary of every section of the plan."""
     from rich.table import Table
-
-    from ..backends import backend_for   # the backends import the plan package
 
     m, w, mem, roof = plan.model, plan.workload, plan.memory, plan.roofline
     a = m.arch
@@ -88,9 +88,6 @@ def render_plan(plan: Plan) -> list:
 def performance_table(plan: Plan):
     """What the target will do: the figures, what they are (measured, derived, speed of light, timed) and their
     basis."""
-    from ..backends import backend_for
-    from ..backends.names import INFLIGHT_BATCHING
-
     p, w = plan.performance, plan.workload
     batching = "in-flight" if backend_for(plan.backend).batching == INFLIGHT_BATCHING else "static"
     sol = p.speed_of_light

@@ -35,7 +35,7 @@ from ..model.arch_config import arch_from_hf_config, hf_tensor_shapes
 from ..model.spec import HF_LAYER, LinearSpec, Part
 from ..precisions import DTYPE_CODES
 from ..safetensors_stream import LazyWeights, torch_dtype
-from .checkpoint import (
+from .trtllm_reader import (
     FLOATS,
     SCALAR,
     CheckpointReader,

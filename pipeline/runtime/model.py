@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..checkpoint import CheckpointConfig
-from .checkpoint import Layer, Linear, ModelWeights
+from .trtllm_reader import Layer, Linear, ModelWeights
 from .hf_checkpoint import load_checkpoint
 from .rope import RotaryTable
 from .generate import (

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..errors import UserError
-from .checkpoint import Layer, Linear
+from .trtllm_reader import Layer, Linear
 from .hf_checkpoint import open_checkpoint
 from .model import FUSED_MLP, Observer, decoder_layer, fuse_fc_gate, make_step, rms_norm
 from .rope import RotaryTable

@@ -36,6 +36,7 @@ from ..validate.checks import check_config_matches
 from .source import TuneSource
 from .space import Candidate, Instances
 from ..triton_admin import LoadRefused, NotServed, TritonAdmin
+from ..compile import compile_engine, missing_build_requirements
 
 LOAD_GENERATORS = ("builtin", "aiperf")
 #: Models reloaded through model control, composing models before the ensemble and BLS that call them.
@@ -221,8 +222,6 @@ class TrialRunner:
             return None
         if plan.build_config == self.source.plan.build_config:
             return self.source.engine
-        from ..compile import compile_engine
-
         engine = trial_dir / "engine"
         compile_engine(self.source.checkpoint, plan, engine, force=True)
         return engine
@@ -241,8 +240,6 @@ def check_can_serve(source: TuneSource, url: str | None, rebuild: bool) -> None:
         raise UserError("--rebuild compiles each candidate from the checkpoint: pass the build directory "
                         "(it holds checkpoint/), not the model repository")
     if rebuild:
-        from ..compile import missing_build_requirements
-
         missing = missing_build_requirements()
         if missing:
             raise UserError(f"--rebuild compiles each candidate with trtllm-build, and {missing}: run trtpipe tune "

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from .client import StreamResult
 from .report import CheckResult, ValidateOptions
+from ..plan.feedback import annotate, measured_on
 
 
 class StreamingClient(Protocol):
@@ -83,8 +84,6 @@ def mean_prompt_tokens(tokenizer_dir: Path | None, prompts: tuple[str, ...], req
 def with_predictions(levels: list[dict], plan, tokenizer_dir: Path | None, prompts: tuple[str, ...]) -> list[dict]:
     """Each level with the served batch, its prompt tokens (over its own requests) and what `plan` predicted for it
     (plan/feedback.py); `plan` None (a server trtpipe did not deploy): the levels as measured."""
-    from ..plan.feedback import annotate
-
     batch = plan.triton.triton_max_batch_size if plan else None
     max_num_tokens = plan.build_config.max_num_tokens if plan and plan.build_config else None
     return [annotate(lv, plan, mean_prompt_tokens(tokenizer_dir, prompts, lv["requests"]), batch, max_num_tokens)
@@ -120,8 +119,6 @@ def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: 
     """The sweep; with the deployment's `plan` (and its tokenizer) each level also records what the plan predicted
     for it, so that `trtpipe plan --measured load_test.json` can correct the model for this machine."""
     from rich.progress import Progress
-
-    from ..plan.feedback import measured_on
 
     levels = []
     with Progress(transient=True) as progress:
