@@ -13,22 +13,24 @@ import requests
 ADMIN_TIMEOUT_S = 30.0
 
 
-class NotServed(Exception):
-    """The server answered, but has no such model (or version) to describe."""
+class Refusal(Exception):
+    """The server answered a request about MODEL with STATUS (not 200) and TEXT."""
 
     def __init__(self, model: str, status: int, text: str):
         super().__init__(f"{model}: {status} {text}")
         self.model, self.status, self.text = model, status, text.strip()
 
 
-class LoadRefused(Exception):
+class NotServed(Refusal):
+    """The server has no such model (or version) to describe."""
+
+
+class LoadRefused(Refusal):
     """A load the server refused; `model_control` when it was started without explicit model control."""
 
-    def __init__(self, model: str, status: int, text: str):
-        super().__init__(f"{model}: {status} {text}")
-        self.model, self.status, self.text = model, status, text.strip()
-        self.model_control = (status in (404, 405, 503) or "not allowed" in self.text
-                              or "explicit" in self.text)
+    @property
+    def model_control(self) -> bool:
+        return self.status in (404, 405, 503) or "not allowed" in self.text or "explicit" in self.text
 
 
 @dataclass(frozen=True)

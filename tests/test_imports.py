@@ -148,3 +148,11 @@ def test_outside_backends_a_backend_is_asked_for_its_capabilities_not_compared_b
 def test_the_name_compare_finder_sees_one():
     tree = ast.parse('if plan.backend == ENGINE or "engine" != backend or plan.backend == other: pass')
     assert backend_name_compares(tree) == [1, 1]
+
+
+def test_the_registry_locates_every_backend_name_and_each_is_the_backend_it_names():
+    from pipeline.backends import LOCATIONS, registry
+    from pipeline.backends.names import NAMES
+
+    assert tuple(LOCATIONS) == NAMES
+    assert [backend.name for backend in registry().values()] == list(NAMES)

@@ -102,7 +102,7 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
     if repo is None:
         return CheckResult("config_matches", False, "no repository directory to compare with",
                            fix="pass the repository directory the server was started on")
-    problems, compared = [], []
+    problems, compared, admin = [], [], TritonAdmin(server.http_url)
     for name in list_repository_models(repo):
         try:
             expected = parse_pbtxt((repo / name / "config.pbtxt").read_text())
@@ -110,7 +110,7 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
             problems.append(f"{name}/config.pbtxt does not parse: {exc}")
             continue
         try:
-            actual = TritonAdmin(server.http_url).model_config(name)
+            actual = admin.model_config(name)
         except NotServed as missing:
             problems.append(f"{name}: the server has no config ({missing.status})")
             continue

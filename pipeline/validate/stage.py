@@ -10,13 +10,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-
 from ..backends.names import INFLIGHT_BATCHER
 from ..backends.pytorch import LLMAPI
 from ..errors import UserError
 from ..outputs import atomic_output_dir, portable
 from ..precisions import QUANT_ALGO
 from ..server import TritonServer, connect, embedded_server
+from ..triton_admin import TritonAdmin
 from .checks import (
     check_bad_requests,
     check_config_matches,
@@ -31,7 +31,6 @@ from .llmapi import LlmapiClient, llmapi_bad_requests
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
 from .report import CheckResult, GreedyReference, ValidateOptions, ValidationReport
-from ..triton_admin import TritonAdmin
 
 
 def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions, out_dir: Path,

@@ -23,10 +23,10 @@ RUNS = {
 def module_functions(module) -> dict[str, str]:
     """Source of each function defined at the top of MODULE (the helpers a test may call)."""
     try:
-        tree = ast.parse(inspect.getsource(module))
+        text = inspect.getsource(module)
     except (OSError, TypeError):
         return {}
-    text = inspect.getsource(module)
+    tree = ast.parse(text)
     return {n.name: ast.get_source_segment(text, n) or "" for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
