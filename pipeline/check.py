@@ -11,14 +11,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from google.protobuf import text_format
-
 from . import TRTLLM_VERSION
 from .backends.llm_api_args import MODEL_YAML, unknown_llm_api_keys
 from .backends.nvidia_contract import FATAL, LITERAL, PYTHON_MODELS, TENSORRTLLM, UNSET, Parameter, required_keys
 from .errors import UserError
+from .model_repository import CONFIG, NO_CONFIG, ModelRepository, RepositoryModel, read_repository
 from .triton_contract import MODELS as NVIDIA_TENSORS, declared_differently
-from .tritonconfig import dtype_name, parse_pbtxt
+from .tritonconfig import dtype_name
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 PARAMETER_FIELD = re.compile(r"^parameters\[(.+)\]\.string_value$")
@@ -72,39 +71,12 @@ class CheckReport:
         return "\n".join(lines)
 
 
-@dataclass
-class Model:
-    name: str
-    file: str                     # "name/config.pbtxt"
-    config: object                # ModelConfig
-
-    def inputs(self) -> dict:
-        return {t.name: t for t in self.config.input}
-
-    def outputs(self) -> dict:
-        return {t.name: t for t in self.config.output}
-
-    def parameter(self, key: str) -> str | None:
-        return self.config.parameters[key].string_value if key in self.config.parameters else None
-
-    @property
-    def serves_engine(self) -> bool:
-        """The tensorrtllm backend, or NVIDIA's Python runtime model (engine path and the LLM outputs)."""
-        return self.config.backend == "tensorrtllm" or (
-            bool(self.parameter("gpt_model_path")) and "output_ids" in self.outputs())
-
-    @property
-    def decoupled(self) -> bool:
-        return self.config.model_transaction_policy.decoupled
-
-
 def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
     """All static checks on the repository at `repo`; `engine` overrides the engine path in its configs."""
     repo = Path(repo)
-    if not repo.is_dir():
-        raise UserError(f"model repository {repo} does not exist or is not a directory")
-    findings: list[Finding] = []
-    models, unparsed = parse_models(repo, findings)
+    repository = read_repository(repo)
+    models = repository.models
+    findings, unparsed = parse_models(repository)
     if not models and not findings:
         raise UserError(f"{repo} holds no model (no */config.pbtxt); pass a Triton model repository")
     findings += check_placeholders(repo, models)
@@ -117,48 +89,42 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
     findings += check_llm_api_yaml(repo)
     engine_path = None
     for model in (m for m in models.values() if m.serves_engine):
-        engine_path, engine_findings = check_engine(repo, model, engine)
+        engine_path, engine_findings = check_engine(repository.trtllm_version, model, engine)
         findings += engine_findings
     return CheckReport(repo, sorted(models), findings, engine_path)
 
 
 # ------------------------------------------------------------------------------------------ schema
 
-def parse_models(repo: Path, findings: list[Finding]) -> tuple[dict[str, Model], set[str]]:
-    """The models whose config.pbtxt parses, and the names of those whose config does not."""
-    models, unparsed = {}, set()
-    for model_dir in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        config_path = model_dir / "config.pbtxt"
-        rel = f"{model_dir.name}/config.pbtxt"
-        if not config_path.is_file():
-            if any(p.is_dir() and p.name.isdigit() for p in model_dir.iterdir()):
-                findings.append(Finding("schema", "error", rel, "(file)", "the model has a version directory but "
-                                        "no config.pbtxt", "write its config.pbtxt (trtpipe deploy writes all five)"))
+def parse_models(repository: ModelRepository) -> tuple[list[Finding], set[str]]:
+    """A finding for each model whose config cannot be used or names another model; the names of those whose
+    config does not parse."""
+    findings, unparsed = [], set()
+    for name, why in repository.unusable.items():
+        rel = f"{name}/{CONFIG}"
+        if why == NO_CONFIG:
+            findings.append(Finding("schema", "error", rel, "(file)", "the model has a version directory but "
+                                    "no config.pbtxt", "write its config.pbtxt (trtpipe deploy writes all five)"))
             continue
-        try:
-            config = parse_pbtxt(config_path.read_text())
-        except text_format.ParseError as exc:
-            findings.append(Finding("schema", "error", rel, _parse_error_field(str(exc)),
-                                    f"not a valid inference.ModelConfig: {exc}",
-                                    "correct the field (an unfilled ${...} placeholder in a number, bool or "
-                                    "enum field is the usual cause: run fill_template.py with that key)"))
-            unparsed.add(model_dir.name)
-            continue
-        if config.name and config.name != model_dir.name:
-            findings.append(Finding("schema", "error", rel, "name", f"name {config.name!r} differs from the "
-                                    f"directory name {model_dir.name!r}", f"set name: \"{model_dir.name}\""))
-        models[model_dir.name] = Model(model_dir.name, rel, config)
-    return models, unparsed
+        findings.append(Finding("schema", "error", rel, _parse_error_field(why), why,
+                                "correct the field (an unfilled ${...} placeholder in a number, bool or "
+                                "enum field is the usual cause: run fill_template.py with that key)"))
+        unparsed.add(name)
+    for model in repository.models.values():
+        if model.config.name and model.config.name != model.name:
+            findings.append(Finding("schema", "error", model.file, "name", f"name {model.config.name!r} differs "
+                                    f"from the directory name {model.name!r}", f"set name: \"{model.name}\""))
+    return findings, unparsed
 
 
 def _parse_error_field(message: str) -> str:
-    match = re.match(r"(\d+):(\d+)", message)
+    match = re.search(r"(\d+):(\d+)", message)
     return f"line {match.group(1)}, column {match.group(2)}" if match else "(file)"
 
 
 # ------------------------------------------------------------------------------------- placeholders
 
-def check_placeholders(repo: Path, models: dict[str, Model]) -> list[Finding]:
+def check_placeholders(repo: Path, models: dict[str, RepositoryModel]) -> list[Finding]:
     findings = []
     parsed = {repo / m.file for m in models.values()}
     for path in sorted(p for p in repo.rglob("*") if p.is_file() and p.suffix in CONFIG_SUFFIXES):
@@ -181,7 +147,7 @@ def check_placeholders(repo: Path, models: dict[str, Model]) -> list[Finding]:
     return findings
 
 
-def contract_of(model: Model) -> tuple[str, dict[str, Parameter]]:
+def contract_of(model: RepositoryModel) -> tuple[str, dict[str, Parameter]]:
     """Who reads the model's parameters (NVIDIA's C++ backend or its Python model of that name) and how."""
     if model.config.backend == "tensorrtllm":
         return "the tensorrtllm backend", TENSORRTLLM
@@ -190,7 +156,7 @@ def contract_of(model: Model) -> tuple[str, dict[str, Parameter]]:
     return "", {}
 
 
-def placeholder_finding(rel: str, where: str, value: str, model: Model | None, file_name: str) -> Finding:
+def placeholder_finding(rel: str, where: str, value: str, model: RepositoryModel | None, file_name: str) -> Finding:
     """An unfilled `${...}`: judged by what NVIDIA's code does with that parameter (nvidia_contract), so that a
     placeholder NVIDIA's own fill leaves for "not set" is a warning, and no advice removes a key the model needs."""
     names = ", ".join(m[2:-1] for m in PLACEHOLDER.findall(value))
@@ -214,14 +180,14 @@ def placeholder_finding(rel: str, where: str, value: str, model: Model | None, f
                    f"{fill}; the entry must stay" if known.missing == FATAL else f"{fill} or remove the entry")
 
 
-def condition_holds(parameter: Parameter, model: Model) -> bool:
+def condition_holds(parameter: Parameter, model: RepositoryModel) -> bool:
     """Whether a conditionally read parameter is read by this model's config (lookahead decoding, orchestrator)."""
     if parameter.condition == "decoding_mode lookahead":
         return model.parameter("decoding_mode") == "lookahead"
     return False   # orchestrator mode is an environment variable of the server, not in the config
 
 
-def check_required_parameters(models: dict[str, Model]) -> list[Finding]:
+def check_required_parameters(models: dict[str, RepositoryModel]) -> list[Finding]:
     """Keys NVIDIA's code reads with no fallback: their absence fails the model's load (nvidia_contract)."""
     findings = []
     for model in models.values():
@@ -262,7 +228,7 @@ def _string_fields(message, prefix: str = ""):
 
 # ------------------------------------------------------------------------------------ batch sizes
 
-def check_preferred_batch_sizes(models: dict[str, Model]) -> list[Finding]:
+def check_preferred_batch_sizes(models: dict[str, RepositoryModel]) -> list[Finding]:
     findings = []
     for m in models.values():
         preferred = list(m.config.dynamic_batching.preferred_batch_size)
@@ -277,7 +243,7 @@ def check_preferred_batch_sizes(models: dict[str, Model]) -> list[Finding]:
 
 # ------------------------------------------------------------------------------------------ ensembles
 
-def check_ensemble(ensemble: Model, models: dict[str, Model], unparsed: set[str]) -> list[Finding]:
+def check_ensemble(ensemble: RepositoryModel, models: dict[str, RepositoryModel], unparsed: set[str]) -> list[Finding]:
     findings = []
     cfg = ensemble.config
     ens_inputs = {t.name: t for t in cfg.input}
@@ -348,7 +314,7 @@ def check_ensemble(ensemble: Model, models: dict[str, Model], unparsed: set[str]
     return findings
 
 
-def check_tensor_contract(models: dict[str, Model]) -> list[Finding]:
+def check_tensor_contract(models: dict[str, RepositoryModel]) -> list[Finding]:
     """An inflight_batcher_llm repository's tensors against NVIDIA's (`triton_contract`): one NVIDIA's own Python
     models request and clients send. A missing tensor is a warning (the feature is lost, and NVIDIA's
     preprocessing or BLS fail on the config); one declared otherwise than NVIDIA declares it is an error."""
@@ -390,7 +356,7 @@ def _dims_compatible(a: list[int], b: list[int]) -> bool:
 
 # ---------------------------------------------------------------------------------------- streaming
 
-def check_streaming(models: dict[str, Model]) -> list[Finding]:
+def check_streaming(models: dict[str, RepositoryModel]) -> list[Finding]:
     findings = []
     for m in models.values():
         if "streaming" not in m.inputs() or m.decoupled:
@@ -440,7 +406,7 @@ def check_llm_api_yaml(repo: Path) -> list[Finding]:
 
 # ------------------------------------------------------------------------------------------- engine
 
-def check_engine(repo: Path, model: Model, override: Path | None) -> tuple[Path | None, list[Finding]]:
+def check_engine(wanted: str, model: RepositoryModel, override: Path | None) -> tuple[Path | None, list[Finding]]:
     """Checks of an engine-serving model (tensorrtllm backend, or NVIDIA's Python runtime) against its engine."""
     path_value = model.parameter("gpt_model_path") or ""
     if override is None and (not path_value or PLACEHOLDER.search(path_value)):
@@ -456,7 +422,7 @@ def check_engine(repo: Path, model: Model, override: Path | None) -> tuple[Path 
     except ValueError as exc:
         return engine, [Finding("engine", "error", model.file, "parameters[gpt_model_path]",
                                 f"{config_path} is not valid JSON ({exc})", "rebuild the engine")]
-    findings = check_engine_version(repo, model, engine_config, config_path)
+    findings = check_engine_version(wanted, model, engine_config, config_path)
     build = engine_config.get("build_config")
     if not isinstance(build, dict):
         return engine, findings
@@ -465,16 +431,9 @@ def check_engine(repo: Path, model: Model, override: Path | None) -> tuple[Path 
     return engine, findings
 
 
-def repository_trtllm_version(repo: Path) -> str:
-    """The TensorRT-LLM version the repository targets: its trtpipe manifest's, else trtpipe's."""
-    try:
-        return json.loads((repo / "manifest.json").read_text())["trtllm_version"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return TRTLLM_VERSION
-
-
-def check_engine_version(repo: Path, model: Model, engine_config: dict, config_path: Path) -> list[Finding]:
-    wanted = repository_trtllm_version(repo)
+def check_engine_version(wanted: str, model: RepositoryModel, engine_config: dict,
+                         config_path: Path) -> list[Finding]:
+    """The engine against `wanted`, the TensorRT-LLM version the repository targets."""
     version = engine_config.get("version")
     if "build_config" not in engine_config:
         return [Finding("engine-version", "error", model.file, "parameters[gpt_model_path]",
@@ -489,7 +448,7 @@ def check_engine_version(repo: Path, model: Model, engine_config: dict, config_p
     return []
 
 
-def check_engine_limits(model: Model, build: dict) -> list[Finding]:
+def check_engine_limits(model: RepositoryModel, build: dict) -> list[Finding]:
     findings = []
     engine_batch = build.get("max_batch_size")
     if isinstance(engine_batch, int) and model.config.max_batch_size > engine_batch:
@@ -507,7 +466,7 @@ def check_engine_limits(model: Model, build: dict) -> list[Finding]:
     return findings
 
 
-def check_paged_context_fmha(model: Model, build: dict) -> list[Finding]:
+def check_paged_context_fmha(model: RepositoryModel, build: dict) -> list[Finding]:
     plugins = build.get("plugin_config") or {}
     if plugins.get("use_paged_context_fmha", False):
         return []

@@ -19,7 +19,8 @@ engine excepted, which is referenced, not copied).
 
 What the repository serves is recorded in its manifest under `deployment` (see `Deployment`): the model,
 precision, backend, target and the served checkpoint's dtype. `trtpipe validate REPO` reads it there
-(`read_deployment`) to pick its golden reference; nothing else outside the repository's configs is read.
+(`model_repository.read_deployment`) to pick its golden reference; nothing else outside the repository's configs
+is read.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
@@ -36,10 +37,10 @@ from .backends.base import shell_command
 from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
 from .backends.reference import with_runtime
 from .errors import UserError
-from .outputs import fingerprint_inputs, read_manifest, stage_output
+from .model_repository import INFLIGHT_BATCHER_MODELS, Deployment
+from .outputs import fingerprint_inputs, stage_output
 from .package_data import MODEL_SOURCES
 from .plan import Plan
-from .precisions import QUANT_ALGO
 from .tokenizer import TOKENIZER_FILES, copy_tokenizer
 from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, POSTPROCESSING_INPUTS,
                               POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
@@ -48,7 +49,6 @@ from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS,
 from .tritonconfig import Batching, ModelSpec, build_model_config, to_pbtxt
 
 STAGE = "deploy"
-MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 #: The models whose Python source is the same for every backend (model_repo/<name>/1/model.py).
 COMMON_PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 #: The datatype of the logits outputs (NVIDIA's default `logits_datatype`).
@@ -70,23 +70,6 @@ class DeploySettings:
 
     def batching(self) -> Batching:
         return Batching(self.preferred_batch_sizes, self.max_queue_delay_microseconds, self.max_queue_size)
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What a repository serves, recorded in its manifest under `deployment` for `trtpipe validate REPO`."""
-
-    model: str | None        # what to load the golden reference from: the plan's model, None for a bare checkpoint
-    precision: str
-    backend: str
-    target: str
-    weights_dtype: str       # the served checkpoint's float dtype (the engine's: the plan's dtype)
-    world_size: int = 1      # GPUs (tp x pp) one server uses
-    serve_command: tuple[str, ...] = ()   # how to start Triton on the repository ($MODEL_REPOSITORY: where it is)
-
-    @property
-    def quantized(self) -> bool:
-        return self.precision in QUANT_ALGO
 
 
 @dataclass(frozen=True)
@@ -131,7 +114,7 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     engine, checkpoint = backend.check_artifacts(engine, checkpoint)
     settings = settings_from_plan(plan, engine)
     llmapi = backend.layout == LLMAPI
-    models = LLMAPI_MODELS if llmapi else MODEL_NAMES
+    models = LLMAPI_MODELS if llmapi else INFLIGHT_BATCHER_MODELS
     # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
     tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
     deployment = describe_deployment(plan, checkpoint)
@@ -164,48 +147,6 @@ def describe_deployment(plan: Plan, checkpoint: Path | None) -> Deployment:
     return Deployment(model=spec, precision=plan.precision, backend=plan.backend, target=plan.target.name,
                       weights_dtype=dtype, world_size=plan.tp_size * plan.pp_size,
                       serve_command=tuple(backend_for(plan.backend).serve_command(plan)))
-
-
-def read_deployment(repo: Path) -> Deployment | None:
-    """What deploy recorded in REPO's manifest; None for a repository deploy did not write (or an older one)."""
-    record = (read_manifest(Path(repo)) or {}).get("deployment")
-    try:
-        deployment = Deployment(**record) if isinstance(record, dict) else None
-    except TypeError:
-        return None
-    if deployment is None or deployment.model is None:
-        return deployment
-    return replace(deployment, model=recorded_path(deployment.model, Path(repo).parent))
-
-
-def deployed_plan(repo: Path) -> Plan:
-    """The plan deploy recorded in REPO's manifest; UserError for a repository deploy did not write."""
-    manifest = read_manifest(Path(repo)) or {}
-    params = manifest.get("params") or {}
-    if manifest.get("stage") != "deploy" or not isinstance(params.get("plan"), dict):
-        raise UserError(f"{repo}/manifest.json is not a `trtpipe deploy` manifest with its plan; pass the build "
-                        "directory or re-run `trtpipe deploy`")
-    try:
-        plan = Plan.from_dict(params["plan"])
-    except (KeyError, TypeError) as exc:
-        raise UserError(f"{repo}/manifest.json: malformed plan ({type(exc).__name__}: {exc}); re-run "
-                        "`trtpipe deploy`") from None
-    backend_for(plan.backend)
-    return plan
-
-
-def repository_tokenizer(repo: Path) -> Path:
-    """The tokenizer deploy copied into REPO (preprocessing's)."""
-    return Path(repo) / tokenizer_parameter("preprocessing")["tokenizer_dir"]
-
-
-def recorded_path(value: str, base: Path) -> str:
-    """A path the manifest made portable (`outputs.portable`), back as this machine's: relative to the
-    repository's parent when it is there, `~` expanded; anything else (a preset, a hub id) as it is."""
-    if value.startswith("~"):
-        return str(Path(value).expanduser())
-    candidate = base / value
-    return str(candidate.resolve()) if candidate.exists() else value
 
 
 # ----------------------------------------------------------------------------------------------- inputs

@@ -32,6 +32,7 @@ import requests
 
 from .errors import UserError
 from .host import DRAIN_FILE_ENV
+from .model_repository import model_names
 from .triton_admin import TritonAdmin
 
 PYTRITON_INSTALL = "pip install --no-deps nvidia-pytriton==0.7.0"
@@ -137,11 +138,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
             return True
         except OSError:
             return False
-
-
-def list_repository_models(repo: Path) -> list[str]:
-    """Model names of a repository: its subdirectories that hold a config.pbtxt."""
-    return sorted(p.parent.name for p in Path(repo).glob("*/config.pbtxt"))
 
 
 def prepare_backends(dist: TritonDistribution, workspace: Path) -> Path:
@@ -317,7 +313,7 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
     repo = Path(repo).resolve()
     if not repo.is_dir():
         raise UserError(f"model repository {repo} does not exist or is not a directory")
-    if not list_repository_models(repo):
+    if not model_names(repo):
         raise UserError(f"{repo} holds no model (no */config.pbtxt); pass a Triton model repository, "
                         "e.g. the output of `trtpipe deploy`")
     if http_port is not None:

@@ -290,7 +290,7 @@ def test_a_plan_written_before_the_backend_was_recorded_still_deploys(kind, back
 
 
 def test_deploy_records_what_the_repository_serves_in_its_manifest(cpu_repo, plans, tiny_checkpoint):
-    from pipeline.deploy import read_deployment
+    from pipeline.model_repository import read_deployment
 
     plan = load_plan(plans["cpu"])
     served = read_deployment(cpu_repo)
@@ -460,7 +460,7 @@ def test_served_repository_answers_a_batched_grpc_request_row_by_row(served, ref
 def test_the_recorded_model_path_resolves_against_the_repository_not_the_working_directory(tmp_path, monkeypatch):
     """Manifests record paths relative to the output's parent (nothing names the build machine); the golden
     reference of `trtpipe validate REPO` must still find a model that sits next to the repository."""
-    from pipeline.deploy import read_deployment
+    from pipeline.model_repository import read_deployment
 
     (tmp_path / "build" / "model").mkdir(parents=True)
     repo = tmp_path / "build" / "repo"

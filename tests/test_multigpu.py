@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from pipeline.backends.base import shell_command
 from pipeline.cli import main
-from pipeline.deploy import deploy_repository, read_deployment
+from pipeline.deploy import deploy_repository
+from pipeline.model_repository import read_deployment
 from pipeline.plan import make_plan, resolve_model_info
 from pipeline.presets import PRESETS
 from pipeline.targets import get_target

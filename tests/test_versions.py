@@ -18,7 +18,8 @@ from support.models import make_tiny_model, save_word_tokenizer
 from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.convert import convert_model
-from pipeline.deploy import deploy_repository, read_deployment
+from pipeline.deploy import deploy_repository
+from pipeline.model_repository import read_deployment
 from pipeline.plan import make_plan, resolve_model_info
 from pipeline.plan.schema import Workload
 from pipeline.sources import resolve_model

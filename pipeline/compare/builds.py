@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, read_json_object
+from ..model_repository import model_names
 
 #: The plan's model fields that name the model itself; dtype, quantization, paths and sharding do not.
 MODEL_IDENTITY_FIELDS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -63,7 +64,7 @@ def load_build(path: Path, side: str) -> BuildInfo:
     if not isinstance(plan.get("model"), dict) or "precision" not in plan or "memory" not in plan:
         raise UserError(f"build {side}: {path / 'plan.json'} is not a trtpipe plan (no model, precision or memory)")
     repo = path / "model_repo"
-    if not any(repo.glob("*/config.pbtxt")):
+    if not model_names(repo):
         raise UserError(f"build {side}: {repo} holds no model; the build stopped before deploy "
                         "(rerun `trtpipe build`)")
     quantized = path / f"checkpoint-{plan['precision']}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..backends import backend_for
 from ..backends.names import PORTS
 from ..plan import Plan
-from ..tritonconfig import parse_pbtxt, to_pbtxt
+from ..tritonconfig import to_pbtxt
 from .source import VOLUME_ROOT, DeploymentSource, Replicas, RepoSource
 
 GIB = 1 << 30
@@ -280,7 +280,8 @@ def engine_config_map(src: DeploymentSource) -> dict:
     deploy writes the engine's absolute path on the build machine; the pod finds the engine at
     /trtpipe/engine, so this copy is mounted over the repository's file.
     """
-    config = parse_pbtxt(src.engine_config)
+    config = type(src.engine_config)()
+    config.CopyFrom(src.engine_config)
     config.parameters["gpt_model_path"].string_value = f"{VOLUME_ROOT}/engine"
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(f"{src.name}-engine-config"),
             "data": {"config.pbtxt": to_pbtxt(config)}}

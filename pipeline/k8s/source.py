@@ -16,7 +16,7 @@ from ..backends import backend_for
 from ..build import directory_bytes
 from ..artifact_signing import SHA256_HEX
 from ..errors import UserError
-from ..deploy import deployed_plan
+from ..model_repository import TENSORRT_LLM, read_repository
 from ..plan import Plan, load_plan
 from ..targets import get_target
 
@@ -52,7 +52,7 @@ class DeploymentSource:
     repo: Path
     name: str              # the Kubernetes name of everything generated
     volume_bytes: int      # what the volume must hold: the repository, plus the engine for the engine backend
-    engine_config: str | None   # tensorrt_llm/config.pbtxt of an engine repository (its engine path is rewritten)
+    engine_config: object | None   # tensorrt_llm's ModelConfig in an engine repository (its engine path is rewritten)
 
 
 def parse_replicas(text: str) -> Replicas:
@@ -106,19 +106,21 @@ def read_source(path: Path, name: str | None) -> DeploymentSource:
     """A build directory (plan.json + model_repo/) or a `trtpipe deploy` repository (plan in manifest.json)."""
     path = Path(path)
     if (path / "plan.json").is_file() and (path / "model_repo").is_dir():
-        plan, repo, model = load_plan(path / "plan.json"), path / "model_repo", _built_model(path)
+        plan, model = load_plan(path / "plan.json"), _built_model(path)
+        repository = read_repository(path / "model_repo")
     elif (path / "manifest.json").is_file():
-        plan, repo = deployed_plan(path), path
+        repository = read_repository(path)
+        plan = repository.plan()
         model = plan.model.name
     else:
         raise UserError(f"{path} is neither a build directory (plan.json and model_repo/, from `trtpipe build`) "
                         "nor a model repository written by `trtpipe deploy` (manifest.json)")
     get_target(plan.target.name)   # a plan for a target this trtpipe does not know is refused here
     name = check_name(name) if name else default_name(model, plan.target.name)
-    engine_config = None
+    engine_config, repo = None, repository.path
     volume = directory_bytes(repo)
     if backend_for(plan.backend).builds_engine:
-        engine_config = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+        engine_config = repository.config(TENSORRT_LLM)
         volume += plan.weights_bytes   # the engine is about as large as the weights it was built from
     return DeploymentSource(plan=plan, repo=repo, name=name, volume_bytes=volume, engine_config=engine_config)
 

@@ -18,9 +18,8 @@ from pathlib import Path
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHER
 from ..errors import UserError
-from ..deploy import deployed_plan, repository_tokenizer
+from ..model_repository import TENSORRT_LLM, ModelRepository, model_names, read_repository
 from ..plan import Plan, load_plan
-from ..tritonconfig import parse_pbtxt
 
 TUNE_DIR = "tune"
 
@@ -45,27 +44,28 @@ class TuneSource:
 def read_source(path: Path) -> TuneSource:
     path = Path(path).expanduser().resolve()
     if (path / "plan.json").is_file() and (path / "model_repo").is_dir():
-        plan, repo, out = load_plan(path / "plan.json"), path / "model_repo", path / TUNE_DIR
+        plan, repository, out = load_plan(path / "plan.json"), read_repository(path / "model_repo"), path / TUNE_DIR
         checkpoint = built_checkpoint(path, plan.precision)
-    elif (path / "manifest.json").is_file() and any(path.glob("*/config.pbtxt")):
-        plan, repo, out = deployed_plan(path), path, path.parent / TUNE_DIR
-        served = repo / "tensorrt_llm" / "1" / "checkpoint"
+    elif (path / "manifest.json").is_file() and model_names(path):
+        repository, out = read_repository(path), path.parent / TUNE_DIR
+        plan = repository.plan()
+        served = path / TENSORRT_LLM / "1" / "checkpoint"
         checkpoint = served if served.is_dir() else None
     else:
         raise UserError(f"{path} is neither a build directory (plan.json and model_repo/, from `trtpipe build`) nor "
                         "a model repository written by `trtpipe deploy` (manifest.json)")
+    repo = repository.path
     backend = backend_for(plan.backend)
     if backend.layout != INFLIGHT_BATCHER:
         raise UserError(f"{path} is a {plan.backend} deployment (the {backend.layout} layout): its batching is the "
                         "LLM API's, not Triton's; trtpipe tune tunes the engine and reference backends")
-    engine = engine_path(repo) if plan.build_config is not None else None
+    engine = served_engine(repository) if plan.build_config is not None else None
     if plan.build_config is None and checkpoint is None:
         raise UserError(f"{repo} has no tensorrt_llm/1/checkpoint to serve (an onnxruntime repository keeps only the "
                         "export): pass the build directory instead")
-    tokenizer = repository_tokenizer(repo)
-    if not tokenizer.is_dir():
+    if not repository.tokenizer.is_dir():
         raise UserError(f"{repo} has no preprocessing/1/tokenizer; re-run `trtpipe deploy`")
-    return TuneSource(path, plan, repo, checkpoint, engine, tokenizer, out)
+    return TuneSource(path, plan, repo, checkpoint, engine, repository.tokenizer, out)
 
 
 def built_checkpoint(build: Path, precision: str) -> Path | None:
@@ -75,10 +75,9 @@ def built_checkpoint(build: Path, precision: str) -> Path | None:
     return None
 
 
-def engine_path(repo: Path) -> Path:
+def served_engine(repository: ModelRepository) -> Path:
     """The tensorrt_llm model's gpt_model_path: the engine the repository serves."""
-    config = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
-    value = config.parameters["gpt_model_path"].string_value if "gpt_model_path" in config.parameters else ""
-    if not value or value.startswith("${"):
-        raise UserError(f"{repo}/tensorrt_llm/config.pbtxt names no engine (gpt_model_path); re-run `trtpipe deploy`")
-    return Path(value)
+    if repository.engine is None:
+        raise UserError(f"{repository.path}/tensorrt_llm/config.pbtxt names no engine (gpt_model_path); re-run "
+                        "`trtpipe deploy`")
+    return repository.engine

@@ -26,10 +26,11 @@ from typing import Callable, Iterator
 from ..backends import backend_for
 from ..deploy import deploy_repository
 from ..errors import UserError
-from ..outputs import MANIFEST, describe_outputs, read_manifest
+from ..model_repository import CONFIG, ENSEMBLE, ModelRepository, read_repository
+from ..outputs import MANIFEST, describe_outputs
 from ..plan import Plan
 from ..server import connect, embedded_server, wait_until_ready
-from ..tritonconfig import parse_pbtxt, to_pbtxt
+from ..tritonconfig import to_pbtxt
 from ..validate import EnsembleClient, run_level
 from ..validate.load_test import with_predictions
 from ..validate.checks import check_config_matches
@@ -103,15 +104,15 @@ def set_instance_counts(repo: Path, instances: Instances) -> None:
     counts = asdict(instances)
     if all(count == 1 for count in counts.values()):
         return   # what deploy wrote
+    repository = read_repository(repo)
     for model, count in counts.items():
-        path = repo / model / "config.pbtxt"
-        config = parse_pbtxt(path.read_text())
+        config = repository.config(model)
         if not config.instance_group:
             config.instance_group.add(count=count)
         for group in config.instance_group:
             group.count = count
-        path.write_text(to_pbtxt(config))
-    manifest = read_manifest(repo) or {}
+        (repo / model / CONFIG).write_text(to_pbtxt(config))
+    manifest = dict(repository.manifest.raw) if repository.manifest else {}
     manifest["params"] = {**manifest.get("params", {}), "instances": counts}   # deploy's own check sees the change
     manifest["outputs"] = describe_outputs(repo)
     (repo / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -138,24 +139,24 @@ def serving(repo: Path, url: str | None, log_path: Path, ready_timeout: float) -
         yield EnsembleClient(server, timeout=REQUEST_TIMEOUT_S)
 
 
-def reload_order(http_url: str, repo: Path) -> tuple[str, ...]:
+def reload_order(http_url: str, repository: ModelRepository) -> tuple[str, ...]:
     """Triton refuses an ensemble whose max_batch_size exceeds a composing model's: when the batch shrinks the
     ensemble (and BLS) go first, when it grows the composing models do."""
     try:
         current = TritonAdmin(http_url).config("ensemble").get("max_batch_size", 0)
     except NotServed:
         current = 0
-    wanted = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text()).max_batch_size
+    wanted = repository.config(ENSEMBLE).max_batch_size
     callers, composing = ("ensemble", "tensorrt_llm_bls"), ("preprocessing", "tensorrt_llm", "postprocessing")
     return callers + composing if wanted < current else composing + callers
 
 
 def reload_models(http_url: str, repo: Path) -> None:
     """Load every model of `repo` on the server with the repository's config (model control, explicit mode)."""
-    admin = TritonAdmin(http_url)
-    for name in reload_order(http_url, repo):
+    admin, repository = TritonAdmin(http_url), read_repository(repo)
+    for name in reload_order(http_url, repository):
         try:
-            admin.load(name, parse_pbtxt((repo / name / "config.pbtxt").read_text()))
+            admin.load(name, repository.config(name))
         except LoadRefused as refused:
             if refused.model_control:
                 raise UserError(f"the server at {http_url} does not let trtpipe reload models ({refused.status}: "

@@ -21,10 +21,9 @@ from typing import Protocol
 
 import numpy as np
 import requests
-from google.protobuf import text_format
 
-from ..server import TritonServer, list_repository_models
-from ..tritonconfig import parse_pbtxt
+from ..model_repository import model_names, read_repository
+from ..server import TritonServer
 from .client import EnsembleClient, RequestFailed, StreamResult
 from .report import CheckResult, GreedyReference, ValidateOptions
 from ..triton_admin import NotServed, TritonAdmin
@@ -56,7 +55,7 @@ def check_models_ready(server: TritonServer, repo: Path | None) -> CheckResult:
         states = admin.states()
     except requests.HTTPError:
         states = {}
-    expected = list_repository_models(repo) if repo else sorted(states)
+    expected = model_names(repo) if repo else sorted(states)
     problems = []
     for name in expected:
         if not admin.ready(name):
@@ -103,12 +102,12 @@ def check_config_matches(server: TritonServer, repo: Path | None) -> CheckResult
         return CheckResult("config_matches", False, "no repository directory to compare with",
                            fix="pass the repository directory the server was started on")
     problems, compared, admin = [], [], TritonAdmin(server.http_url)
-    for name in list_repository_models(repo):
-        try:
-            expected = parse_pbtxt((repo / name / "config.pbtxt").read_text())
-        except text_format.ParseError as exc:
-            problems.append(f"{name}/config.pbtxt does not parse: {exc}")
+    repository = read_repository(repo)
+    for name in repository.names:
+        if name not in repository.models:
+            problems.append(f"{name}/config.pbtxt does not parse: {repository.unusable[name]}")
             continue
+        expected = repository.config(name)
         try:
             actual = admin.model_config(name)
         except NotServed as missing:

@@ -10,9 +10,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHER
 from ..backends.pytorch import LLMAPI
 from ..errors import UserError
+from ..model_repository import read_deployment, read_repository
 from ..outputs import atomic_output_dir, portable
 from ..precisions import QUANT_ALGO
 from ..server import TritonServer, connect, embedded_server
@@ -63,12 +65,11 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
 
 def load_test_context(repo: Path | None):
     """The plan deploy recorded in REPO and its tokenizer (None, None for a repository deploy did not write)."""
-    from ..deploy import deployed_plan, repository_tokenizer
-
     if repo is None:
         return None, None
     try:
-        return deployed_plan(repo), repository_tokenizer(repo)
+        repository = read_repository(repo)
+        return repository.plan(), repository.tokenizer
     except UserError:
         return None, None
 
@@ -76,9 +77,6 @@ def load_test_context(repo: Path | None):
 def repository_layout(repo: Path | None, server: TritonServer) -> str:
     """INFLIGHT_BATCHER or LLMAPI: the layout of the backend deploy recorded for REPO, else (a repository deploy
     did not write, or none given) LLMAPI when the server has no `ensemble` model but a `tensorrt_llm` one."""
-    from ..backends import backend_for
-    from ..deploy import read_deployment
-
     served = read_deployment(repo) if repo else None
     if served is not None:
         return backend_for(served.backend).layout
@@ -146,10 +144,8 @@ def golden_reference(model: str | None, *, precision: str, weights_dtype: str,
 
 def reference_for(repo: Path | None, golden: str | None, device: str = "auto") -> GreedyReference | None:
     """`trtpipe validate REPO`'s golden reference: --golden MODEL, else the model deploy recorded in REPO's
-    manifest (`pipeline.deploy.read_deployment`), with the precision and dtype recorded there (an exact
+    manifest (`pipeline.model_repository.read_deployment`), with the precision and dtype recorded there (an exact
     float32 comparison for a repository deploy did not write); None when there is no model to compare with."""
-    from ..deploy import read_deployment
-
     served = read_deployment(Path(repo)) if repo else None
     return golden_reference(golden or (served.model if served else None),
                             precision=served.precision if served else "fp32",

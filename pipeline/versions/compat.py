@@ -22,9 +22,7 @@ from pathlib import Path
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHER
 from ..errors import UserError
-from ..server import list_repository_models
-from ..tritonconfig import parse_pbtxt
-from .repository import TRTLLM, Repository
+from .repository import Repository
 
 #: How many differing fields a refusal lists.
 MAX_LISTED = 6
@@ -113,7 +111,7 @@ def same_files(a: Path, b: Path) -> bool:
 
 
 def config_refusal(repo: Repository, source: Repository) -> str | None:
-    models, other = list_repository_models(repo.path), list_repository_models(source.path)
+    models, other = repo.triton.names, source.triton.names
     if models != other:
         return (f"REPO holds the models {', '.join(models)} and SOURCE {', '.join(other)}: they are not the same "
                 "deployment layout; redeploy both with this trtpipe")
@@ -132,7 +130,7 @@ def config_refusal(repo: Repository, source: Repository) -> str | None:
 
 def model_config(repo: Repository, name: str):
     """NAME's ModelConfig, tensorrt_llm's without its version_policy (the one field versions may change)."""
-    config = repo.config if name == TRTLLM else parse_pbtxt((repo.path / name / "config.pbtxt").read_text())
+    config = repo.triton.config(name)
     stripped = type(config)()
     stripped.CopyFrom(config)
     stripped.ClearField("version_policy")

@@ -19,13 +19,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import text_format
-
 from ..errors import UserError
-from ..outputs import read_manifest
-from ..tritonconfig import parse_pbtxt
+from ..model_repository import CONFIG, TENSORRT_LLM as TRTLLM, ModelRepository, read_repository as read_models
 
-TRTLLM = "tensorrt_llm"
 VERSIONS_KEY = "versions"
 
 
@@ -52,12 +48,24 @@ class VersionRecord:
 class Repository:
     """A `trtpipe deploy` repository as the versions commands see it."""
 
-    path: Path
-    manifest: dict
-    config: object                      # tensorrt_llm's ModelConfig message
+    triton: ModelRepository             # its models and manifest, as read
     on_disk: tuple[int, ...]            # numeric version directories of tensorrt_llm, ascending
     records: dict[int, VersionRecord]
     previous: int | None = None         # the version served before the last switch
+
+    @property
+    def path(self) -> Path:
+        return self.triton.path
+
+    @property
+    def manifest(self) -> dict:
+        """manifest.json as read, for the commands that rewrite it."""
+        return self.triton.manifest.raw
+
+    @property
+    def config(self):
+        """tensorrt_llm's ModelConfig message."""
+        return self.triton.config(TRTLLM)
 
     @property
     def model_dir(self) -> Path:
@@ -73,7 +81,7 @@ class Repository:
 
     @property
     def plan(self) -> dict:
-        return (self.manifest.get("params") or {}).get("plan") or {}
+        return self.triton.manifest.plan or {}
 
     @property
     def served(self) -> tuple[int, ...]:
@@ -100,23 +108,22 @@ def served_versions(config, on_disk: tuple[int, ...]) -> tuple[int, ...]:
 def read_repository(path: Path, role: str = "REPO") -> Repository:
     """The deploy repository at `path`; UserError (naming `role`) for anything else."""
     path = Path(path).expanduser().absolute()
-    manifest = read_manifest(path)
-    if not path.is_dir() or manifest is None or manifest.get("stage") != "deploy":
+    triton = read_models(path) if path.is_dir() else None
+    if triton is None or not triton.by_deploy:
         raise UserError(f"{role} {path} is not a model repository written by `trtpipe deploy` (no deploy "
                         "manifest.json); pass the repository (BUILD/model_repo) or, for the version to add, "
                         "the build directory")
-    config_path = path / TRTLLM / "config.pbtxt"
-    try:
-        config = parse_pbtxt(config_path.read_text())
-    except (OSError, text_format.ParseError) as exc:
-        raise UserError(f"{role} {config_path} is missing or not a ModelConfig ({exc}); re-run `trtpipe deploy`") \
-            from None
+    if TRTLLM not in triton.models:
+        raise UserError(f"{role} {path / TRTLLM / CONFIG} is missing or not a ModelConfig "
+                        f"({triton.unusable.get(TRTLLM, 'no such file')}); re-run `trtpipe deploy`")
     on_disk = tuple(sorted(int(p.name) for p in (path / TRTLLM).iterdir() if p.is_dir() and p.name.isdigit()))
     if not on_disk:
         raise UserError(f"{role} {path / TRTLLM} has no version directory; re-run `trtpipe deploy`")
-    block = manifest.get(VERSIONS_KEY) or {}
-    records = parse_records(block.get("held"), manifest, on_disk, served_versions(config, on_disk), path)
-    return Repository(path, manifest, config, on_disk, records, block.get("previous"))
+    manifest = triton.manifest.raw
+    block = triton.manifest.versions
+    records = parse_records(block.get("held"), manifest, on_disk, served_versions(triton.config(TRTLLM), on_disk),
+                            path)
+    return Repository(triton, on_disk, records, block.get("previous"))
 
 
 def parse_records(held, manifest: dict, on_disk: tuple[int, ...], served: tuple[int, ...],
