@@ -20,7 +20,8 @@ from typing import Callable
 
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
-from pipeline.plan import load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.server import embedded_server
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository, repository_tokenizer
-from pipeline.plan import load_plan, make_plan, resolve_model_info, save_plan
-from pipeline.plan.policy import replan
+from pipeline.plan import load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
+from pipeline.planner import replan
 from pipeline.plan.feedback import Measurements, correct, measured_on, observed, predict_level
 from pipeline.server import embedded_server
 from pipeline.sources import resolve_model

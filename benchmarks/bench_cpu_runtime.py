@@ -26,7 +26,8 @@ from bench_batching import CONCURRENCY, measure_side_by_side, print_side_by_side
 from pipeline.calibrate.data import resolve_recipe
 from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint
 from pipeline.deploy import deploy_repository
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 
 RUNTIMES = ("onnxruntime", "torch")

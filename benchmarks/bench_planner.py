@@ -24,7 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.plan import Overrides, Workload, make_plan, resolve_model_info
+from pipeline.plan import Overrides, Workload, resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.plan.performance import MEASURED, Workpoint, derived_estimate, estimate
 from pipeline.presets import PRESETS
 from pipeline.targets import get_target

@@ -129,7 +129,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     """
     from .backends import backend_serving
     from .deploy import deploy_repository
-    from .plan import make_plan, save_plan
+    from .plan import save_plan
+    from .planner import make_plan
     from .sources import resolve_model
     from .targets import get_target
 

@@ -186,7 +186,8 @@ def build_small_repository(root: Path) -> tuple[Path, tuple[str, ...]]:
 
     from pipeline.convert import convert_model
     from pipeline.deploy import deploy_repository
-    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.plan import resolve_model_info
+    from pipeline.planner import make_plan
     from pipeline.sources import resolve_model
     from pipeline.targets import get_target
 

@@ -45,7 +45,7 @@ def test_the_workload_flags_reach_the_plan(tmp_path, monkeypatch):
         seen["workload"] = workload
         raise build_module.UserError("stopped here")
 
-    monkeypatch.setattr("pipeline.plan.make_plan", stop_at_the_plan)
+    monkeypatch.setattr("pipeline.planner.make_plan", stop_at_the_plan)
     result = build("smollm2-135m", "--target", "cpu", "--precision", "fp8", "--input-len", "512",
                    "--output-len", "64", "--max-context", "1024", "-o", tmp_path / "out")
     assert result.exit_code == 2 and "stopped here" in result.output

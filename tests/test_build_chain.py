@@ -15,7 +15,7 @@ from test_tune import fake_load  # noqa: F401  (the fixture)
 from pipeline.cli import main
 from pipeline.plan import load_plan
 from pipeline.precisions import PRECISIONS
-from pipeline.plan.policy import replan
+from pipeline.planner import replan
 
 TUNE = ["--slo", "ttft_p99<=600s", "--trials", "2", "--concurrency", "1,2", "--prompts", "validate",
         "--requests-per-client", "1", "--max-tokens", "4"]

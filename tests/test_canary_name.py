@@ -13,7 +13,8 @@ from support.models import make_tiny_model, save_word_tokenizer
 from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
-from pipeline.plan import make_plan, resolve_model_info, save_plan
+from pipeline.plan import resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.plan.schema import Workload
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target

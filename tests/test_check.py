@@ -14,7 +14,8 @@ from pipeline import TRTLLM_VERSION
 from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.deploy import deploy_repository
-from pipeline.plan import load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 from pipeline.tritonconfig import parse_pbtxt, to_pbtxt
 

@@ -285,7 +285,7 @@ def test_llama3_8b_density_on_the_4090_matches_hand_computed_values(no_aic):
     """Each of N instances is planned with 24 GiB / N and its own 1 GiB CUDA context reserve (trtpipe's own memory
     model: aiconfigurator-core's 3.5 GiB of other memory per instance fits fp8 once, tested below)."""
     from pipeline.plan import resolve_model_info
-    from pipeline.plan.density import densities, plan_instances
+    from pipeline.planner import densities, plan_instances
     from pipeline.targets import get_target
 
     gib, model, gpu = 2**30, resolve_model_info("llama-3-8b"), get_target("rtx4090")
@@ -319,7 +319,7 @@ def test_with_aic_two_fp8_instances_do_not_fit_a_4090_and_the_refusal_says_why()
     """aiconfigurator-core counts 3.5 GiB of runtime memory per instance beside the 8.46 GiB of weights: more than the
     11.99 GiB each of two instances gets."""
     from pipeline.plan import resolve_model_info
-    from pipeline.plan.density import densities, plan_instances
+    from pipeline.planner import densities, plan_instances
     from pipeline.targets import get_target
 
     model, gpu = resolve_model_info("llama-3-8b"), get_target("rtx4090")

@@ -33,7 +33,8 @@ from pipeline.compile import (
     trtllm_build_command,
 )
 from pipeline.errors import UserError
-from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
+from pipeline.plan import Workload, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 
 FLAGS_FILE = Path(__file__).parent / "data" / "trtllm_build_1.2.1_flags.txt"

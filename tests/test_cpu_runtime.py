@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from support.models import tiny_cpu_checkpoint
 
 from pipeline.cli import main
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 from pipeline.tritonconfig import parse_pbtxt
 from pipeline.validate import ValidateOptions, reference_for, validate_repository

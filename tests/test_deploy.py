@@ -19,7 +19,8 @@ from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
-from pipeline.plan import load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.tritonconfig import dtype_name, parse_pbtxt, to_pbtxt

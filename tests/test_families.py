@@ -261,7 +261,8 @@ def test_qwen25_fp16_weights_by_hand():
 
 
 def test_qwen3_8b_fp8_plan_for_rtx4090_fits_and_counts_the_qk_norms():
-    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.plan import resolve_model_info
+    from pipeline.planner import make_plan
     from pipeline.plan.memory import layer_bytes_per_rank
     from pipeline.targets import get_target
 

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from pipeline.arch import ModelArch
 from pipeline.cli import main
 from pipeline.errors import UserError
-from pipeline.plan import Workload, make_plan, resolve_model_info
+from pipeline.plan import Workload, resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.plan import host_timing
 from pipeline.plan.feedback import (
     Correction,

@@ -156,3 +156,17 @@ def test_the_registry_locates_every_backend_name_and_each_is_the_backend_it_name
 
     assert tuple(LOCATIONS) == NAMES
     assert [backend.name for backend in registry().values()] == list(NAMES)
+
+
+def test_layers_below_the_backends_name_them_only_through_names_and_the_registry():
+    """The plan's schema and rules, the model families, the checkpoint and the runtime sit below `backends/`: they
+    may import `pipeline.backends` (the lazy registry) and `pipeline.backends.names`, never a backend's module, and
+    the function that makes a plan from a request and a backend (`pipeline.planner`) is above them."""
+    graph = import_graph()
+    below = ("pipeline.plan", "pipeline.model", "pipeline.runtime", "pipeline.arch", "pipeline.checkpoint")
+    allowed = {"pipeline.backends", "pipeline.backends.names"}
+    found = {module: sorted(t for t in targets if t.startswith("pipeline.backends") and t not in allowed)
+             for module, targets in graph.items() if module.startswith(below)}
+    assert not {m: t for m, t in found.items() if t}
+    assert not any(module.startswith(below) for module, targets in graph.items() if "pipeline.planner" in targets)
+    assert not [m for m, targets in graph.items() if m.startswith("pipeline.backends") and "pipeline.planner" in targets]

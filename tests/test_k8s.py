@@ -22,7 +22,8 @@ from pipeline.k8s import K8sOptions, monitoring as mon, scale_ratio, write_k8s
 from pipeline.k8s.dashboard import dashboard_expressions
 from pipeline.k8s.manifests import GPU_PRODUCTS, LOAD_BYTES_PER_S, SHM_PER_RANK, VOLUME_ROOT
 from pipeline.k8s.source import read_source
-from pipeline.plan import Workload, load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import Workload, load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.tritonconfig import parse_pbtxt

@@ -24,7 +24,8 @@ import pytest
 
 from pipeline.backends.pytorch import LLMAPI_INPUTS, LLMAPI_OUTPUTS, PYTORCH_MODEL_SOURCE
 from pipeline.deploy import deploy_repository
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 from pipeline.tritonconfig import parse_pbtxt
 from pipeline.validate.llmapi import llmapi_bad_requests

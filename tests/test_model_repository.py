@@ -14,7 +14,8 @@ from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
 from pipeline.model_repository import (INFLIGHT_BATCHER_MODELS, NO_CONFIG, model_names, read_deployment,
                                        read_repository)
-from pipeline.plan import load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"

@@ -13,7 +13,8 @@ from pipeline.backends.base import shell_command
 from pipeline.cli import main
 from pipeline.deploy import deploy_repository
 from pipeline.model_repository import read_deployment
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.presets import PRESETS
 from pipeline.targets import get_target
 from pipeline.model.arch_config import parameter_count

@@ -11,7 +11,8 @@ import pytest
 from pipeline.backends.nvidia_contract import FATAL, PYTHON_MODELS, TENSORRTLLM, required_keys
 from pipeline.check import check_repository
 from pipeline.deploy import deploy_repository
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 from pipeline.tritonconfig import parse_pbtxt
 

@@ -260,7 +260,8 @@ def test_smollm2_export_equals_runtime(smollm2_checkpoint, tmp_path):
 
 def test_trtexec_command_shapes_come_from_the_plan():
     from pipeline.onnx.trtexec import trtexec_command
-    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.plan import resolve_model_info
+    from pipeline.planner import make_plan
     from pipeline.targets import get_target
 
     plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8")

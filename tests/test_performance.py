@@ -9,7 +9,8 @@ import json
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.plan import Overrides, Workload, load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import Overrides, Workload, load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.plan.memory import weights_per_rank_by_stage, weights_read_per_step
 from pipeline.plan.performance import Chip, Workpoint, estimate, scaled_ops
 from pipeline.targets import get_target

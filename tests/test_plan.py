@@ -21,12 +21,12 @@ from pipeline.plan import (
     derive_profiles,
     kv_bytes_per_token,
     load_plan,
-    make_plan,
     plan_document,
     resolve_model_info,
     save_plan,
     split_num_tokens_range,
 )
+from pipeline.planner import make_plan
 from pipeline.presets import PRESETS
 from pipeline.targets import GIB, MIB, catalogue, get_target
 from pipeline.model.arch_config import parameter_count
@@ -284,7 +284,7 @@ def test_triton_parameters_agree_with_the_build():
 def test_the_queue_bound_is_stated_with_its_reason_in_the_plan_table(model, target):
     from rich.console import Console
 
-    from pipeline.plan import render_plan
+    from pipeline.cli.plan_render import render_plan
 
     plan = plan_for(model, target=target)
     t = plan.triton
@@ -647,7 +647,7 @@ def every_plan():
 def test_every_plan_json_plans_itself_again(plan, tmp_path):
     """tune, density and every other re-planner read plan.json and ask the planner again (policy.replan): the answer
     must be the same plan, whatever the backend computes in (the cpu target records float32 for fp8/fp16)."""
-    from pipeline.plan.policy import replan
+    from pipeline.planner import replan
 
     save_plan(plan, tmp_path / "plan.json")
     again = replan(load_plan(tmp_path / "plan.json"))
@@ -655,7 +655,8 @@ def test_every_plan_json_plans_itself_again(plan, tmp_path):
 
 
 def test_a_cpu_fp8_plan_records_float32_and_still_replans_as_fp8():
-    from pipeline.plan.policy import kv_cache_request, replan
+    from pipeline.plan.policy import kv_cache_request
+    from pipeline.planner import replan
 
     plan = make_plan(resolve_model_info("smollm2-135m"), get_target("cpu"), "fp16")
     assert (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")

@@ -18,7 +18,8 @@ from pipeline.check import check_repository
 from pipeline.cli import main
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
-from pipeline.plan import Overrides, Workload, load_plan, make_plan, resolve_model_info
+from pipeline.plan import Overrides, Workload, load_plan, resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.targets import get_target
 from pipeline.tritonconfig import dtype_name, parse_pbtxt
 from support.models import deploy_tiny_llmapi, save_word_tokenizer

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from pipeline.cli import main
 from pipeline.errors import UserError
-from pipeline.plan import make_plan, plan_document, resolve_model_info
+from pipeline.plan import plan_document, resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.plan.servers import server_settings
 from pipeline.targets import get_target
 

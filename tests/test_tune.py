@@ -21,7 +21,8 @@ from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
 from pipeline.outputs import describe_outputs, read_manifest
-from pipeline.plan import Workload, load_plan, make_plan, resolve_model_info, save_plan
+from pipeline.plan import Workload, load_plan, resolve_model_info, save_plan
+from pipeline.planner import make_plan
 from pipeline.sources import resolve_model
 from pipeline.targets import GIB, get_target
 from pipeline.tritonconfig import parse_pbtxt

@@ -491,7 +491,8 @@ def test_cli_validate_bad_input_is_exit_2(tmp_path, args, message):
 def smollm2_report(smollm2_checkpoint, tmp_path_factory):
     """deploy's five-model cpu repository for SmolLM2, validated against transformers (reference from the plan)."""
     from pipeline.deploy import deploy_repository
-    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.plan import resolve_model_info
+    from pipeline.planner import make_plan
     from pipeline.targets import get_target
 
     root = tmp_path_factory.mktemp("smollm2-validate")

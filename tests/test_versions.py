@@ -20,7 +20,8 @@ from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
 from pipeline.model_repository import read_deployment
-from pipeline.plan import make_plan, resolve_model_info
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
 from pipeline.plan.schema import Workload
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target

@@ -370,8 +370,9 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     """
     from rich.console import Console
 
-    from ..plan import Overrides, Workload, plan_document, render_plan, resolve_model_info, save_plan
-    from ..plan.density import densities, plan_instances
+    from ..plan import Overrides, Workload, plan_document, resolve_model_info, save_plan
+    from .plan_render import render_plan
+    from ..planner import densities, plan_instances
     from ..plan.servers import server_settings
     from ..targets import get_target
 

@@ -31,6 +31,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHING, STATIC_BATCHING
 from ..errors import UserError
 from .performance import DERIVED_SOURCE, MEASURED_SOURCE, SOL_SOURCE, Workpoint, energy_of
@@ -80,8 +81,6 @@ def plan_load(plan: Plan) -> LevelLoad:
 
 
 def batching_of(plan: Plan) -> str:
-    from ..backends import backend_for
-
     return backend_for(plan.backend).batching
 
 

@@ -1,8 +1,7 @@
 """The planner's policy: the checks every plan passes, and the choices its backend's planner starts from.
 
-`make_plan` checks the request against the precision, the target, the checkpoint and TensorRT-LLM's
-rules, picks the backend (the `backend` argument, else the target's default: the engine on a GPU, the
-reference runtime on the cpu target), and hands a `PlanRequest` to that backend's planner
+`pipeline.planner.make_plan` (above the backends) runs these checks against the precision, the target, the
+checkpoint and TensorRT-LLM's rules and hands the `PlanRequest` they produce to the backend's planner
 (`pipeline.backends.<name>.plan`). Anything that cannot work is a UserError.
 """
 
@@ -13,11 +12,10 @@ from dataclasses import dataclass
 from ..arch import ModelArch
 from ..errors import UserError
 from ..model.layout import check_parallelism
-from ..precisions import FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS, QUANT_ALGO
+from ..precisions import FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from ..targets import FP8_MIN_SM, Target
 from .schema import ModelInfo, Overrides, Plan, Workload
 from .trtllm import model_context_limit
-from ..backends import backend_serving
 
 
 #: Triton queue bound (0 would be unlimited): this many full batches may wait, so an overload is
@@ -99,13 +97,6 @@ def kv_cache_request(plan: Plan) -> str:
     return next(name for name, value in FLOAT_DTYPES.items() if value == dtype)
 
 
-def replan(plan: Plan, overrides: Overrides | None = None, target: Target | None = None) -> Plan:
-    """`make_plan` for the request that made `plan` (its model, precision, KV cache, tp/pp, workload, backend), with
-    other `overrides` or another `target` (an instance's share of it); UserError as make_plan."""
-    return make_plan(plan.model, target or plan.target, plan.precision, kv_cache_request(plan), plan.tp_size,
-                     plan.workload, overrides, plan.pp_size, backend=plan.backend)
-
-
 def check_checkpoint_agrees(model: ModelInfo, precision: str, kv_cache_dtype: str, dtype: str,
                             tp: int, check_dtype: bool = True) -> None:
     """A checkpoint fixes its precision, KV quantization, dtype and tp: the request must match."""
@@ -170,37 +161,3 @@ def latency_batch_cap(budget_s: float, prefill_s: float, workload: Workload, wei
                         f"{workload.output_len} decode steps of {base * 1e3:.2f} ms); shorten the output, "
                         "use a lower precision or more GPUs")
     return max(1, int((per_step - base) * target.bandwidth_bytes_per_s / (context * kv_per_token)))
-
-
-# ----------------------------------------------------------------------------------------------
-# The plan
-
-
-def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_cache: str = "auto",
-              tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
-              pp: int = 1, backend: str | None = None) -> Plan:
-    """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work."""
-    if isinstance(model, ModelArch):
-        model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
-    workload = workload or Workload()
-    overrides = overrides or Overrides()
-    workload.validate()
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    server = backend_serving(backend, target)
-    arch = model.arch
-    is_checkpoint = model.source == "checkpoint"
-    if is_checkpoint:
-        pp = model.checkpoint_pp_size or 1
-    dtype = engine_dtype(precision, arch)
-    kv_dtype = resolve_kv_cache_dtype(kv_cache, precision, dtype,
-                                      (model.checkpoint_quantization or {}).get("kv_cache_quant_algo"),
-                                      is_checkpoint)
-    warnings = check_target_supports(target, precision, kv_dtype, tp, pp, arch)
-    # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
-    check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
-    max_context = choose_max_context(workload, arch)
-    return server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
-                                   max_context, warnings))
-
-

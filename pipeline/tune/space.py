@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..backends import backend_for
 from ..errors import UserError
 from ..plan import Overrides, Plan
-from ..plan.policy import replan as plan_again
+from ..planner import replan as plan_again
 from ..plan.memory import decode_step_seconds, weights_read_per_step, format_gib
 from ..plan.trtllm import MAX_BATCH_SIZE_CAP
 from .slo import Slo

@@ -107,7 +107,8 @@ def deploy_tiny_llmapi(checkpoint: Path, tokenizer: Path, root: Path) -> Path:
     from click.testing import CliRunner
 
     from pipeline.cli import main
-    from pipeline.plan import Workload, make_plan, resolve_model_info, save_plan
+    from pipeline.plan import Workload, resolve_model_info, save_plan
+    from pipeline.planner import make_plan
     from pipeline.targets import get_target
 
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32",
@@ -124,7 +125,8 @@ def tiny_cpu_checkpoint(hf_dir: Path, root: Path) -> tuple[Path, Path]:
     """A copy of the tiny HF model `hf_dir` under `root` with the word tokenizer and the cpu plan's context, its
     float32 checkpoint and cpu plan.json: (checkpoint, plan path)."""
     from pipeline.convert import convert_model
-    from pipeline.plan import make_plan, resolve_model_info
+    from pipeline.plan import resolve_model_info
+    from pipeline.planner import make_plan
     from pipeline.sources import resolve_model
     from pipeline.targets import get_target
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .. import TRTLLM_VERSION
-from .memory import format_gib
-from .schema import Plan
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHING
+from ..plan import Plan
+from ..plan.memory import format_gib
 
 
 def _kv_table(title: str, rows: list[tuple[str, object]]):

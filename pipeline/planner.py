@@ -1,0 +1,118 @@
+"""Making a plan: a request checked by the plan's rules (`plan.policy`), planned by its backend.
+
+`make_plan` checks the request against the precision, the target, the checkpoint and TensorRT-LLM's rules,
+picks the backend (the `backend` argument, else the target's default: the engine on a GPU, the reference runtime
+on the cpu target) and hands a `PlanRequest` to that backend's planner. It sits above `pipeline.backends`, whose
+planners build on the plan's schema and rules below them. `replan` plans a plan.json's request again (tune);
+`densities` and `plan_instances` plan N instances of one build side by side on one GPU.
+
+Instance density (multi-tenant, or A and B of a comparison on one RTX 4090): each instance is its own server
+process with its own CUDA context, engine and KV cache, so each is planned as if the GPU had memory / N: the
+planner's budget (weights, activations, the runtime reserve with its CUDA context, then the KV-cache fraction of
+what is left) applies per instance, and an instance fits when its weights, activations and reserve leave room for
+at least one sequence of the workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .arch import ModelArch
+from .backends import backend_serving
+from .errors import UserError
+from .plan.policy import (PlanRequest, check_checkpoint_agrees, check_target_supports, choose_max_context,
+                          engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
+from .plan.schema import ModelInfo, Overrides, Plan, Workload
+from .precisions import PRECISIONS
+from .targets import Target
+
+
+def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_cache: str = "auto",
+              tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
+              pp: int = 1, backend: str | None = None) -> Plan:
+    """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work."""
+    if isinstance(model, ModelArch):
+        model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
+    workload = workload or Workload()
+    overrides = overrides or Overrides()
+    workload.validate()
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    server = backend_serving(backend, target)
+    arch = model.arch
+    is_checkpoint = model.source == "checkpoint"
+    if is_checkpoint:
+        pp = model.checkpoint_pp_size or 1
+    dtype = engine_dtype(precision, arch)
+    kv_dtype = resolve_kv_cache_dtype(kv_cache, precision, dtype,
+                                      (model.checkpoint_quantization or {}).get("kv_cache_quant_algo"),
+                                      is_checkpoint)
+    warnings = check_target_supports(target, precision, kv_dtype, tp, pp, arch)
+    # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
+    check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
+    max_context = choose_max_context(workload, arch)
+    return server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
+                                   max_context, warnings))
+
+
+def replan(plan: Plan, overrides: Overrides | None = None, target: Target | None = None) -> Plan:
+    """`make_plan` for the request that made `plan` (its model, precision, KV cache, tp/pp, workload, backend), with
+    other `overrides` or another `target` (an instance's share of it); UserError as make_plan."""
+    return make_plan(plan.model, target or plan.target, plan.precision, kv_cache_request(plan), plan.tp_size,
+                     plan.workload, overrides, plan.pp_size, backend=plan.backend)
+
+
+# ----------------------------------------------------------------------------------------------
+# Instance density
+
+#: Densities tried at most (a GPU running more servers than this is not a deployment anyone plans)
+MAX_INSTANCES = 64
+
+
+def instance_share(target: Target, instances: int) -> Target:
+    """The target as one of `instances` equal tenants sees it: memory / N (rounded down), the rest unchanged."""
+    if instances < 1:
+        raise UserError(f"--instances must be at least 1 (got {instances})")
+    return replace(target, memory_bytes=target.memory_bytes // instances)
+
+
+def plan_instances(model, target: Target, precision: str, instances: int, **plan_options) -> Plan:
+    """The plan of one of `instances` instances of MODEL at PRECISION on TARGET; UserError when it does not fit."""
+    try:
+        return make_plan(model, instance_share(target, instances), precision, **plan_options)
+    except UserError as exc:
+        if instances == 1:
+            raise
+        raise UserError(f"{instances} instances do not fit on one {target.name} (each gets "
+                        f"{target.memory_bytes // instances / 2**30:.2f} GiB): {exc}") from None
+
+
+@dataclass(frozen=True)
+class Density:
+    precision: str
+    max_instances: int                   # 0: not even one fits
+    memory_per_instance_bytes: int       # at max_instances (0 when none fits)
+    max_batch_size: int                  # of one instance at max_instances
+    reason: str                          # why max_instances + 1 does not fit
+
+
+def largest_density(model, target: Target, precision: str, **plan_options) -> Density:
+    """The largest N whose per-instance plan fits (plans fit monotonically less as N grows)."""
+    best, reason = None, ""
+    for n in range(1, MAX_INSTANCES + 1):
+        try:
+            best = (n, make_plan(model, instance_share(target, n), precision, **plan_options))
+        except UserError as exc:
+            reason = str(exc)
+            break
+    if best is None:
+        return Density(precision, 0, 0, 0, reason)
+    n, plan = best
+    return Density(precision, n, plan.memory.memory_bytes, plan.triton.triton_max_batch_size,
+                   reason or f"capped at {MAX_INSTANCES}")
+
+
+def densities(model, target: Target, **plan_options) -> list[Density]:
+    """`largest_density` for every precision the target can run (fp8 only where it supports FP8)."""
+    return [largest_density(model, target, p, **plan_options) for p in PRECISIONS
+            if p != "fp8" or target.supports_fp8 or target.kind == "cpu"]
