@@ -17,6 +17,7 @@ from .backends.nvidia_contract import FATAL, LITERAL, PYTHON_MODELS, TENSORRTLLM
 from .errors import UserError
 from .model_repository import CONFIG, NO_CONFIG, ModelRepository, RepositoryModel, read_repository
 from .triton_contract import MODELS as NVIDIA_TENSORS, declared_differently
+from .triton_names import STREAM, STREAMING, TENSORRT_LLM, TENSORRT_LLM_MODEL_NAME
 from .tritonconfig import dtype_name
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -359,10 +360,10 @@ def _dims_compatible(a: list[int], b: list[int]) -> bool:
 def check_streaming(models: dict[str, RepositoryModel]) -> list[Finding]:
     findings = []
     for m in models.values():
-        if "streaming" not in m.inputs() or m.decoupled:
+        if STREAMING not in m.inputs() or m.decoupled:
             continue
         callers = [c for c in models.values() if c.decoupled and c.config.backend == "python"
-                   and (c.parameter("tensorrt_llm_model_name") or "tensorrt_llm") == m.name and "stream" in c.inputs()]
+                   and (c.parameter(TENSORRT_LLM_MODEL_NAME) or TENSORRT_LLM) == m.name and STREAM in c.inputs()]
         for caller in callers:
             findings.append(Finding("streaming", "error", m.file, "model_transaction_policy.decoupled",
                                     f"{caller.name} streams (decoupled) but {m.name} is not decoupled: "

@@ -39,18 +39,20 @@ from .backends.reference import with_runtime
 from .errors import UserError
 from .model_repository import INFLIGHT_BATCHER_MODELS, Deployment
 from .outputs import fingerprint_inputs, stage_output
-from .package_data import MODEL_SOURCES
+from .package_data import MODEL_SOURCES, MODEL_SUPPORT_FILES, copy_model_support
 from .plan import Plan
 from .tokenizer import TOKENIZER_FILES, copy_tokenizer
 from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS, POSTPROCESSING_INPUTS,
                               POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                               TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS, TENSORRT_LLM_INPUTS,
                               TENSORRT_LLM_OUTPUTS)
+from .triton_names import (ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS,
+                           TENSORRT_LLM_MODEL_NAME)
 from .tritonconfig import Batching, ModelSpec, build_model_config, to_pbtxt
 
 STAGE = "deploy"
 #: The models whose Python source is the same for every backend (model_repo/<name>/1/model.py).
-COMMON_PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+COMMON_PYTHON_MODELS = (PREPROCESSING, POSTPROCESSING, TENSORRT_LLM_BLS)
 #: The datatype of the logits outputs (NVIDIA's default `logits_datatype`).
 LOGITS_DTYPE = "TYPE_FP32"
 
@@ -131,7 +133,7 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
             write_llmapi_repository(output.dir, plan, checkpoint, tokenizer_dir)
         else:
             write_repository(output.dir, settings, tokenizer_dir, python_models)
-        backend.write_model(output.dir / "tensorrt_llm" / "1", checkpoint)
+        backend.write_model(output.dir / TENSORRT_LLM / "1", checkpoint)
         refuse_if_check_fails(output.dir, engine)
     return DeployResult(out, settings.target, False, models, engine, deployment)
 
@@ -195,31 +197,32 @@ def tokenizer_parameter(model: str) -> dict[str, str]:
 
 def model_specs(s: DeploySettings) -> list[ModelSpec]:
     return [
-        ModelSpec("ensemble", s.max_batch_size, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, platform="ensemble",
+        ModelSpec(ENSEMBLE, s.max_batch_size, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, platform="ensemble",
                   steps=ENSEMBLE_STEPS),
-        ModelSpec("preprocessing", s.max_batch_size, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, backend="python",
+        ModelSpec(PREPROCESSING, s.max_batch_size, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, backend="python",
                   batching=s.batching(), instance_count=1,
                   # NVIDIA's preprocessing reads multimodal_model_path with []: "" = text only
-                  parameters={**tokenizer_parameter("preprocessing"), "add_special_tokens": "true",
+                  parameters={**tokenizer_parameter(PREPROCESSING), "add_special_tokens": "true",
                               "multimodal_model_path": ""}),
-        ModelSpec("tensorrt_llm", s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS,
+        ModelSpec(TENSORRT_LLM, s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS,
                   backend=s.triton_backend, batching=s.batching(), decoupled=s.decoupled, instance_count=1,
                   parameters=s.trtllm_parameters),
-        ModelSpec("postprocessing", s.max_batch_size, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
+        ModelSpec(POSTPROCESSING, s.max_batch_size, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
                   backend="python", batching=Batching(), instance_count=1,
-                  parameters={**tokenizer_parameter("postprocessing"), "skip_special_tokens": "true"}),
-        ModelSpec("tensorrt_llm_bls", s.max_batch_size, TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS,
+                  parameters={**tokenizer_parameter(POSTPROCESSING), "skip_special_tokens": "true"}),
+        ModelSpec(TENSORRT_LLM_BLS, s.max_batch_size, TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS,
                   backend="python",
                   decoupled=s.decoupled, instance_count=1,
-                  parameters={"tensorrt_llm_model_name": "tensorrt_llm", "accumulate_tokens": "false"}),
+                  parameters={TENSORRT_LLM_MODEL_NAME: TENSORRT_LLM, "accumulate_tokens": "false"}),
     ]
 
 
 # ------------------------------------------------------------------------------------------- the files
 
 def model_source_files() -> list[Path]:
-    """The model.py files of the backend-independent models, from model_repo/ (`package_data.MODEL_SOURCES`)."""
-    files = [MODEL_SOURCES / name / "1" / "model.py" for name in COMMON_PYTHON_MODELS]
+    """The model.py files of the backend-independent models, from model_repo/ (`package_data.MODEL_SOURCES`), and
+    the package files they import (`package_data.MODEL_SUPPORT_FILES`)."""
+    files = [*(MODEL_SOURCES / name / "1" / "model.py" for name in COMMON_PYTHON_MODELS), *MODEL_SUPPORT_FILES]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise UserError(f"trtpipe's model sources are missing ({', '.join(missing)}); reinstall trtpipe")
@@ -238,13 +241,13 @@ def nvidia_python_models(directory: Path, llmapi: bool) -> list[Path]:
     if missing:
         raise UserError(f"NVIDIA's model files are not in {directory} (missing {', '.join(missing)}); in "
                         f"NVIDIA's Triton container they are at {NVIDIA_MODEL_FILES}")
-    lib = directory / "tensorrt_llm_bls" / "1" / "lib"
+    lib = directory / TENSORRT_LLM_BLS / "1" / "lib"
     return files + sorted(p for p in lib.rglob("*.py") if p.is_file())
 
 
 def write_repository(repo: Path, s: DeploySettings, tokenizer_dir: Path, python_models: Path | None = None) -> None:
-    """Every config.pbtxt, and the files of the models every backend shares (trtpipe's, or NVIDIA's from
-    `python_models`)."""
+    """Every config.pbtxt, and the files of the models every backend shares (trtpipe's, with the package files
+    they import beside each model.py (`copy_model_support`), or NVIDIA's from `python_models`)."""
     for spec in model_specs(s):
         model_dir = repo / spec.name
         (model_dir / "1").mkdir(parents=True)
@@ -252,12 +255,14 @@ def write_repository(repo: Path, s: DeploySettings, tokenizer_dir: Path, python_
     source = Path(python_models) if python_models else MODEL_SOURCES
     for name in COMMON_PYTHON_MODELS:
         shutil.copyfile(source / name / "1" / "model.py", repo / name / "1" / "model.py")
-    if python_models and (source / "tensorrt_llm_bls" / "1" / "lib").is_dir():
-        shutil.copytree(source / "tensorrt_llm_bls" / "1" / "lib", repo / "tensorrt_llm_bls" / "1" / "lib",
+        if not python_models:
+            copy_model_support(repo / name / "1")
+    if python_models and (source / TENSORRT_LLM_BLS / "1" / "lib").is_dir():
+        shutil.copytree(source / TENSORRT_LLM_BLS / "1" / "lib", repo / TENSORRT_LLM_BLS / "1" / "lib",
                         ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("preprocessing", "postprocessing"):
+    for name in (PREPROCESSING, POSTPROCESSING):
         copy_tokenizer(tokenizer_dir, repo / name / "1" / "tokenizer")
-    (repo / "tensorrt_llm_bls" / "1" / "wiring.json").write_text(json.dumps(bls_wiring(), indent=2) + "\n")
+    (repo / TENSORRT_LLM_BLS / "1" / "wiring.json").write_text(json.dumps(bls_wiring(), indent=2) + "\n")
 
 
 def bls_wiring() -> dict:

@@ -26,13 +26,13 @@ from .errors import UserError
 from .outputs import read_manifest
 from .plan import Plan
 from .precisions import QUANT_ALGO
+from .triton_names import ENSEMBLE, OUTPUT_IDS, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
 from .tritonconfig import parse_pbtxt
 
 CONFIG = "config.pbtxt"
 DEPLOY_STAGE = "deploy"
 #: The models of NVIDIA's inflight_batcher_llm layout, in the order deploy writes them.
-INFLIGHT_BATCHER_MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
-ENSEMBLE, PREPROCESSING, TENSORRT_LLM = "ensemble", "preprocessing", "tensorrt_llm"
+INFLIGHT_BATCHER_MODELS = (ENSEMBLE, PREPROCESSING, TENSORRT_LLM, POSTPROCESSING, TENSORRT_LLM_BLS)
 UNSET = re.compile(r"^\$\{[^}]*\}$")   # a fill_template.py placeholder nobody filled
 
 
@@ -83,7 +83,7 @@ class RepositoryModel:
     def serves_engine(self) -> bool:
         """The tensorrtllm backend, or NVIDIA's Python runtime model (engine path and the LLM outputs)."""
         return self.config.backend == "tensorrtllm" or (
-            bool(self.parameter("gpt_model_path")) and "output_ids" in self.outputs())
+            bool(self.parameter("gpt_model_path")) and OUTPUT_IDS in self.outputs())
 
     @property
     def decoupled(self) -> bool:

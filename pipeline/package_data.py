@@ -4,10 +4,15 @@
 the source tree, beside `pipeline/`. The wheel carries them inside the package, as `pipeline/data/model_repo/` and
 `pipeline/data/calibration/` (pyproject.toml's package-dir), so an installed trtpipe finds them there and a source
 checkout (an editable install, the tests) at the top level: one copy in either case.
+
+`copy_model_support` puts the part of the package trtpipe's model.py files import (`MODEL_SUPPORT_FILES`:
+`pipeline/__init__.py`, constants only, and `pipeline/triton_names.py`, standard library only) beside a model.py
+in a repository, so the model imports that copy whatever trtpipe, if any, the server's Python has.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -25,3 +30,14 @@ def shipped_folder(name: str) -> Path:
 MODEL_SOURCES = shipped_folder("model_repo")
 #: The calibration recipes (calibration/<name>.json).
 RECIPES = shipped_folder("calibration")
+#: What trtpipe's own model.py files import of the package (each puts its version directory first on sys.path).
+MODEL_SUPPORT_FILES = (PACKAGE_DIR / "__init__.py", PACKAGE_DIR / "triton_names.py")
+
+
+def copy_model_support(version_dir: Path) -> None:
+    """MODEL_SUPPORT_FILES into `version_dir` (a model's version directory, beside its model.py) as
+    `pipeline/__init__.py` and `pipeline/triton_names.py`."""
+    package = Path(version_dir) / PACKAGE_DIR.name
+    package.mkdir(parents=True, exist_ok=True)
+    for f in MODEL_SUPPORT_FILES:
+        shutil.copyfile(f, package / f.name)

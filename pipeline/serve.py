@@ -31,6 +31,7 @@ import requests
 
 from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
 from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
+from .triton_names import ENSEMBLE
 from .validate.metrics import parse_samples
 
 #: how often `trtpipe serve` sends its liveness request (`model_problem`)
@@ -119,7 +120,7 @@ def model_problem(http_url: str, timeout: float = 60.0) -> str | None:
 def watch(server: TritonServer, period_s: float = LIVENESS_PERIOD_S) -> None:
     """Until the server exits: every `period_s` the liveness request; a model that stopped working stops serve
     (a RuntimeError, exit 1) so that whatever supervises it starts it again."""
-    checks = "ensemble" in server.models
+    checks = ENSEMBLE in server.models
     next_check = time.monotonic() + period_s
     while server.is_alive():
         time.sleep(0.5)

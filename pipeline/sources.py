@@ -21,6 +21,7 @@ from .errors import UserError, read_config_json
 from .model import GGUF_MODEL_TYPES
 from .outputs import atomic_output_dir
 from .presets import PRESETS, Preset
+from .tokenizer import label_tokenizer_as_saved
 from .model.arch_config import arch_from_hf_config
 
 #: What conversion reads from a hub repository: the configs, safetensors weights and the tokenizer.
@@ -230,6 +231,7 @@ def materialize_gguf(path: Path) -> Path:
     st = path.stat()
     out = cache_dir() / "hf" / f"{path.stem}-{_content_digest(path.resolve(), st.st_size, st.st_mtime_ns)[:16]}"
     if (out / "config.json").is_file():
+        label_tokenizer_as_saved(out)   # an entry an older trtpipe wrote
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -246,4 +248,5 @@ def materialize_gguf(path: Path) -> Path:
     with atomic_output_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        label_tokenizer_as_saved(tmp)
     return out

@@ -6,6 +6,7 @@ the model repository, checked by loading them (`copy_tokenizer`).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,34 @@ from .errors import UserError
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json",
                    "chat_template.jinja")
+
+
+#: The class a tokenizer directory trtpipe writes from a GGUF names: its tokenizer.json, read as it is.
+FAST_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def label_tokenizer_as_saved(directory: Path) -> None:
+    """Name DIRECTORY's tokenizer class so every transformers version reads tokenizer.json as saved.
+
+    transformers converts a GGUF's tokenizer into a fast tokenizer labelled after the model's architecture
+    (`LlamaTokenizer` for SmolLM2's byte-level BPE). Under transformers 5.x a label like that rebuilds the
+    tokenizer from its own class's rules instead of loading tokenizer.json, and SmolLM2 then loses its spaces
+    ("ThecapitalofFranceis"); `PreTrainedTokenizerFast` loads the file as it is under 4.x and 5.x alike, with
+    the same ids as the converted tokenizer (tests/test_sources.py). The converted class's `model_input_names`
+    are written too: PreTrainedTokenizerFast would otherwise add `token_type_ids`, which a causal LM's generate
+    refuses. A directory without tokenizer.json is left alone; the file is rewritten only when the label differs.
+    """
+    config_path = Path(directory) / "tokenizer_config.json"
+    if not (Path(directory) / "tokenizer.json").is_file() or not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text())
+    if config.get("tokenizer_class") == FAST_TOKENIZER_CLASS:
+        return
+    from transformers import AutoTokenizer
+
+    inputs = list(AutoTokenizer.from_pretrained(directory).model_input_names)
+    config.update(tokenizer_class=FAST_TOKENIZER_CLASS, model_input_names=inputs)
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def copy_tokenizer_files(hf_dir: Path, dest: Path) -> None:

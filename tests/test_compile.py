@@ -395,7 +395,7 @@ def test_compile_onnx_writes_trtexec_next_to_trtllm_build(fp16_checkpoint, gpu_p
     argv = shlex.split(script[1].splitlines()[-1])[1:]
     flags = dict(a.split("=", 1) for a in argv if "=" in a)
     assert argv[0] == "trtexec" and flags["--onnx"] == str((tmp_path / "onnx" / "model.onnx").absolute())
-    batch = gpu_plan.optimization_profiles[0]["batch_size_beam_width"]
+    batch = gpu_plan.optimization_profiles[0].batch_size_beam_width
     for k, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
         shapes = dict(s.split(":") for s in flags[flag].split(","))
         assert len(shapes) == 3 + 2 * 4 and shapes["input_ids"].startswith(f"{batch[k]}x")

@@ -169,4 +169,5 @@ def test_layers_below_the_backends_name_them_only_through_names_and_the_registry
              for module, targets in graph.items() if module.startswith(below)}
     assert not {m: t for m, t in found.items() if t}
     assert not any(module.startswith(below) for module, targets in graph.items() if "pipeline.planner" in targets)
-    assert not [m for m, targets in graph.items() if m.startswith("pipeline.backends") and "pipeline.planner" in targets]
+    assert not [m for m, targets in graph.items()
+                if m.startswith("pipeline.backends") and "pipeline.planner" in targets]

@@ -268,7 +268,7 @@ def test_trtexec_command_shapes_come_from_the_plan():
     argv = trtexec_command(plan, "onnx/model.onnx", "model.plan", "fp8", layers=32, kv_heads=8, head_size=128)
     flags = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
     assert argv[0] == "trtexec" and flags["--onnx"] == "onnx/model.onnx" and argv[-2:] == ["--fp16", "--fp8"]
-    batch, build = plan.optimization_profiles[0]["batch_size_beam_width"], plan.build_config
+    batch, build = plan.optimization_profiles[0].batch_size_beam_width, plan.build_config
     for k, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
         shapes = dict(s.split(":") for s in flags[flag].split(","))
         assert len(shapes) == 3 + 2 * 32

@@ -203,31 +203,31 @@ def _profiles(max_num_tokens, max_batch_size=64, opt=None, multiple=False, beam=
 
 def test_single_profile_uses_opt_num_tokens_default():
     # opt_num_tokens unset -> min(max_batch_size * max_beam_width, max_num_tokens)
-    assert _profiles(8192, max_batch_size=64) == [
+    assert [dataclasses.asdict(p) for p in _profiles(8192, max_batch_size=64)] == [
         {"num_tokens": [1, 64, 8192], "batch_size_beam_width": [1, 32, 64], "max_blocks_per_seq": [1, 128, 256]}]
-    assert _profiles(2048, max_batch_size=4096)[0]["num_tokens"] == [1, 2048, 2048]
-    assert _profiles(2048, opt=512)[0]["num_tokens"] == [1, 512, 2048]
+    assert _profiles(2048, max_batch_size=4096)[0].num_tokens == [1, 2048, 2048]
+    assert _profiles(2048, opt=512)[0].num_tokens == [1, 512, 2048]
 
 
 def test_batch_and_block_ranges():
     profiles = _profiles(2048, max_batch_size=163, multiple=True, max_seq_len=4096)
     assert len(profiles) == 6
     for p in profiles:   # default_range(max) = [1, (max + 1) // 2, max] in every profile
-        assert p["batch_size_beam_width"] == [1, 82, 163]
-        assert p["max_blocks_per_seq"] == [1, math.ceil(2048 / 32), 4096 // 32]
+        assert p.batch_size_beam_width == [1, 82, 163]
+        assert p.max_blocks_per_seq == [1, math.ceil(2048 / 32), 4096 // 32]
     # beam search adds one block of tokens to the KV range: default_range(8192 + 32)
     beam = _profiles(2048, max_batch_size=8, beam=2)[0]
-    assert beam["batch_size_beam_width"] == [1, 8, 16]
-    assert beam["max_blocks_per_seq"] == [1, math.ceil(4112 / 32), 8224 // 32]
+    assert beam.batch_size_beam_width == [1, 8, 16]
+    assert beam.max_blocks_per_seq == [1, math.ceil(4112 / 32), 8224 // 32]
 
 
 def test_plan_profiles_match_its_build_config():
     plan = plan_for()
     b = plan.build_config
     assert plan.plugin_config.multiple_profiles and b.opt_num_tokens is None
-    assert [p["num_tokens"] for p in plan.optimization_profiles] == split_num_tokens_range(b.max_num_tokens)
+    assert [p.num_tokens for p in plan.optimization_profiles] == split_num_tokens_range(b.max_num_tokens)
     single = plan_for(multiple_profiles=False)
-    assert single.optimization_profiles[0]["num_tokens"] == [1, min(single.build_config.max_batch_size,
+    assert single.optimization_profiles[0].num_tokens == [1, min(single.build_config.max_batch_size,
                                                                     single.build_config.max_num_tokens),
                                                              single.build_config.max_num_tokens]
 

@@ -41,8 +41,8 @@ def test_pytorch_plan_has_the_engine_budget_as_llm_api_settings():
     linears = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     assert 0 <= torch_plan.weights_bytes_per_rank - (linears + 2 * 2 * 128256 * 4096) < 1 << 20
     assert torch_plan.kv_bytes_per_token == 32 * 8 * 128 * 2
-    options = torch_plan.llm_api["options"]
-    assert torch_plan.llm_api["tensorrt_llm_version"] == TRTLLM_VERSION
+    options = torch_plan.llm_api.options
+    assert torch_plan.llm_api.tensorrt_llm_version == TRTLLM_VERSION
     assert options["max_batch_size"] == engine.build_config.max_batch_size == 24
     assert options["max_num_tokens"] == engine.build_config.max_num_tokens
     assert options["max_seq_len"] == engine.build_config.max_seq_len == 8192
@@ -92,7 +92,7 @@ def test_llmapi_repository_renders_and_passes_check(tmp_path):
     assert [t.name for t in config.output] == ["text_output", "finish_reason"]
     model_yaml = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     options = yaml.safe_load((repo / EXTRA_OPTIONS).read_text())
-    assert options == torch_plan.llm_api["options"]
+    assert options == torch_plan.llm_api.options
     assert model_yaml["model"] == "meta-llama/Meta-Llama-3-8B" and model_yaml["backend"] == "pytorch"
     assert {k: model_yaml[k] for k in options} == options
     script = (repo / LAUNCH_SCRIPT).read_text()

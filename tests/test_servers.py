@@ -75,7 +75,7 @@ def test_plans_the_servers_cannot_express_are_refused():
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])
 def test_a_pytorch_backend_plan_has_equivalents_from_its_llm_api_settings(precision):
     plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), precision, backend="pytorch")
-    options = plan.llm_api["options"]
+    options = plan.llm_api.options
     vllm, tgi = (flags(server_settings(plan, s)) for s in ("vllm", "tgi"))
     assert vllm["--max-num-seqs"] == str(options["max_batch_size"])
     assert vllm["--max-num-batched-tokens"] == str(max(options["max_num_tokens"], options["max_batch_size"]))

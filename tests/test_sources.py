@@ -240,3 +240,44 @@ def test_gguf_cache_entry_is_keyed_by_content_not_modification_time(tmp_path, mo
     edited.write_bytes(first.read_bytes()[:-1] + b"\x01")
     other = sources.materialize_gguf(edited)
     assert other != entry and loads == [first, edited] and len(list((tmp_path / "cache" / "hf").iterdir())) == 2
+
+
+SENTENCE = "The capital of France is Paris.  Two  spaces,\nnew line; émigré 123"
+
+
+def test_the_gguf_tokenizer_is_labelled_to_load_its_tokenizer_json_as_saved(smollm2_hf_dir):
+    """SmolLM2's tokenizer reads the same in every consumer: labelled PreTrainedTokenizerFast (not the
+    LlamaTokenizer transformers' GGUF conversion names, whose spaces transformers 5.x drops), AutoTokenizer's ids
+    are those of tokenizer.json read with `tokenizers` alone, and decoding gives the sentence back, spaces and all."""
+    import tokenizers
+    from transformers import AutoTokenizer
+
+    config = json.loads((smollm2_hf_dir / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_hf_dir)
+    raw = tokenizers.Tokenizer.from_file(str(smollm2_hf_dir / "tokenizer.json"))
+    ids = tokenizer(SENTENCE, add_special_tokens=False)["input_ids"]
+    assert ids == raw.encode(SENTENCE, add_special_tokens=False).ids
+    assert tokenizer.decode(ids) == raw.decode(ids) == SENTENCE
+
+
+def test_an_older_cache_entry_is_relabelled_and_keeps_its_ids(smollm2_hf_dir, tmp_path, monkeypatch):
+    """An entry an older trtpipe wrote (LlamaTokenizer) is relabelled when it is read again; the ids are the same
+    under either label with this transformers."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(64)))
+    st = gguf.stat()
+    entry = sources.cache_dir() / "hf" / f"m-{sources._content_digest(gguf.resolve(), st.st_size, st.st_mtime_ns)[:16]}"
+    shutil.copytree(smollm2_hf_dir, entry, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((entry / "tokenizer_config.json").read_text())
+    (entry / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizer"}))
+    before = AutoTokenizer.from_pretrained(entry)(SENTENCE)
+    assert type(AutoTokenizer.from_pretrained(entry)).__name__ == "LlamaTokenizerFast"
+    assert sources.materialize_gguf(gguf) == entry
+    assert json.loads((entry / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    after = AutoTokenizer.from_pretrained(entry)(SENTENCE)
+    assert type(AutoTokenizer.from_pretrained(entry)).__name__ == "PreTrainedTokenizerFast"
+    assert dict(after) == dict(before)   # the same ids, and no token_type_ids a causal LM's generate refuses

@@ -33,7 +33,8 @@ from ..plan.memory import (
 from ..plan.performance import Workpoint
 from ..plan.serving_choice import largest_batch, plan_serving
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
-from ..plan.schema import BuildConfig, MemoryBudget, Overrides, Plan, PluginConfig, TritonParams, Workload
+from ..plan.schema import (BuildConfig, EngineBuild, MemoryBudget, Overrides, Plan, PluginConfig, TritonParams,
+                           Workload)
 from ..precisions import QUANT_ALGO
 from ..plan.trtllm import (
     MAX_BATCH_SIZE_CAP,
@@ -156,6 +157,11 @@ def choose_multiple_profiles(override: bool | None, max_num_tokens: int, opt_ove
     return opt_override is None and max_num_tokens > 64
 
 
+def paged_context_fmha_warning(why: str) -> str:
+    """The plan's warning when TensorRT-LLM switches paged context FMHA off (`why`: its reason)."""
+    return f"paged context FMHA off: {why}; so no KV-cache reuse and no chunked context"
+
+
 def choose_plugins(precision: str, kv_cache_dtype: str, dtype: str, target: Target, tp: int,
                    overrides: Overrides, multiple_profiles: bool) -> tuple[PluginConfig, list[str]]:
     warnings = []
@@ -165,7 +171,7 @@ def choose_plugins(precision: str, kv_cache_dtype: str, dtype: str, target: Targ
         raise UserError(f"--paged-context-fmha contradicts --precision {precision} with a "
                         f"{kv_cache_dtype} KV cache: {why}")
     if not paged_ctx and why:
-        warnings.append(f"paged context FMHA off: {why}; so no KV-cache reuse and no chunked context")
+        warnings.append(paged_context_fmha_warning(why))
     fp8_ctx = precision == "fp8" and kv_cache_dtype == "fp8" and (target.sm or 0) >= FP8_MIN_SM and paged_ctx
     plugin = PluginConfig(
         dtype=dtype,
@@ -332,8 +338,7 @@ def plan_engine(request: PlanRequest) -> Plan:
         max_seq_len=max_seq_len,
         weights_bytes=weights_total, weights_bytes_per_rank=weights_per_rank, kv_bytes_per_token=kv_per_token,
         max_concurrent_sequences=concurrent, memory=budget,
-        engine={"builder": "trtllm-build", "tensorrt_llm_version": TRTLLM_VERSION,
-                "world_size": tp * pp, "sm": target.sm},
+        engine=EngineBuild("trtllm-build", TRTLLM_VERSION, world_size=tp * pp, sm=target.sm),
         build_config=build, plugin_config=plugin, optimization_profiles=derive_profiles(build, plugin),
         triton=triton, roofline=roofline(target, workload, read, kv_per_token, concurrent, prefill_s),
         warnings=warnings, performance=performance)

@@ -10,7 +10,8 @@
 - deploy: Triton's `llmapi` layout: one `tensorrt_llm` Python model whose `1/model.yaml` holds the
   LLM() arguments, whose config.pbtxt declares the llmapi request contract (`LLMAPI_INPUTS` ->
   `LLMAPI_OUTPUTS`) and whose `1/model.py` is trtpipe's (model_repo/llmapi_pytorch: builds LLM() from
-  model.yaml and serves that contract; not run here, no GPU), and beside it at the repository root the same
+  model.yaml and serves that contract; not run here, no GPU) with the `pipeline/triton_names.py` it imports
+  (`package_data.copy_model_support`), and beside it at the repository root the same
   settings as a `trtllm-serve` `--extra_llm_api_options` YAML with its launch script. A Hugging Face
   directory given to deploy is copied (hard links where the file system allows) into `1/model/`, and
   model.yaml and the script name it relative to the repository, so the repository names nothing of the
@@ -34,25 +35,27 @@ from .. import TRTLLM_VERSION
 from ..errors import UserError
 from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
-from ..plan.schema import Plan
+from ..plan.schema import LlmApiSettings, Plan
+from ..plan.trtllm import paged_context_fmha_possible
 from ..tokenizer import TOKENIZER_FILES, copy_tokenizer
+from ..triton_names import TENSORRT_LLM
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
 from .base import tritonserver_args
 from .llm_api_args import MODEL_YAML
-from ..package_data import MODEL_SOURCES
+from ..package_data import MODEL_SOURCES, MODEL_SUPPORT_FILES, copy_model_support
 from .names import (
     HF_CHECKPOINT,
     INFLIGHT_BATCHING,
     MODEL_REPOSITORY,
     PYTORCH,
 )
-from .engine import plan_engine
+from .engine import paged_context_fmha_warning, plan_engine
 from .reference import CHECKPOINT_DIR
 from ..presets import served_model_id
 
 #: The repository layout of both: NVIDIA's triton_backend/all_models/llmapi (one tensorrt_llm model).
 LLMAPI = "llmapi"
-LLMAPI_MODELS = ("tensorrt_llm",)
+LLMAPI_MODELS = (TENSORRT_LLM,)
 EXTRA_OPTIONS = "extra_llm_api_options.yaml"
 #: The served Hugging Face model inside the version directory (model.yaml's `model` when deploy copied it).
 SERVED_MODEL_DIR = "model"
@@ -60,9 +63,9 @@ SERVED_MODEL_DIR = "model"
 HF_MODEL_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 LAUNCH_SCRIPT = "trtllm-serve.sh"
 #: The cpu flavour's model source, copied into REPO/tensorrt_llm/1/.
-LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / "tensorrt_llm" / "1" / "model.py"
+LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / TENSORRT_LLM / "1" / "model.py"
 #: The GPU flavour's: the LLM API serving model.yaml's model (trtpipe's own; docs/pytorch-backend.md says why).
-PYTORCH_MODEL_SOURCE = MODEL_SOURCES / "llmapi_pytorch" / "tensorrt_llm" / "1" / "model.py"
+PYTORCH_MODEL_SOURCE = MODEL_SOURCES / "llmapi_pytorch" / TENSORRT_LLM / "1" / "model.py"
 #: LLM API SamplingParams' default max_tokens, used when a request leaves sampling_param_max_tokens unset.
 DEFAULT_MAX_TOKENS = 32
 
@@ -135,15 +138,16 @@ class PytorchBackend:
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
         if not PYTORCH_MODEL_SOURCE.is_file():
             raise UserError(f"trtpipe's model source {PYTORCH_MODEL_SOURCE} is missing; reinstall trtpipe")
-        return [PYTORCH_MODEL_SOURCE, *(served_files(checkpoint) if checkpoint else [])]
+        return [PYTORCH_MODEL_SOURCE, *MODEL_SUPPORT_FILES, *(served_files(checkpoint) if checkpoint else [])]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return {}
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
-        """model.py (the LLM API behind the llmapi contract) and the served Hugging Face model in `1/model/`
-        (model.yaml is written by `write_llmapi_repository`)."""
+        """model.py (the LLM API behind the llmapi contract) with the package files it imports, and the served
+        Hugging Face model in `1/model/` (model.yaml is written by `write_llmapi_repository`)."""
         shutil.copyfile(PYTORCH_MODEL_SOURCE, version_dir / "model.py")
+        copy_model_support(version_dir)
         if checkpoint is not None:
             copy_served_model(checkpoint, version_dir / SERVED_MODEL_DIR)
 
@@ -212,11 +216,12 @@ def plan_pytorch(request: PlanRequest) -> Plan:
                                   "chunked context",
     }
     # Paged context FMHA is an engine plugin: the PyTorch backend's attention has no such restriction.
-    warnings = [w for w in base.warnings if "paged context FMHA" not in w]
+    _, why = paged_context_fmha_possible(request.precision, request.kv_cache_dtype)
+    warnings = [w for w in base.warnings if not why or w != paged_context_fmha_warning(why)]
     triton = replace(base.triton, triton_backend="python", batching_strategy=None, enable_chunked_context=True)
     return replace(base, backend=PYTORCH, engine=None, build_config=None, plugin_config=None,
                    optimization_profiles=[], triton=triton, warnings=warnings,
-                   llm_api={"tensorrt_llm_version": TRTLLM_VERSION, "options": options, "reasons": reasons})
+                   llm_api=LlmApiSettings(TRTLLM_VERSION, options, reasons))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,14 +231,14 @@ def plan_pytorch(request: PlanRequest) -> Plan:
 def model_yaml(plan: Plan, model: str) -> dict:
     """tensorrt_llm/1/model.yaml: the LLM() arguments, and how Triton treats the model (`triton_config`)."""
     extra = {"backend": "pytorch"} if plan.backend == PYTORCH else {}
-    return {"model": model, **extra, **plan.llm_api["options"],
+    return {"model": model, **extra, **plan.llm_api.options,
             "triton_config": {"max_batch_size": 0, "decoupled": True}}
 
 
 def llmapi_config(plan: Plan):
     """The tensorrt_llm model's config.pbtxt (a ModelConfig message): the llmapi contract, decoupled for
     streaming, unbatched by Triton (the LLM API batches in flight), as NVIDIA's llmapi model."""
-    spec = ModelSpec("tensorrt_llm", 0, LLMAPI_INPUTS, LLMAPI_OUTPUTS, backend="python", decoupled=True,
+    spec = ModelSpec(TENSORRT_LLM, 0, LLMAPI_INPUTS, LLMAPI_OUTPUTS, backend="python", decoupled=True,
                      instance_count=1)
     return build_model_config(spec)
 
@@ -242,13 +247,13 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
     """config.pbtxt and model.yaml of the one model; for pytorch also the trtllm-serve YAML and launch script."""
     if not plan.llm_api:
         raise UserError(f"the plan for the {plan.backend} backend has no llm_api settings; re-run `trtpipe plan`")
-    version_dir = repo / "tensorrt_llm" / "1"
+    version_dir = repo / TENSORRT_LLM / "1"
     version_dir.mkdir(parents=True)
-    (repo / "tensorrt_llm" / "config.pbtxt").write_text(to_pbtxt(llmapi_config(plan)))
+    (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(llmapi_config(plan)))
     if plan.backend == PYTORCH:
         model = SERVED_MODEL_DIR if checkpoint else served_model_id(plan.model)
         served = f"tensorrt_llm/1/{SERVED_MODEL_DIR}" if checkpoint else model
-        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(plan.llm_api["options"], sort_keys=False))
+        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(plan.llm_api.options, sort_keys=False))
         script = repo / LAUNCH_SCRIPT
         script.write_text("\n".join(["#!/bin/sh", f"# TensorRT-LLM {TRTLLM_VERSION}: the plan's settings in "
                                      f"{EXTRA_OPTIONS} (beside this script)", "set -e",

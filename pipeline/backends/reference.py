@@ -5,8 +5,8 @@ Python-backend `tensorrt_llm` model (the cpu target; no engine, nothing to build
 - build: nothing (the checkpoint is what it serves);
 - deploy: `REPO/tensorrt_llm/1` gets model_repo/tensorrt_llm/1/model.py, the checkpoint
   (`checkpoint/`, hard links when possible) and the runtime package (`pipeline/`, exactly the modules
-  `pipeline.runtime` imports), so the server's Python needs torch, safetensors, numpy and transformers
-  but not trtpipe itself.
+  `pipeline.runtime` and model.py import: `runtime_closure`), so the server's Python needs torch, safetensors,
+  numpy and transformers but not trtpipe itself.
 
 `reference-onnx` is the same repository with the onnxruntime runtime: deploy exports the checkpoint
 (`trtpipe export-onnx`) into `REPO/tensorrt_llm/1/onnx` and copies pipeline/onnx/runner.py beside the
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..outputs import link_or_copy
+from ..triton_names import TENSORRT_LLM
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
     format_gib,
@@ -54,7 +55,7 @@ TRITON_BACKEND = "python"
 #: (an engine's in-flight batching schedules per iteration and plans no queue delay).
 QUEUE_DELAY_US = 1000
 #: The `tensorrt_llm` model's source, copied into REPO/tensorrt_llm/1/.
-MODEL_SOURCE = MODEL_SOURCES / "tensorrt_llm" / "1" / "model.py"
+MODEL_SOURCE = MODEL_SOURCES / TENSORRT_LLM / "1" / "model.py"
 CHECKPOINT_DIR = "checkpoint"
 ONNX_DIR = "onnx"
 #: What the onnxruntime runtime imports besides pipeline/runtime (copied into the repository).
@@ -98,7 +99,7 @@ class ReferenceBackend:
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
         if not MODEL_SOURCE.is_file():
             raise UserError(f"trtpipe's model source {MODEL_SOURCE} is missing; reinstall trtpipe")
-        return [MODEL_SOURCE, *runtime_closure(), checkpoint]
+        return [MODEL_SOURCE, *runtime_closure(model=MODEL_SOURCE), checkpoint]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return {"checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
@@ -115,7 +116,7 @@ class ReferenceBackend:
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
         copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
-        copy_runtime(runtime_closure(), version_dir)
+        copy_runtime(runtime_closure(model=MODEL_SOURCE), version_dir)
 
 
 class ReferenceOnnxBackend(ReferenceBackend):
@@ -126,7 +127,7 @@ class ReferenceOnnxBackend(ReferenceBackend):
         return with_runtime(plan_reference(request), "onnxruntime")
 
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
-        return [MODEL_SOURCE, *runtime_closure((ORT_RUNNER,)), checkpoint]
+        return [MODEL_SOURCE, *runtime_closure((ORT_RUNNER,), model=MODEL_SOURCE), checkpoint]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         parameters = {key: value for key, value in super().model_parameters(plan, engine).items()
@@ -138,7 +139,7 @@ class ReferenceOnnxBackend(ReferenceBackend):
 
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
         export_onnx(checkpoint, version_dir / ONNX_DIR)
-        copy_runtime(runtime_closure((ORT_RUNNER,)), version_dir)
+        copy_runtime(runtime_closure((ORT_RUNNER,), model=MODEL_SOURCE), version_dir)
 
 
 BACKEND = ReferenceBackend()
@@ -232,13 +233,15 @@ def copy_checkpoint(checkpoint: Path, dest: Path) -> None:
         link_or_copy(f, dest / f.name)
 
 
-def runtime_closure(roots: tuple[Path, ...] = ()) -> list[Path]:
-    """`pipeline/__init__.py`, `pipeline/runtime/**.py`, `roots` and every pipeline module they import,
+def runtime_closure(roots: tuple[Path, ...] = (), model: Path | None = None) -> list[Path]:
+    """`pipeline/__init__.py`, `pipeline/runtime/**.py`, `roots`, the pipeline modules `model` (a model.py, not
+    itself part of the result) imports at module level (`model_imports`), and every pipeline module they import,
     transitively."""
     runtime = PACKAGE_DIR / "runtime"
     if not (runtime / "__init__.py").is_file():
         raise UserError("trtpipe's reference runtime (pipeline/runtime) is missing; the reference backend needs it")
-    todo = [PACKAGE_DIR / "__init__.py", *sorted(runtime.rglob("*.py")), *roots]
+    todo = [PACKAGE_DIR / "__init__.py", *sorted(runtime.rglob("*.py")), *roots,
+            *(model_imports(model) if model is not None else [])]
     seen: set[Path] = set()
     while todo:
         path = todo.pop()
@@ -249,11 +252,22 @@ def runtime_closure(roots: tuple[Path, ...] = ()) -> list[Path]:
     return sorted(seen)
 
 
-def pipeline_imports(path: Path) -> list[Path]:
-    """Files of the `pipeline` package that the module at `path` imports (absolute or relative)."""
-    package = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts[:-1]
+def model_imports(model: Path) -> list[Path]:
+    """Files of the `pipeline` package that a model.py imports when Triton loads it: its module-level imports (one
+    inside a function is a root its backend names, as ORT_RUNNER for the onnxruntime runtime)."""
+    tree = ast.parse(Path(model).read_text(), str(model))
+    return pipeline_imports(Path(model), [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))])
+
+
+def pipeline_imports(path: Path, nodes: list | None = None) -> list[Path]:
+    """Files of the `pipeline` package that the module at `path` imports (absolute or relative; `nodes`: only
+    these import statements of it)."""
+    root = PACKAGE_DIR.parent
+    package = path.relative_to(root).with_suffix("").parts[:-1] if path.is_relative_to(root) else ()
+    if nodes is None:
+        nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in nodes:
         targets: list[tuple[str, ...]] = []
         if isinstance(node, ast.Import):
             targets = [tuple(a.name.split(".")) for a in node.names]

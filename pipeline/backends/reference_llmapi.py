@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import TRTLLM_VERSION
 from ..errors import UserError
 from ..plan.policy import PlanRequest
-from ..plan.schema import Plan
+from ..plan.schema import LlmApiSettings, Plan
 from . import reference
 from .base import tritonserver_args
 from .names import MODEL_REPOSITORY, REFERENCE_LLMAPI, STATIC_BATCHING, TRTLLM_CHECKPOINT
@@ -38,7 +38,7 @@ class ReferenceLlmapiBackend:
         base = plan_reference(request)
         options = {"max_batch_size": base.triton.triton_max_batch_size, "max_seq_len": base.max_seq_len}
         return replace(base, backend=REFERENCE_LLMAPI,
-                       llm_api={"tensorrt_llm_version": TRTLLM_VERSION, "options": options, "reasons": {}})
+                       llm_api=LlmApiSettings(TRTLLM_VERSION, options, {}))
 
     def checkpoint_dtype(self, plan: Plan) -> str:
         return reference.BACKEND.checkpoint_dtype(plan)
@@ -53,15 +53,17 @@ class ReferenceLlmapiBackend:
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
         if not LLMAPI_MODEL_SOURCE.is_file():
             raise UserError(f"trtpipe's model source {LLMAPI_MODEL_SOURCE} is missing; reinstall trtpipe")
-        return [LLMAPI_MODEL_SOURCE, *runtime_closure(), checkpoint]
+        return [LLMAPI_MODEL_SOURCE, *runtime_closure(model=LLMAPI_MODEL_SOURCE), checkpoint]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         return {}
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
+        """model.py, the checkpoint and the runtime package with what model.py imports (pipeline/triton_names.py
+        among it: the files `package_data.copy_model_support` ships beside trtpipe's other models)."""
         shutil.copyfile(LLMAPI_MODEL_SOURCE, version_dir / "model.py")
         copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
-        copy_runtime(runtime_closure(), version_dir)
+        copy_runtime(runtime_closure(model=LLMAPI_MODEL_SOURCE), version_dir)
 
     def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
                       extra_args: tuple[str, ...] = ()) -> list[str]:

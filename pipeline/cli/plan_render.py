@@ -64,8 +64,7 @@ def render_plan(plan: Plan) -> list:
         for col in ("#", "num_tokens [min, opt, max]", "batch_size_beam_width", "max_blocks_per_seq"):
             profiles.add_column(col)
         for i, p in enumerate(plan.optimization_profiles):
-            profiles.add_row(str(i), str(p["num_tokens"]), str(p["batch_size_beam_width"]),
-                             str(p["max_blocks_per_seq"]))
+            profiles.add_row(str(i), str(p.num_tokens), str(p.batch_size_beam_width), str(p.max_blocks_per_seq))
         out.append(profiles)
     out.append(_kv_table("triton (tensorrt_llm model parameters)", list(asdict(plan.triton).items())))
     if plan.performance is not None:

@@ -16,7 +16,8 @@ from ..backends import backend_for
 from ..build import directory_bytes
 from ..artifact_signing import SHA256_HEX
 from ..errors import UserError
-from ..model_repository import TENSORRT_LLM, read_repository
+from ..model_repository import read_repository
+from ..triton_names import TENSORRT_LLM
 from ..plan import Plan, load_plan
 from ..targets import get_target
 

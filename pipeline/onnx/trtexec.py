@@ -29,7 +29,7 @@ def dims(*values: int) -> str:
 
 def shape_specs(plan: Plan, layers: int, kv_heads: int, head_size: int) -> dict[str, str]:
     """--minShapes / --optShapes / --maxShapes values for every input of the graph."""
-    batch = plan.optimization_profiles[0]["batch_size_beam_width"]
+    batch = plan.optimization_profiles[0].batch_size_beam_width
     build = plan.build_config
     new = (1, 1, build.max_input_len)
     past = (0, build.max_seq_len // 2, build.max_seq_len - 1)

@@ -21,7 +21,7 @@ from ..checkpoint import CheckpointConfig
 from ..errors import UserError
 from ..targets import Target
 from .performance import Performance
-from .trtllm import TOKENS_PER_BLOCK, model_context_limit
+from .trtllm import TOKENS_PER_BLOCK, OptimizationProfile, model_context_limit
 
 PLAN_VERSION = 1
 #: The longest context planned when the workload names none: every sequence's KV cache is sized for it.
@@ -207,6 +207,25 @@ class Roofline:
 
 
 @dataclass
+class EngineBuild:
+    """How the plan's engine is built (plan.json `engine`): the builder, its release, the GPUs and their SM."""
+
+    builder: str                      # "trtllm-build"
+    tensorrt_llm_version: str
+    world_size: int                   # tp x pp ranks, one engine file each
+    sm: int | None
+
+
+@dataclass
+class LlmApiSettings:
+    """The LLM API settings of a pytorch-backend plan (plan.json `llm_api`)."""
+
+    tensorrt_llm_version: str
+    options: dict                     # LLM() keyword arguments, upstream names (extra_llm_api_options.yaml)
+    reasons: dict[str, str]           # option (dotted for nested ones) -> why the planner chose its value
+
+
+@dataclass
 class Plan:
     """Everything `trtpipe plan` decides; `to_dict` is plan.json."""
 
@@ -226,15 +245,15 @@ class Plan:
     kv_bytes_per_token: int           # per GPU (TP-aware): what one token costs in one GPU's cache
     max_concurrent_sequences: int
     memory: MemoryBudget
-    engine: dict | None               # None: the backend compiles nothing
+    engine: EngineBuild | None        # None: the backend compiles nothing
     build_config: BuildConfig | None
     plugin_config: PluginConfig | None
-    optimization_profiles: list[dict]
+    optimization_profiles: list[OptimizationProfile]
     triton: TritonParams
     roofline: Roofline
     warnings: list[str] = field(default_factory=list)
     plan_version: int = PLAN_VERSION
-    llm_api: dict | None = None       # the LLM API settings (pytorch backends): version, options, reasons
+    llm_api: LlmApiSettings | None = None   # the LLM API settings (pytorch backends)
     performance: Performance | None = None   # plan/performance.py; None: the cpu target, --backend pytorch
 
     @property
@@ -267,14 +286,14 @@ class Plan:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "max_concurrent_sequences": self.max_concurrent_sequences,
             "memory": asdict(self.memory),
-            "engine": self.engine,
+            "engine": asdict(self.engine) if self.engine else None,
             "build_config": asdict(self.build_config) if self.build_config else None,
             "plugin_config": asdict(self.plugin_config) if self.plugin_config else None,
-            "optimization_profiles": self.optimization_profiles,
+            "optimization_profiles": [asdict(p) for p in self.optimization_profiles],
             "triton": asdict(self.triton),
             "roofline": asdict(self.roofline),
             "warnings": list(self.warnings),
-            "llm_api": self.llm_api,
+            "llm_api": asdict(self.llm_api) if self.llm_api else None,
             "performance": self.performance.to_dict() if self.performance else None,
         }
 
@@ -297,15 +316,15 @@ class Plan:
             kv_bytes_per_token=d["kv_bytes_per_token"],
             max_concurrent_sequences=d["max_concurrent_sequences"],
             memory=MemoryBudget(**d["memory"]),
-            engine=d["engine"],
+            engine=EngineBuild(**d["engine"]) if d["engine"] else None,
             build_config=BuildConfig(**d["build_config"]) if d["build_config"] else None,
             plugin_config=PluginConfig(**d["plugin_config"]) if d["plugin_config"] else None,
-            optimization_profiles=d["optimization_profiles"],
+            optimization_profiles=[OptimizationProfile(**p) for p in d["optimization_profiles"]],
             triton=TritonParams(**d["triton"]),
             roofline=Roofline(**d["roofline"]),
             warnings=d.get("warnings", []),
             plan_version=d.get("plan_version", PLAN_VERSION),
-            llm_api=d.get("llm_api"),
+            llm_api=LlmApiSettings(**d["llm_api"]) if d.get("llm_api") else None,
             performance=Performance.from_dict(d["performance"]) if d.get("performance") else None,
         )
 

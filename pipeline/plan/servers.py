@@ -64,7 +64,7 @@ def serving_budget(plan: Plan) -> Budget | None:
     if plan.build_config is not None:
         build = plan.build_config
         return Budget(build.max_batch_size, build.max_num_tokens, build.max_input_len, "BuildConfig", "max_input_len")
-    options = (plan.llm_api or {}).get("options")
+    options = plan.llm_api.options if plan.llm_api else None
     if plan.target.is_gpu and options:
         # The LLM API bounds a prompt only by max_seq_len: at least one token must be left to generate.
         return Budget(options["max_batch_size"], options["max_num_tokens"], options["max_seq_len"] - 1,

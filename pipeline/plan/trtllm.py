@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 from ..arch import ModelArch
 from ..errors import UserError
@@ -80,7 +81,16 @@ def split_num_tokens_range(max_num_tokens: int) -> list[list[int]]:
     return ranges
 
 
-def derive_profiles(build, plugin) -> list[dict]:
+@dataclass
+class OptimizationProfile:
+    """One TensorRT optimization profile trtllm-build creates: [min, opt, max] of each dynamic input."""
+
+    num_tokens: list[int]
+    batch_size_beam_width: list[int]
+    max_blocks_per_seq: list[int]
+
+
+def derive_profiles(build, plugin) -> list[OptimizationProfile]:
     """The optimization profiles trtllm-build 1.2.1 creates for an in-flight-batching decoder.
 
     With gpt_attention_plugin, remove_input_padding and a paged KV cache the engine supports in-flight
@@ -105,5 +115,4 @@ def derive_profiles(build, plugin) -> list[dict]:
     batch = default_range(build.max_batch_size * build.max_beam_width)
     kv_max_seq_len = build.max_seq_len + (plugin.tokens_per_block if build.max_beam_width > 1 else 0)
     blocks = [math.ceil(x / plugin.tokens_per_block) for x in default_range(kv_max_seq_len)]
-    return [{"num_tokens": r, "batch_size_beam_width": list(batch), "max_blocks_per_seq": list(blocks)}
-            for r in num_tokens]
+    return [OptimizationProfile(list(r), list(batch), list(blocks)) for r in num_tokens]

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from ..errors import UserError
+from ..triton_names import sampling_error
 
 
 @dataclass
@@ -59,12 +60,12 @@ class SamplingConfig:
     def __post_init__(self):
         if self.max_new_tokens < 0:
             raise UserError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
-        if not isinstance(self.min_tokens, Integral) or self.min_tokens < 0:
-            raise UserError(f"min_tokens must be an integer >= 0 (got {self.min_tokens!r})")
-        if self.top_k < 0:
-            raise UserError(f"top_k must be >= 0 (got {self.top_k}; 1 is greedy, 0 means no limit)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"top_p must be in (0, 1] (got {self.top_p})")
+        # TensorRT-LLM's ranges (triton_names.SAMPLING_RANGES); the temperature's is the runtime's own: here a
+        # temperature of 0 is not greedy (trtllm_sampling made it top_k 1 already), so sampling needs one > 0
+        for name, integer in (("min_tokens", True), ("top_k", False), ("top_p", False)):
+            error = sampling_error(name, getattr(self, name), integer=integer)
+            if error:
+                raise UserError(error)
         if not self.greedy and self.temperature <= 0:
             raise UserError(f"temperature must be > 0 when sampling (got {self.temperature})")
         self.stop_words = token_lists(self.stop_words, "stop_words")

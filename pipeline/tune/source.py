@@ -18,8 +18,9 @@ from pathlib import Path
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHER
 from ..errors import UserError
-from ..model_repository import TENSORRT_LLM, ModelRepository, model_names, read_repository
+from ..model_repository import ModelRepository, model_names, read_repository
 from ..plan import Plan, load_plan
+from ..triton_names import TENSORRT_LLM
 
 TUNE_DIR = "tune"
 

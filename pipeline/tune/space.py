@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..backends import backend_for
 from ..errors import UserError
+from ..triton_names import POSTPROCESSING, PREPROCESSING
 from ..plan import Overrides, Plan
 from ..planner import replan as plan_again
 from ..plan.memory import decode_step_seconds, weights_read_per_step, format_gib
@@ -124,7 +125,7 @@ def build_space(plan: Plan, slo: Slo, concurrencies: tuple[int, ...], rebuild: b
     delays = tuple(sorted(set(choices) | {triton.max_queue_delay_microseconds}))
     params = [Param("max_queue_delay_microseconds", "choice", choices=delays)]
     params += [Param(f"{model}_instances", "int", 1, TOKENIZER_INSTANCES[kind])
-               for model in ("preprocessing", "postprocessing")]
+               for model in (PREPROCESSING, POSTPROCESSING)]
     notes: list[str] = []
     if not builds_engine:
         upper = max(triton.triton_max_batch_size, max(concurrencies))

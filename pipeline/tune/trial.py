@@ -26,10 +26,11 @@ from typing import Callable, Iterator
 from ..backends import backend_for
 from ..deploy import deploy_repository
 from ..errors import UserError
-from ..model_repository import CONFIG, ENSEMBLE, ModelRepository, read_repository
+from ..model_repository import CONFIG, ModelRepository, read_repository
 from ..outputs import MANIFEST, describe_outputs
 from ..plan import Plan
 from ..server import connect, embedded_server, wait_until_ready
+from ..triton_names import ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
 from ..tritonconfig import to_pbtxt
 from ..validate import EnsembleClient, run_level
 from ..validate.load_test import with_predictions
@@ -40,8 +41,6 @@ from ..triton_admin import LoadRefused, NotServed, TritonAdmin
 from ..compile import compile_engine, missing_build_requirements
 
 LOAD_GENERATORS = ("builtin", "aiperf")
-#: Models reloaded through model control, composing models before the ensemble and BLS that call them.
-RELOAD_ORDER = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 REQUEST_TIMEOUT_S = 600.0
 
 
@@ -143,11 +142,11 @@ def reload_order(http_url: str, repository: ModelRepository) -> tuple[str, ...]:
     """Triton refuses an ensemble whose max_batch_size exceeds a composing model's: when the batch shrinks the
     ensemble (and BLS) go first, when it grows the composing models do."""
     try:
-        current = TritonAdmin(http_url).config("ensemble").get("max_batch_size", 0)
+        current = TritonAdmin(http_url).config(ENSEMBLE).get("max_batch_size", 0)
     except NotServed:
         current = 0
     wanted = repository.config(ENSEMBLE).max_batch_size
-    callers, composing = ("ensemble", "tensorrt_llm_bls"), ("preprocessing", "tensorrt_llm", "postprocessing")
+    callers, composing = (ENSEMBLE, TENSORRT_LLM_BLS), (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING)
     return callers + composing if wanted < current else composing + callers
 
 

@@ -28,15 +28,17 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import UserError
+from ..triton_names import EXCLUDE_INPUT_IN_OUTPUT, MAX_TOKENS, MIN_TOKENS, STREAM, TEXT_INPUT, TEXT_OUTPUT, TOP_K
 from .client import ENSEMBLE, is_overload
 
 AIPERF_REQUIREMENT = "aiperf==0.13.0"
 #: Requests per second aiperf may start: far above what a cpu or one-GPU server completes, so the
 #: concurrency cap alone decides when a request starts (each start waits at most 1/RATE seconds).
 REQUEST_RATE = 200
-#: The request body, as EnsembleClient.body sends it (greedy, the completion alone, streamed).
-TEMPLATE = ('{"text_input": {{ text|tojson }}, "max_tokens": {{ max_tokens }}, %s"top_k": 1, '
-            '"stream": true, "exclude_input_in_output": true}')
+#: The request body, as EnsembleClient.body sends it (greedy, the completion alone, streamed): a Jinja template
+#: (`text` and `max_tokens` are aiperf's variables) whose `%s` is min_tokens when the run sets one.
+TEMPLATE = ('{"' + TEXT_INPUT + '": {{ text|tojson }}, "' + MAX_TOKENS + '": {{ max_tokens }}, %s"' + TOP_K
+            + '": 1, "' + STREAM + '": true, "' + EXCLUDE_INPUT_IN_OUTPUT + '": true}')
 EXPORT = "profile_export_aiperf.json"
 RECORDS = "profile_export.jsonl"   # one line per request; all aiperf leaves when no request succeeded
 
@@ -64,11 +66,11 @@ def aiperf_command(url: str, tokenizer_dir: Path, prompts: Sequence[str] | Synth
                    concurrency: int, request_count: int, workdir: Path, min_tokens: int | None) -> list[str]:
     """The `aiperf profile` command line; writes the request template (and the prompts) into workdir."""
     template = workdir / "triton_generate_stream.j2"   # a file: an inline --extra-inputs value stops at a comma
-    template.write_text(TEMPLATE % ("" if min_tokens is None else f'"min_tokens": {min_tokens}, ') + "\n")
+    template.write_text(TEMPLATE % ("" if min_tokens is None else f'"{MIN_TOKENS}": {min_tokens}, ') + "\n")
     command = [aiperf_executable(), "profile", "-m", ENSEMBLE, "--url", url.rstrip("/"),
                "--endpoint-type", "template", "--custom-endpoint", f"/v2/models/{ENSEMBLE}/generate_stream",
                "--streaming", "--extra-inputs", f"payload_template:{template}",
-               "--extra-inputs", "response_field:text_output", "--tokenizer", str(Path(tokenizer_dir).resolve()),
+               "--extra-inputs", f"response_field:{TEXT_OUTPUT}", "--tokenizer", str(Path(tokenizer_dir).resolve()),
                "--request-count", str(request_count), "--concurrency", str(concurrency),
                "--request-rate", str(REQUEST_RATE), "--arrival-pattern", "constant",
                "--workers-max", "1", "--record-processors", "1", "--random-seed", "0",

@@ -27,6 +27,7 @@ from ..server import TritonServer
 from .client import EnsembleClient, RequestFailed, StreamResult
 from .report import CheckResult, GreedyReference, ValidateOptions
 from ..triton_admin import NotServed, TritonAdmin
+from ..triton_names import BAD_WORDS, MAX_TOKENS, STOP_WORDS, STREAM, TEMPERATURE, TEXT_INPUT, TOP_K, TOP_P
 
 
 class Completions(Protocol):
@@ -201,7 +202,7 @@ def check_streaming(client: Completions, options: ValidateOptions) -> CheckResul
 
 def check_http_generate(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
     prompt = options.prompts[0]
-    nvidia_body = {"text_input": prompt, "max_tokens": options.max_tokens, "bad_words": "", "stop_words": ""}
+    nvidia_body = {TEXT_INPUT: prompt, MAX_TOKENS: options.max_tokens, BAD_WORDS: "", STOP_WORDS: ""}
     problems = []
     try:
         plain = client.generate(prompt, options.max_tokens, body=nvidia_body)
@@ -210,7 +211,7 @@ def check_http_generate(client: EnsembleClient, options: ValidateOptions) -> Che
     except RequestFailed as exc:
         plain = None
         problems.append(str(exc))
-    streamed = client.generate_stream(prompt, options.max_tokens, body={**nvidia_body, "stream": True})
+    streamed = client.generate_stream(prompt, options.max_tokens, body={**nvidia_body, STREAM: True})
     if streamed.error:
         problems.append(f"generate_stream: {streamed.error}")
     elif plain is not None and streamed.text != plain:
@@ -237,18 +238,18 @@ def bad_requests(prompt: str) -> list[BadRequest]:
     # An empty text_input is not among them: NVIDIA's preprocessing encodes it with the tokenizer's special tokens
     # (the BOS alone, for a tokenizer that adds one) and the model answers it.
     return [
-        BadRequest("max_tokens 0", {"text_input": prompt, "max_tokens": 0}),
-        BadRequest("max_tokens far beyond the context", {"text_input": prompt, "max_tokens": 10_000_000}),
-        BadRequest("max_tokens of the wrong type", {"text_input": prompt, "max_tokens": "sixteen"}),
-        BadRequest("text_input of the wrong type", {"text_input": 12345, "max_tokens": 8}),
-        BadRequest("missing max_tokens", {"text_input": prompt}),
-        BadRequest("unknown input", {"text_input": prompt, "max_tokens": 8, "no_such_input": 1}, via="grpc"),
+        BadRequest("max_tokens 0", {TEXT_INPUT: prompt, MAX_TOKENS: 0}),
+        BadRequest("max_tokens far beyond the context", {TEXT_INPUT: prompt, MAX_TOKENS: 10_000_000}),
+        BadRequest("max_tokens of the wrong type", {TEXT_INPUT: prompt, MAX_TOKENS: "sixteen"}),
+        BadRequest("text_input of the wrong type", {TEXT_INPUT: 12345, MAX_TOKENS: 8}),
+        BadRequest("missing max_tokens", {TEXT_INPUT: prompt}),
+        BadRequest("unknown input", {TEXT_INPUT: prompt, MAX_TOKENS: 8, "no_such_input": 1}, via="grpc"),
         # TensorRT-LLM's ranges (executor SamplingConfig checks): temperature >= 0, top_p <= 1, top_k >= 0; a top_p
         # <= 0 is not refused: NVIDIA's backend reads it as unset (utils.cc@c2e65b8:558-563)
-        BadRequest("negative temperature", {"text_input": prompt, "max_tokens": 8, "temperature": -0.5},
-                   parameter="temperature"),
-        BadRequest("top_p above 1", {"text_input": prompt, "max_tokens": 8, "top_p": 1.5}, parameter="top_p"),
-        BadRequest("negative top_k", {"text_input": prompt, "max_tokens": 8, "top_k": -1}, parameter="top_k"),
+        BadRequest("negative temperature", {TEXT_INPUT: prompt, MAX_TOKENS: 8, TEMPERATURE: -0.5},
+                   parameter=TEMPERATURE),
+        BadRequest("top_p above 1", {TEXT_INPUT: prompt, MAX_TOKENS: 8, TOP_P: 1.5}, parameter=TOP_P),
+        BadRequest("negative top_k", {TEXT_INPUT: prompt, MAX_TOKENS: 8, TOP_K: -1}, parameter=TOP_K),
     ]
 
 

@@ -29,8 +29,18 @@ import requests
 from ..errors import UserError
 from ..server import TritonServer
 from ..triton_admin import NotServed, TritonAdmin
+from ..triton_names import (
+    BAD_WORDS,
+    ENSEMBLE,
+    EXCLUDE_INPUT_IN_OUTPUT,
+    MAX_TOKENS,
+    STOP_WORDS,
+    STREAM,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    TOP_K,
+)
 
-ENSEMBLE = "ensemble"
 REQUEST_TIMEOUT_S = 120.0
 NUMPY_DTYPES = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
                 "FP16": np.float16}
@@ -142,23 +152,23 @@ class EnsembleClient(TallyingClient):
                             "needs NVIDIA's inflight_batcher_llm ensemble (text_input, max_tokens -> text_output)") \
                 from None
         self.inputs = {i["name"]: i for i in self.config.get("input", [])}
-        missing = {"text_input", "max_tokens"} - set(self.inputs)
-        if missing or "text_output" not in {o["name"] for o in self.config.get("output", [])}:
+        missing = {TEXT_INPUT, MAX_TOKENS} - set(self.inputs)
+        if missing or TEXT_OUTPUT not in {o["name"] for o in self.config.get("output", [])}:
             raise UserError(f"the `{ENSEMBLE}` model lacks NVIDIA's client contract (needs inputs text_input, "
-                            f"max_tokens and output text_output; missing {sorted(missing) or ['text_output']})")
+                            f"max_tokens and output text_output; missing {sorted(missing) or [TEXT_OUTPUT]})")
 
     # --- what a request looks like
 
     def body(self, prompt: str, max_tokens: int, stream: bool = False) -> dict:
         """The JSON of NVIDIA's generate examples, plus greedy sampling and prompt exclusion where declared."""
-        body = {"text_input": prompt, "max_tokens": max_tokens, "bad_words": "", "stop_words": ""}
+        body = {TEXT_INPUT: prompt, MAX_TOKENS: max_tokens, BAD_WORDS: "", STOP_WORDS: ""}
         body = {k: v for k, v in body.items() if k in self.inputs}
         if stream:
-            body["stream"] = True
-        if "top_k" in self.inputs:
-            body["top_k"] = 1
-        if "exclude_input_in_output" in self.inputs:
-            body["exclude_input_in_output"] = True
+            body[STREAM] = True
+        if TOP_K in self.inputs:
+            body[TOP_K] = 1
+        if EXCLUDE_INPUT_IN_OUTPUT in self.inputs:
+            body[EXCLUDE_INPUT_IN_OUTPUT] = True
         return body
 
     @staticmethod
@@ -186,7 +196,7 @@ class EnsembleClient(TallyingClient):
         if response.status_code != 200:
             error = Overloaded if is_overload(response.status_code, response.text) else RequestFailed
             raise error(f"generate returned {response.status_code}: {response.text.strip()[:300]}")
-        text = response.json().get("text_output")
+        text = response.json().get(TEXT_OUTPUT)
         if isinstance(text, list):
             text = "".join(text)
         if not isinstance(text, str):
@@ -213,7 +223,7 @@ class EnsembleClient(TallyingClient):
                     if "error" in event:
                         result.error = str(event["error"])
                         return result, response.status_code
-                    text = event.get("text_output", "")
+                    text = event.get(TEXT_OUTPUT, "")
                     result.pieces.append("".join(text) if isinstance(text, list) else text)
                     result.arrival.append(time.perf_counter())
         except (requests.RequestException, ValueError) as exc:
@@ -230,10 +240,10 @@ class EnsembleClient(TallyingClient):
 
     def stream(self, prompt: str, max_tokens: int) -> StreamResult:
         """The streaming check's request: greedy, `stream` true, over the gRPC stream."""
-        if "stream" not in self.inputs:
+        if STREAM not in self.inputs:
             raise RequestFailed(f"the `{ENSEMBLE}` model has no `stream` input (deploy with decoupled_mode true)")
-        values = {"text_input": prompt, "max_tokens": max_tokens, "stream": True}
-        values.update({k: v for k, v in (("top_k", 1), ("exclude_input_in_output", True)) if k in self.inputs})
+        values = {TEXT_INPUT: prompt, MAX_TOKENS: max_tokens, STREAM: True}
+        values.update({k: v for k, v in ((TOP_K, 1), (EXCLUDE_INPUT_IN_OUTPUT, True)) if k in self.inputs})
         return self.grpc_stream(values)
 
     def grpc_inputs(self, values: dict):
@@ -273,7 +283,7 @@ class EnsembleClient(TallyingClient):
                 if err is not None:
                     result.error, answered = str(err), True
                     break
-                text = res.as_numpy("text_output")
+                text = res.as_numpy(TEXT_OUTPUT)
                 if text is not None and text.size:
                     result.pieces.append("".join(t.decode("utf-8", "replace") for t in text.reshape(-1)))
                     result.arrival.append(at)

@@ -18,9 +18,22 @@ from ..errors import UserError
 from .checks import BadRequest
 from .client import REQUEST_TIMEOUT_S, RequestFailed, StreamResult, TallyingClient, generate_stream_events
 from ..triton_admin import NotServed, TritonAdmin
+from ..triton_names import (
+    FINISH_REASON,
+    LLMAPI_OUTPUT_NAMES,
+    SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT,
+    SAMPLING_PARAM_MAX_TOKENS,
+    SAMPLING_PARAM_TEMPERATURE,
+    SAMPLING_PARAM_TOP_K,
+    SAMPLING_PARAM_TOP_P,
+    STREAMING,
+    TENSORRT_LLM,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
 
-MODEL = "tensorrt_llm"
-OUTPUTS = ("text_output", "finish_reason")
+MODEL = TENSORRT_LLM
+OUTPUTS = LLMAPI_OUTPUT_NAMES
 
 
 class LlmapiClient(TallyingClient):
@@ -45,13 +58,13 @@ class LlmapiClient(TallyingClient):
             raise UserError(f"the server has no `{model}` model ({missing.status}: {missing.text}); an llmapi "
                             "repository serves one tensorrt_llm model (text_input -> text_output)") from None
         self.inputs = {i["name"]: i for i in config.get("input", [])}
-        if "text_input" not in self.inputs:
+        if TEXT_INPUT not in self.inputs:
             raise UserError(f"the `{model}` model lacks the llmapi contract's text_input input")
 
     def greedy(self, max_tokens: int) -> dict:
         """The sampling parameters of a greedy completion without the prompt, those the model declares."""
-        params = {"sampling_param_max_tokens": max_tokens, "sampling_param_temperature": 0.0,
-                  "sampling_param_top_k": 1, "sampling_param_exclude_input_from_output": True}
+        params = {SAMPLING_PARAM_MAX_TOKENS: max_tokens, SAMPLING_PARAM_TEMPERATURE: 0.0,
+                  SAMPLING_PARAM_TOP_K: 1, SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT: True}
         return {k: v for k, v in params.items() if k in self.inputs}
 
     def post_generate(self, body: dict) -> requests.Response:
@@ -69,24 +82,24 @@ class LlmapiClient(TallyingClient):
     def request(self, text: str, **params) -> dict:
         """One response: {"text_output": ..., ["finish_reason": ...]}; RequestFailed with Triton's message."""
         try:
-            response = self.post_generate({"text_input": text, **params})
+            response = self.post_generate({TEXT_INPUT: text, **params})
         except requests.RequestException as exc:
             raise RequestFailed(f"generate got no response ({type(exc).__name__}: {exc})") from None
         if response.status_code != 200:
             raise RequestFailed(f"{self.base}/generate answered {response.status_code}: {response.text[:300]}")
         payload = response.json()
-        if not isinstance(payload.get("text_output"), str):
+        if not isinstance(payload.get(TEXT_OUTPUT), str):
             raise RequestFailed(f"generate answered without a text_output string: {response.text[:300]}")
         return {k: payload[k] for k in OUTPUTS if k in payload}
 
     def generate(self, prompt: str, max_tokens: int) -> str:
-        return self.request(prompt, **self.greedy(max_tokens))["text_output"]
+        return self.request(prompt, **self.greedy(max_tokens))[TEXT_OUTPUT]
 
     def generate_stream(self, prompt: str, max_tokens: int, body: dict | None = None) -> StreamResult:
         """A streamed greedy request (or `body`, with `streaming` set): every server-sent event's text, timed, and
         the finish reason; as `EnsembleClient.generate_stream`, so the load test drives either contract."""
-        result, answered = self._generate_stream({"text_input": prompt, **self.greedy(max_tokens), **(body or {}),
-                                                  "streaming": True})
+        result, answered = self._generate_stream({TEXT_INPUT: prompt, **self.greedy(max_tokens), **(body or {}),
+                                                  STREAMING: True})
         self.count(result.error, answered)
         return result
 
@@ -103,9 +116,9 @@ class LlmapiClient(TallyingClient):
                     if "error" in event:
                         result.error = str(event["error"])
                         return result, True
-                    result.finish_reason = event.get("finish_reason", result.finish_reason)
-                    if event.get("text_output"):  # the final response may carry no text
-                        result.pieces.append(event["text_output"])
+                    result.finish_reason = event.get(FINISH_REASON, result.finish_reason)
+                    if event.get(TEXT_OUTPUT):  # the final response may carry no text
+                        result.pieces.append(event[TEXT_OUTPUT])
                         result.arrival.append(time.perf_counter())
         except (requests.RequestException, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
@@ -118,21 +131,17 @@ class LlmapiClient(TallyingClient):
 
 def llmapi_bad_requests(prompt: str) -> list[BadRequest]:
     """The llmapi contract's malformed requests; the sampling ones use the LLM API's SamplingParams ranges."""
+    max_tokens = SAMPLING_PARAM_MAX_TOKENS
     return [
-        BadRequest("empty text_input", {"text_input": "", "sampling_param_max_tokens": 8}),
-        BadRequest("sampling_param_max_tokens 0", {"text_input": prompt, "sampling_param_max_tokens": 0},
-                   parameter="sampling_param_max_tokens"),
-        BadRequest("sampling_param_max_tokens far beyond the context",
-                   {"text_input": prompt, "sampling_param_max_tokens": 10_000_000}),
-        BadRequest("sampling_param_max_tokens of the wrong type",
-                   {"text_input": prompt, "sampling_param_max_tokens": "sixteen"}),
-        BadRequest("text_input of the wrong type", {"text_input": 12345, "sampling_param_max_tokens": 8}),
-        BadRequest("missing text_input", {"sampling_param_max_tokens": 8}),
-        BadRequest("negative temperature", {"text_input": prompt, "sampling_param_temperature": -0.5},
-                   parameter="sampling_param_temperature"),
-        BadRequest("top_p 0", {"text_input": prompt, "sampling_param_top_p": 0.0}, parameter="sampling_param_top_p"),
-        BadRequest("top_p above 1", {"text_input": prompt, "sampling_param_top_p": 1.5},
-                   parameter="sampling_param_top_p"),
-        BadRequest("negative top_k", {"text_input": prompt, "sampling_param_top_k": -1},
-                   parameter="sampling_param_top_k"),
+        BadRequest("empty text_input", {TEXT_INPUT: "", max_tokens: 8}),
+        BadRequest("sampling_param_max_tokens 0", {TEXT_INPUT: prompt, max_tokens: 0}, parameter=max_tokens),
+        BadRequest("sampling_param_max_tokens far beyond the context", {TEXT_INPUT: prompt, max_tokens: 10_000_000}),
+        BadRequest("sampling_param_max_tokens of the wrong type", {TEXT_INPUT: prompt, max_tokens: "sixteen"}),
+        BadRequest("text_input of the wrong type", {TEXT_INPUT: 12345, max_tokens: 8}),
+        BadRequest("missing text_input", {max_tokens: 8}),
+        BadRequest("negative temperature", {TEXT_INPUT: prompt, SAMPLING_PARAM_TEMPERATURE: -0.5},
+                   parameter=SAMPLING_PARAM_TEMPERATURE),
+        BadRequest("top_p 0", {TEXT_INPUT: prompt, SAMPLING_PARAM_TOP_P: 0.0}, parameter=SAMPLING_PARAM_TOP_P),
+        BadRequest("top_p above 1", {TEXT_INPUT: prompt, SAMPLING_PARAM_TOP_P: 1.5}, parameter=SAMPLING_PARAM_TOP_P),
+        BadRequest("negative top_k", {TEXT_INPUT: prompt, SAMPLING_PARAM_TOP_K: -1}, parameter=SAMPLING_PARAM_TOP_K),
     ]

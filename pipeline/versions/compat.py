@@ -82,7 +82,7 @@ def model_refusal(repo: Repository, source: Repository) -> str | None:
 
 
 def tokenizer_dir(repo: Repository) -> Path:
-    return repo.path / "preprocessing" / "1" / "tokenizer"
+    return repo.triton.tokenizer
 
 
 def tokenizer_refusal(repo: Repository, source: Repository) -> str | None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..model_repository import CONFIG, TENSORRT_LLM as TRTLLM, ModelRepository, read_repository as read_models
+from ..model_repository import CONFIG, ModelRepository, read_repository as read_models
+from ..triton_names import TENSORRT_LLM as TRTLLM
 
 VERSIONS_KEY = "versions"
 

@@ -8,15 +8,26 @@ decoder-only model, DECODER_INPUT_ID = [pad id] with REQUEST_DECODER_INPUT_LEN =
 reads them only for encoder-decoder engines). The inputs of NVIDIA's contract this model does not implement
 (images, video, a decoder query, prompt-table ids: `REFUSED`) are refused by name when a request sends them.
 The tokenizer directory is resolved relative
-to the repository's root, so the repository can move.
+to the repository's root, so the repository can move. The tensor names and `parameter` are
+pipeline/triton_names.py's, which deploy copies beside this file.
 """
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the copied pipeline/triton_names.py wins over any installed trtpipe
+from pipeline.triton_names import (  # noqa: E402
+    PRE_BAD_WORDS_DICT, PRE_BAD_WORDS_IDS, PRE_DECODER_INPUT_ID, PRE_EMBEDDING_BIAS, PRE_EMBEDDING_BIAS_WEIGHTS,
+    PRE_EMBEDDING_BIAS_WORDS, PRE_END_ID, PRE_INPUT_ID, PRE_OUT_END_ID, PRE_OUT_PAD_ID, PRE_PAD_ID, PRE_QUERY,
+    PRE_REQUEST_DECODER_INPUT_LEN, PRE_REQUEST_INPUT_LEN, PRE_REQUEST_OUTPUT_LEN, PRE_STOP_WORDS_DICT,
+    PRE_STOP_WORDS_IDS, parameter,
+)
 
 #: relative paths in the config are relative to the repository's root, as NVIDIA's models read them when
 #: tritonserver runs there (trtpipe.deploy.tokenizer_parameter), whatever the working directory
@@ -28,11 +39,6 @@ REFUSED = {name: "multimodal input needs NVIDIA's preprocessing with a multimoda
 REFUSED["DECODER_QUERY"] = "decoder_text_input is for encoder-decoder models; this deployment is decoder-only"
 REFUSED["PROMPT_TABLE_EXTRA_ID"] = ("prompt_table_extra_id (p-tuning) is not supported by trtpipe's preprocessing; "
                                    "deploy with --python-models nvidia on a GPU")
-
-
-def parameter(config: dict, key: str, default: str) -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
 
 
 def load_tokenizer(config: dict):
@@ -74,28 +80,29 @@ class TritonPythonModel:
         for name, reason in REFUSED.items():
             if pb_utils.get_input_tensor_by_name(request, name) is not None:
                 raise ValueError(f"{name}: {reason}")
-        queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        queries = pb_utils.get_input_tensor_by_name(request, PRE_QUERY).as_numpy()
         batch = queries.shape[0]
-        output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy()
-        end_id = optional(request, "END_ID")
-        pad_id = optional(request, "PAD_ID")
+        output_len = pb_utils.get_input_tensor_by_name(request, PRE_REQUEST_OUTPUT_LEN).as_numpy()
+        end_id = optional(request, PRE_END_ID)
+        pad_id = optional(request, PRE_PAD_ID)
         end_id = np.full((batch, 1), self.end_id, np.int32) if end_id is None else end_id.astype(np.int32)
         pad_id = np.full((batch, 1), self.pad_id, np.int32) if pad_id is None else pad_id.astype(np.int32)
         ids = [self.encode(text(q.reshape(-1)[0])) for q in queries]
         longest = max(len(i) for i in ids)
         input_ids = np.array([i + [int(end_id[r, 0])] * (longest - len(i)) for r, i in enumerate(ids)], np.int32)
         return [
-            pb_utils.Tensor("INPUT_ID", input_ids),
-            pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(i)] for i in ids], np.int32)),
-            pb_utils.Tensor("DECODER_INPUT_ID", pad_id.reshape(batch, 1).copy()),
-            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.ones((batch, 1), np.int32)),
-            pb_utils.Tensor("BAD_WORDS_IDS", self.word_lists(optional(request, "BAD_WORDS_DICT"), batch)),
-            pb_utils.Tensor("STOP_WORDS_IDS", self.word_lists(optional(request, "STOP_WORDS_DICT"), batch)),
-            pb_utils.Tensor("EMBEDDING_BIAS", self.embedding_bias(optional(request, "EMBEDDING_BIAS_WORDS"),
-                                                                  optional(request, "EMBEDDING_BIAS_WEIGHTS"), batch)),
-            pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.astype(np.int32)),
-            pb_utils.Tensor("OUT_END_ID", end_id),
-            pb_utils.Tensor("OUT_PAD_ID", pad_id),
+            pb_utils.Tensor(PRE_INPUT_ID, input_ids),
+            pb_utils.Tensor(PRE_REQUEST_INPUT_LEN, np.array([[len(i)] for i in ids], np.int32)),
+            pb_utils.Tensor(PRE_DECODER_INPUT_ID, pad_id.reshape(batch, 1).copy()),
+            pb_utils.Tensor(PRE_REQUEST_DECODER_INPUT_LEN, np.ones((batch, 1), np.int32)),
+            pb_utils.Tensor(PRE_BAD_WORDS_IDS, self.word_lists(optional(request, PRE_BAD_WORDS_DICT), batch)),
+            pb_utils.Tensor(PRE_STOP_WORDS_IDS, self.word_lists(optional(request, PRE_STOP_WORDS_DICT), batch)),
+            pb_utils.Tensor(PRE_EMBEDDING_BIAS, self.embedding_bias(optional(request, PRE_EMBEDDING_BIAS_WORDS),
+                                                                    optional(request, PRE_EMBEDDING_BIAS_WEIGHTS),
+                                                                    batch)),
+            pb_utils.Tensor(PRE_REQUEST_OUTPUT_LEN, output_len.astype(np.int32)),
+            pb_utils.Tensor(PRE_OUT_END_ID, end_id),
+            pb_utils.Tensor(PRE_OUT_PAD_ID, pad_id),
         ]
 
     def encode(self, query: str) -> list:

@@ -15,8 +15,9 @@ Every input of NVIDIA's tensorrt_llm contract (pipeline/triton_contract.py) is h
 min_tokens, penalties, bad/stop words, embedding bias, num_return_sequences, log probs, logits, token counts,
 perf metrics, stop) or refused by name when a request sends it (`REFUSED`: beam search > 1, LoRA, p-tuning,
 draft tokens, guided and lookahead decoding, encoder-decoder and multimodal inputs, KV retention); sampling values
-outside the ranges TensorRT-LLM's executor accepts are refused too (`SAMPLING_RANGES`). torch computes with one
-core fewer than the process may use (`intra_op_threads`).
+outside the ranges TensorRT-LLM's executor accepts are refused too (pipeline/triton_names.py
+`TENSORRT_LLM_SAMPLING_RANGES`, where the tensor names and `parameter` are too). torch computes with one core
+fewer than the process may use (`intra_op_threads`).
 """
 
 import json
@@ -37,6 +38,17 @@ from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC  # no
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
+from pipeline.triton_names import (  # noqa: E402
+    ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
+    EMBEDDING_BIAS, END_ID, EXCLUDE_INPUT_IN_OUTPUT, FIRST_SCHEDULED_TIME_NS, FIRST_TOKEN_TIME_NS, FREQUENCY_PENALTY,
+    GENERATION_LOGITS, INPUT_IDS, INPUT_LENGTHS, KV_CACHE_ALLOC_NEW_BLOCKS, KV_CACHE_ALLOC_TOTAL_BLOCKS,
+    KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MIN_TOKENS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, NUM_RETURN_SEQUENCES,
+    OUTPUT_IDS, OUTPUT_LOG_PROBS, PAD_ID, PRESENCE_PENALTY, REPETITION_PENALTY, REQUEST_OUTPUT_LEN,
+    RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS, RETURN_LOG_PROBS, RETURN_NUM_INPUT_TOKENS,
+    RETURN_NUM_OUTPUT_TOKENS, RETURN_PERF_METRICS, RUNTIME_TOP_K, RUNTIME_TOP_P, SEED, SEQUENCE_INDEX, SEQUENCE_LENGTH,
+    STOP, STOP_WORDS_LIST, STREAMING, TEMPERATURE, TENSORRT_LLM, TENSORRT_LLM_SAMPLING_INPUTS,
+    TENSORRT_LLM_SAMPLING_RANGES, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS, parameter, sampling_error,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -47,14 +59,13 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 UNUSED_AT_BEAM_WIDTH_1 = ("len_penalty", "early_stopping", "beam_search_diversity_rate")
 DECODER_ONLY_UNUSED = ("decoder_input_ids", "decoder_input_lengths")
 #: The request's return_* inputs (each defaults to false).
-RETURN_FLAGS = ("return_log_probs", "return_context_logits", "return_generation_logits", "return_perf_metrics",
-                "return_num_input_tokens", "return_num_output_tokens")
+RETURN_FLAGS = (RETURN_LOG_PROBS, RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS, RETURN_PERF_METRICS,
+                RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS)
 #: Every input of NVIDIA's contract this model accepts: the ones Job.parse computes with, and the two groups above.
-HONOURED = ("input_ids", "input_lengths", "request_output_len", "num_return_sequences", "end_id", "pad_id",
-            "stop_words_list", "bad_words_list", "embedding_bias", "beam_width", "temperature", "runtime_top_k",
-            "runtime_top_p", "repetition_penalty", "min_tokens", "presence_penalty", "frequency_penalty", "seed",
-            *RETURN_FLAGS, "exclude_input_in_output", "stop", "streaming", *UNUSED_AT_BEAM_WIDTH_1,
-            *DECODER_ONLY_UNUSED)
+HONOURED = (INPUT_IDS, INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, END_ID, PAD_ID, STOP_WORDS_LIST,
+            BAD_WORDS_LIST, EMBEDDING_BIAS, BEAM_WIDTH, TEMPERATURE, RUNTIME_TOP_K, RUNTIME_TOP_P, REPETITION_PENALTY,
+            MIN_TOKENS, PRESENCE_PENALTY, FREQUENCY_PENALTY, SEED, *RETURN_FLAGS, EXCLUDE_INPUT_IN_OUTPUT, STOP,
+            STREAMING, *UNUSED_AT_BEAM_WIDTH_1, *DECODER_ONLY_UNUSED)
 #: Inputs refused by name when a request sends them: what the reference runtime cannot do.
 REFUSED = {
     **{name: "speculative decoding (draft tokens) is not supported"
@@ -79,16 +90,6 @@ REFUSED = {
                                                                  "lookahead_verification_set_size")},
 }
 
-
-#: Sampling inputs and their valid ranges, as TensorRT-LLM's executor checks them (SamplingConfig::checkTopK,
-#: checkTopP, checkTemperature): tensor name -> (the ensemble's name for it, test, the range in words).
-SAMPLING_RANGES = {
-    "runtime_top_k": ("top_k", lambda v: v >= 0, ">= 0 (0: no top-k limit)"),
-    # NVIDIA's backend resets a top_p <= 0 to unset before the executor sees it (utils.cc@c2e65b8:558-563)
-    "runtime_top_p": ("top_p", lambda v: v <= 1, "<= 1 (<= 0: unset)"),
-    "temperature": ("temperature", lambda v: v >= 0, ">= 0 (0: greedy)"),
-    "min_tokens": ("min_tokens", lambda v: v >= 0, ">= 0"),   # checkMinTokens
-}
 
 
 class RequestError(ValueError):
@@ -122,11 +123,6 @@ def intra_op_threads(config: dict) -> int:
     parameter `intra_op_threads`, else `serving_threads()` (every core this process may use but one)."""
     value = int(parameter(config, "intra_op_threads", "0"))
     return value if value > 0 else serving_threads()
-
-
-def parameter(config: dict, key: str, default: str) -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
 
 
 def tensors_of(request) -> dict:
@@ -192,40 +188,42 @@ class Job:
         inputs = tensors_of(request)
         for name in sorted(set(inputs) & set(REFUSED)):
             raise RequestError(f"{name}: {REFUSED[name]} by the cpu target's reference runtime")
-        input_ids = inputs["input_ids"]
+        input_ids = inputs[INPUT_IDS]
         self.batch = input_ids.shape[0]
 
         def scalar(name: str, row: int, default):
             value = inputs.get(name)
             return default if value is None else value.reshape(self.batch, -1)[row, 0].item()
 
-        self.stream = bool(scalar("streaming", 0, False))
+        self.stream = bool(scalar(STREAMING, 0, False))
         if self.stream and self.sender is None:
             raise RequestError("Streaming is only supported if model is deployed using decoupled mode.")
-        self.exclude_input = bool(scalar("exclude_input_in_output", 0, model.exclude_input_default))
+        self.exclude_input = bool(scalar(EXCLUDE_INPUT_IN_OUTPUT, 0, model.exclude_input_default))
         self.wants = {name: bool(scalar(name, 0, False)) for name in RETURN_FLAGS}
         for r in range(self.batch):
-            if scalar("beam_width", r, 1) != 1:
-                raise RequestError(f"beam_width {scalar('beam_width', r, 1)}: beam search is not supported by the "
+            if scalar(BEAM_WIDTH, r, 1) != 1:
+                raise RequestError(f"beam_width {scalar(BEAM_WIDTH, r, 1)}: beam search is not supported by the "
                                    "cpu target's reference runtime (leave it unset or 1)")
-        lengths = inputs["input_lengths"].reshape(self.batch)
-        max_new = inputs["request_output_len"].reshape(self.batch)
+        lengths = inputs[INPUT_LENGTHS].reshape(self.batch)
+        max_new = inputs[REQUEST_OUTPUT_LEN].reshape(self.batch)
         for r in range(self.batch):
             prompt = [int(t) for t in input_ids[r, :int(lengths[r])]]
             model.check_lengths(prompt, int(max_new[r]))
-            for tensor, (name, valid, allowed) in SAMPLING_RANGES.items():
+            for name, tensor in TENSORRT_LLM_SAMPLING_INPUTS.items():   # NaN is refused too
                 value = scalar(tensor, r, None)
-                if value is not None and not valid(value):  # `not valid`: NaN is refused too
-                    raise RequestError(f"{name} must be {allowed}, got {value:g} (tensorrt_llm input {tensor})")
-            sequences = int(scalar("num_return_sequences", r, 1))
+                error = None if value is None else sampling_error(name, value, ranges=TENSORRT_LLM_SAMPLING_RANGES,
+                                                                  source=f"{TENSORRT_LLM} input {tensor}")
+                if error:
+                    raise RequestError(error)
+            sequences = int(scalar(NUM_RETURN_SEQUENCES, r, 1))
             if sequences < 1 or (sequences > 1 and self.sender is None):
                 raise RequestError(f"num_return_sequences must be >= 1 (> 1 needs the decoupled mode: one response "
                                    f"per sequence), got {sequences}")
-            seed = scalar("seed", r, None)
+            seed = scalar(SEED, r, None)
             for sequence in range(sequences):
                 sampling = self.sampling(inputs, scalar, r, int(max_new[r]), model,
                                          None if seed is None else int(seed) + sequence)
-                self.rows.append(Row(self, r, sequence, prompt, sampling, scalar("pad_id", r, None)))
+                self.rows.append(Row(self, r, sequence, prompt, sampling, scalar(PAD_ID, r, None)))
         self.sequences = len(self.rows) // self.batch
         self.rows_running = len(self.rows)
 
@@ -233,23 +231,23 @@ class Job:
                  seed) -> SamplingConfig:
         """Row r's SamplingConfig. A top_p <= 0 is unset (0), as NVIDIA's backend makes it; each return sequence
         draws from its own generator (the request's seed + the sequence's index)."""
-        bias = inputs.get("embedding_bias")
+        bias = inputs.get(EMBEDDING_BIAS)
         bias = None if bias is None or bias.shape[-1] == 0 or not np.any(bias[r]) else torch.from_numpy(
             np.ascontiguousarray(bias[r].reshape(-1), np.float32))
         try:
             return trtllm_sampling(
-                top_k=int(scalar("runtime_top_k", r, 0)), top_p=max(0.0, float(scalar("runtime_top_p", r, 0.0))),
-                temperature=float(scalar("temperature", r, 1.0)), max_new_tokens=max_new,
-                end_id=scalar("end_id", r, None), seed=seed,
-                stop_words=word_lists(None if inputs.get("stop_words_list") is None else inputs["stop_words_list"][r]),
-                bad_words=word_lists(None if inputs.get("bad_words_list") is None else inputs["bad_words_list"][r]),
-                min_tokens=int(scalar("min_tokens", r, 0)),
-                repetition_penalty=float(scalar("repetition_penalty", r, 1.0)),
-                presence_penalty=float(scalar("presence_penalty", r, 0.0)),
-                frequency_penalty=float(scalar("frequency_penalty", r, 0.0)), embedding_bias=bias,
-                log_probs=self.wants["return_log_probs"], normalize_log_probs=model.normalize_log_probs,
-                context_logits=self.wants["return_context_logits"],
-                generation_logits=self.wants["return_generation_logits"])
+                top_k=int(scalar(RUNTIME_TOP_K, r, 0)), top_p=max(0.0, float(scalar(RUNTIME_TOP_P, r, 0.0))),
+                temperature=float(scalar(TEMPERATURE, r, 1.0)), max_new_tokens=max_new,
+                end_id=scalar(END_ID, r, None), seed=seed,
+                stop_words=word_lists(None if inputs.get(STOP_WORDS_LIST) is None else inputs[STOP_WORDS_LIST][r]),
+                bad_words=word_lists(None if inputs.get(BAD_WORDS_LIST) is None else inputs[BAD_WORDS_LIST][r]),
+                min_tokens=int(scalar(MIN_TOKENS, r, 0)),
+                repetition_penalty=float(scalar(REPETITION_PENALTY, r, 1.0)),
+                presence_penalty=float(scalar(PRESENCE_PENALTY, r, 0.0)),
+                frequency_penalty=float(scalar(FREQUENCY_PENALTY, r, 0.0)), embedding_bias=bias,
+                log_probs=self.wants[RETURN_LOG_PROBS], normalize_log_probs=model.normalize_log_probs,
+                context_logits=self.wants[RETURN_CONTEXT_LOGITS],
+                generation_logits=self.wants[RETURN_GENERATION_LOGITS])
         except UserError as exc:
             raise RequestError(str(exc)) from None
 
@@ -322,12 +320,12 @@ class Job:
         width = max(len(o) for o in outputs)
         ids = np.array([o + [row.pad] * (width - len(o)) for o, row in zip(outputs, rows)], np.int32)
         ids = ids.reshape(len(rows), 1, width)
-        tensors = [pb_utils.Tensor("output_ids", ids),
-                   pb_utils.Tensor("sequence_length", np.array([[len(o)] for o in outputs], np.int32))]
+        tensors = [pb_utils.Tensor(OUTPUT_IDS, ids),
+                   pb_utils.Tensor(SEQUENCE_LENGTH, np.array([[len(o)] for o in outputs], np.int32))]
         if self.batch > 1 and len(rows) == 1:
-            tensors.append(pb_utils.Tensor("batch_index", np.array([[rows[0].index]], np.int32)))
+            tensors.append(pb_utils.Tensor(BATCH_INDEX, np.array([[rows[0].index]], np.int32)))
         if self.sequences > 1 and len(rows) == 1:
-            tensors.append(pb_utils.Tensor("sequence_index", np.array([[rows[0].sequence]], np.int32)))
+            tensors.append(pb_utils.Tensor(SEQUENCE_INDEX, np.array([[rows[0].sequence]], np.int32)))
         tensors += requested_outputs(self, rows, pieces, outputs, first)
         return tensors
 
@@ -348,18 +346,18 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
         return np.array([[list(v) + [fill] * (width - len(v))] for v in values], np.float32).reshape(
             len(values), 1, width)
 
-    if wants["return_log_probs"]:
+    if wants[RETURN_LOG_PROBS]:
         logs = [[] if r is None else r.log_probs[len(r.tokens) - len(p):len(r.tokens)] for r, p in zip(results, pieces)]
         cum = [0.0 if r is None else r.cum_log_prob for r in results]
-        tensors += [pb_utils.Tensor("cum_log_probs", np.array([[c] for c in cum], np.float32)),
-                    pb_utils.Tensor("output_log_probs", padded(logs, -1.0))]
-    if wants["return_context_logits"] and first:
+        tensors += [pb_utils.Tensor(CUM_LOG_PROBS, np.array([[c] for c in cum], np.float32)),
+                    pb_utils.Tensor(OUTPUT_LOG_PROBS, padded(logs, -1.0))]
+    if wants[RETURN_CONTEXT_LOGITS] and first:
         context = [r.context_logits.numpy() for r in results if r is not None and r.context_logits is not None]
         if len(context) == len(rows):
             width = max(c.shape[0] for c in context)
-            tensors.append(pb_utils.Tensor("context_logits", np.stack(
+            tensors.append(pb_utils.Tensor(CONTEXT_LOGITS, np.stack(
                 [np.pad(c, ((0, width - c.shape[0]), (0, 0))) for c in context]).astype(np.float32)))
-    if wants["return_generation_logits"]:
+    if wants[RETURN_GENERATION_LOGITS]:
         steps = [np.zeros((0, 0), np.float32) if r is None or not p else
                  r.generation_logits_tensor().numpy()[len(r.tokens) - len(p):len(r.tokens)]
                  for r, p in zip(results, pieces)]
@@ -368,19 +366,19 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
         block = np.zeros((len(rows), 1, width, vocab), np.float32)
         for i, s in enumerate(steps):
             block[i, 0, :s.shape[0], :s.shape[1]] = s
-        tensors.append(pb_utils.Tensor("generation_logits", block))
-    if wants["return_num_input_tokens"]:
-        tensors.append(pb_utils.Tensor("num_input_tokens", np.array([[len(row.prompt)] for row in rows], np.int32)))
-    if wants["return_num_output_tokens"]:
-        tensors.append(pb_utils.Tensor("num_output_tokens", np.array([[len(o)] for o in outputs], np.int32)))
-    if wants["return_perf_metrics"]:
+        tensors.append(pb_utils.Tensor(GENERATION_LOGITS, block))
+    if wants[RETURN_NUM_INPUT_TOKENS]:
+        tensors.append(pb_utils.Tensor(NUM_INPUT_TOKENS, np.array([[len(row.prompt)] for row in rows], np.int32)))
+    if wants[RETURN_NUM_OUTPUT_TOKENS]:
+        tensors.append(pb_utils.Tensor(NUM_OUTPUT_TOKENS, np.array([[len(o)] for o in outputs], np.int32)))
+    if wants[RETURN_PERF_METRICS]:
         tensors += [pb_utils.Tensor(name, np.full((len(rows), 1), value, dtype)) for name, value, dtype in (
-            ("kv_cache_alloc_new_blocks", 1, np.int32), ("kv_cache_reused_blocks", 0, np.int32),
-            ("kv_cache_alloc_total_blocks", 1, np.int32), ("arrival_time_ns", job.arrival_ns, np.int64),
-            ("first_scheduled_time_ns", job.scheduled_ns, np.int64),
-            ("first_token_time_ns", job.first_token_ns, np.int64),
-            ("last_token_time_ns", job.last_token_ns, np.int64), ("acceptance_rate", 0.0, np.float32),
-            ("total_accepted_draft_tokens", 0, np.int32), ("total_draft_tokens", 0, np.int32))]
+            (KV_CACHE_ALLOC_NEW_BLOCKS, 1, np.int32), (KV_CACHE_REUSED_BLOCKS, 0, np.int32),
+            (KV_CACHE_ALLOC_TOTAL_BLOCKS, 1, np.int32), (ARRIVAL_TIME_NS, job.arrival_ns, np.int64),
+            (FIRST_SCHEDULED_TIME_NS, job.scheduled_ns, np.int64),
+            (FIRST_TOKEN_TIME_NS, job.first_token_ns, np.int64),
+            (LAST_TOKEN_TIME_NS, job.last_token_ns, np.int64), (ACCEPTANCE_RATE, 0.0, np.float32),
+            (TOTAL_ACCEPTED_DRAFT_TOKENS, 0, np.int32), (TOTAL_DRAFT_TOKENS, 0, np.int32))]
     return tensors
 
 
@@ -407,7 +405,7 @@ def live_gauge(model_name: str):
 def is_stop_request(request) -> bool:
     """NVIDIA's cancellation: a request with `stop` true (its BLS sends one with empty input_ids when a stream
     hit a stop word; utils.cc@c2e65b8:372-384, model_instance_state.cc:871-906)."""
-    tensor = pb_utils.get_input_tensor_by_name(request, "stop")
+    tensor = pb_utils.get_input_tensor_by_name(request, STOP)
     return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
 
 
@@ -434,7 +432,7 @@ class TritonPythonModel:
         self.shutdown_checked, self.shutdown = 0.0, None
         self.live = 0
         # the family outlives its metric, or setting the metric fails ("'MetricFamily' has been deleted")
-        self.live_family, self.live_gauge = live_gauge(args.get("model_name", "tensorrt_llm"))
+        self.live_family, self.live_gauge = live_gauge(args.get("model_name", TENSORRT_LLM))
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
         if self.decoupled:   # execute returns at once; one worker generates, so a `stop` is read while it runs

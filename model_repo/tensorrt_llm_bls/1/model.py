@@ -5,9 +5,11 @@ the same tensor maps as the ensemble (`wiring.json`, written by `trtpipe deploy`
 steps). In decoupled mode each request is answered from its own thread, so one instance serves many
 requests at once, and streaming requests get one response per LLM response; with
 `accumulate_tokens` true each streamed text_output is the whole text so far instead of the new piece.
+The tensor and model names and `parameter` are pipeline/triton_names.py's, which deploy copies beside this file.
 """
 
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -15,6 +17,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the copied pipeline/triton_names.py wins over any installed trtpipe
+from pipeline.triton_names import (  # noqa: E402
+    OUTPUT_IDS, POSTPROCESSING, PREPROCESSING, STEP_SEQUENCE_LENGTH, STEP_TOKENS_BATCH, STREAM, TENSORRT_LLM,
+    TENSORRT_LLM_MODEL_NAME, parameter,
+)
+
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: BLS inputs of NVIDIA's contract that only NVIDIA's BLS implements (multimodal encoders, a draft model),
 #: refused by name instead of being dropped.
@@ -22,11 +30,6 @@ REFUSED = {**{name: "multimodal input needs NVIDIA's BLS with a multimodal encod
               for name in ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")},
            **{name: "speculative decoding needs NVIDIA's BLS with a draft model (tensorrt_llm_draft_model_name)"
               for name in ("num_draft_tokens", "use_draft_logits")}}
-
-
-def parameter(config: dict, key: str, default: str) -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
 
 
 def call(model_name: str, tensors: dict, outputs: list, decoupled: bool = False):
@@ -50,7 +53,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.llm = parameter(config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.llm = parameter(config, TENSORRT_LLM_MODEL_NAME, TENSORRT_LLM)
         self.accumulate = parameter(config, "accumulate_tokens", "false").lower() == "true"
         self.wiring = json.loads((HERE / "wiring.json").read_text())
         self.output_names = [o["name"] for o in config["output"]]
@@ -84,21 +87,21 @@ class TritonPythonModel:
         client = {t.name(): t.as_numpy() for t in request.inputs()}
         for name in sorted(set(client) & set(REFUSED)):
             raise pb_utils.TritonModelException(f"{name}: {REFUSED[name]}")
-        stream = bool(client["stream"].reshape(-1)[0]) if "stream" in client else False
+        stream = bool(client[STREAM].reshape(-1)[0]) if STREAM in client else False
         if stream and not self.decoupled:
             raise pb_utils.TritonModelException("Streaming is only supported if model is deployed using "
                                                 "decoupled mode.")
         tensors = dict(client)
-        pre = self.wiring["preprocessing"]
-        produced = outputs_of(call("preprocessing", self.inputs_for(pre, tensors), list(pre["output_map"])),
+        pre = self.wiring[PREPROCESSING]
+        produced = outputs_of(call(PREPROCESSING, self.inputs_for(pre, tensors), list(pre["output_map"])),
                               pre["output_map"])
         tensors.update({pre["output_map"][k]: v for k, v in produced.items()})
-        llm = self.wiring["tensorrt_llm"]
+        llm = self.wiring[TENSORRT_LLM]
         llm_responses = call(self.llm, self.inputs_for(llm, tensors), list(llm["output_map"]), self.decoupled)
         accumulated = None
         for llm_response in (llm_responses if self.decoupled else [llm_responses]):
             produced = outputs_of(llm_response, llm["output_map"])
-            if "output_ids" not in produced:  # an empty final response
+            if OUTPUT_IDS not in produced:  # an empty final response
                 continue
             step = {llm["output_map"][k]: v for k, v in produced.items()}
             if self.accumulate and stream:
@@ -114,17 +117,17 @@ class TritonPythonModel:
 
     def accumulate_ids(self, accumulated, step: dict):
         """Replace the step's new tokens by all tokens so far (one beam per row while streaming)."""
-        tokens, lengths = step["_TOKENS_BATCH"], step["_SEQUENCE_LENGTH"]
+        tokens, lengths = step[STEP_TOKENS_BATCH], step[STEP_SEQUENCE_LENGTH]
         new = [row[0, :row_len[0]] for row, row_len in zip(tokens, lengths)]
         accumulated = new if accumulated is None else [np.concatenate([a, n]) for a, n in zip(accumulated, new)]
         width = max(len(a) for a in accumulated)
-        step["_TOKENS_BATCH"] = np.array([[np.pad(a, (0, width - len(a)))] for a in accumulated], np.int32)
-        step["_SEQUENCE_LENGTH"] = np.array([[len(a)] for a in accumulated], np.int32)
+        step[STEP_TOKENS_BATCH] = np.array([[np.pad(a, (0, width - len(a)))] for a in accumulated], np.int32)
+        step[STEP_SEQUENCE_LENGTH] = np.array([[len(a)] for a in accumulated], np.int32)
         return accumulated
 
     def respond(self, step: dict):
-        post = self.wiring["postprocessing"]
-        produced = outputs_of(call("postprocessing", self.inputs_for(post, step), list(post["output_map"])),
+        post = self.wiring[POSTPROCESSING]
+        produced = outputs_of(call(POSTPROCESSING, self.inputs_for(post, step), list(post["output_map"])),
                               post["output_map"])
         step.update({post["output_map"][k]: v for k, v in produced.items()})
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, step[name])

@@ -5,7 +5,8 @@ A request is `text_input` with optional `sampling_param_max_tokens`, `_temperatu
 `_seed`, `_exclude_input_from_output`, `streaming` and `return_finish_reason`; the answer is `text_output`
 (and `finish_reason`: "length" or "stop"). Streaming sends one response per new token with the text that
 token adds, then a final response. `model.yaml` beside this file holds the LLM() arguments (`model`: the
-checkpoint directory, `max_seq_len`); the tokenizer is in `tokenizer/`, the runtime in `pipeline/`.
+checkpoint directory, `max_seq_len`); the tokenizer is in `tokenizer/`, the runtime in `pipeline/` (with
+pipeline/triton_names.py: the contract's names and the sampling ranges).
 Sampling follows the LLM API's SamplingParams: top_k 0 / top_p 1 mean no limit, temperature 0 is greedy.
 The model is decoupled, unbatched by Triton (max_batch_size 0): each request is generated on its own.
 """
@@ -21,6 +22,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
 from pipeline.runtime import ReferenceModel  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
+from pipeline.triton_names import (  # noqa: E402
+    FINISH_REASON, LLMAPI_SAMPLING_INPUTS, RETURN_FINISH_REASON, SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT,
+    SAMPLING_PARAM_MAX_TOKENS, SAMPLING_PARAM_SEED, SAMPLING_PARAM_TEMPERATURE, SAMPLING_PARAM_TOP_K,
+    SAMPLING_PARAM_TOP_P, STREAMING, TEXT_INPUT, TEXT_OUTPUT, sampling_error,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: LLM API SamplingParams' default max_tokens
@@ -48,35 +54,36 @@ class TritonPythonModel:
 
     def parse(self, request) -> tuple:
         inputs = {t.name(): t.as_numpy() for t in request.inputs()}
-        text = inputs["text_input"].reshape(-1)[0]
+        text = inputs[TEXT_INPUT].reshape(-1)[0]
         text = text.decode() if isinstance(text, bytes) else str(text)
         prompt = self.tokenizer.encode(text)
         if not prompt:
             raise RequestError("text_input is empty; send at least one token of text")
-        max_tokens = int(scalar(inputs, "sampling_param_max_tokens", DEFAULT_MAX_TOKENS))
+        max_tokens = int(scalar(inputs, SAMPLING_PARAM_MAX_TOKENS, DEFAULT_MAX_TOKENS))
         if max_tokens < 1:
             raise RequestError(f"sampling_param_max_tokens must be at least 1, got {max_tokens}")
         if len(prompt) + max_tokens > self.max_seq_len:
             raise RequestError(f"{len(prompt)} input tokens + {max_tokens} output tokens exceed max_seq_len "
                                f"{self.max_seq_len}")
-        temperature = float(scalar(inputs, "sampling_param_temperature", 1.0))
-        top_k = int(scalar(inputs, "sampling_param_top_k", 0))
-        top_p = float(scalar(inputs, "sampling_param_top_p", 1.0))
-        if not temperature >= 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise RequestError("sampling_param_temperature must be >= 0, sampling_param_top_k >= 0 and "
-                               f"sampling_param_top_p in (0, 1]; got {temperature:g}, {top_k}, {top_p:g}")
+        temperature = float(scalar(inputs, SAMPLING_PARAM_TEMPERATURE, 1.0))
+        top_k = int(scalar(inputs, SAMPLING_PARAM_TOP_K, 0))
+        top_p = float(scalar(inputs, SAMPLING_PARAM_TOP_P, 1.0))
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+            error = sampling_error(name, value, LLMAPI_SAMPLING_INPUTS[name])
+            if error:
+                raise RequestError(error)
         sampling = trtllm_sampling(top_k, top_p, temperature, max_new_tokens=max_tokens,
                                    end_id=self.tokenizer.eos_token_id,
-                                   seed=scalar(inputs, "sampling_param_seed", None))
-        options = {"stream": bool(scalar(inputs, "streaming", False)),
-                   "exclude_input": bool(scalar(inputs, "sampling_param_exclude_input_from_output", True)),
-                   "finish_reason": bool(scalar(inputs, "return_finish_reason", False))}
+                                   seed=scalar(inputs, SAMPLING_PARAM_SEED, None))
+        options = {"stream": bool(scalar(inputs, STREAMING, False)),
+                   "exclude_input": bool(scalar(inputs, SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT, True)),
+                   "finish_reason": bool(scalar(inputs, RETURN_FINISH_REASON, False))}
         return text, prompt, sampling, options
 
     def respond(self, sender, text: str, reason: str | None, final: bool) -> None:
-        tensors = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_))]
+        tensors = [pb_utils.Tensor(TEXT_OUTPUT, np.array([text.encode()], dtype=np.object_))]
         if reason is not None:
-            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+            tensors.append(pb_utils.Tensor(FINISH_REASON, np.array([reason.encode()], dtype=np.object_)))
         sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
     def generate(self, request) -> None:

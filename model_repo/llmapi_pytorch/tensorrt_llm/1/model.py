@@ -14,6 +14,7 @@ is the same idea; this one differs where a trtpipe repository needs it to (docs/
 A request is `text_input` with optional `sampling_param_max_tokens`, `_temperature`, `_top_k`, `_top_p`,
 `_seed`, `_exclude_input_from_output` (default true), `streaming` and `return_finish_reason`; the answer is
 `text_output` (and `finish_reason`). top_k 0 and top_p 1 mean no limit; temperature 0 is greedy (top_k 1).
+The names and the sampling ranges are pipeline/triton_names.py's, which deploy copies beside this file.
 Requests run concurrently on one asyncio loop (the LLM API batches them in flight); the model is decoupled
 and unbatched by Triton (max_batch_size 0), one instance whose LLM() starts the tp x pp GPU workers itself.
 Not handled: cancellation of a running request, multi-node launch (trtllm-llmapi-launch).
@@ -26,6 +27,7 @@ stand-ins for triton_python_backend_utils and tensorrt_llm, not with the real on
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +37,18 @@ import triton_python_backend_utils as pb_utils
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the copied pipeline/triton_names.py wins over any installed trtpipe
+from pipeline.triton_names import (  # noqa: E402
+    FINISH_REASON, LLMAPI_INPUT_NAMES, LLMAPI_OUTPUT_NAMES, LLMAPI_SAMPLING_INPUTS, RETURN_FINISH_REASON,
+    SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT, SAMPLING_PARAM_MAX_TOKENS, SAMPLING_PARAM_SEED,
+    SAMPLING_PARAM_TEMPERATURE, SAMPLING_PARAM_TOP_K, SAMPLING_PARAM_TOP_P, STREAMING, TEXT_INPUT, TEXT_OUTPUT,
+    sampling_error,
+)
+
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 #: The inputs this model reads and the outputs it writes: trtpipe's llmapi config.pbtxt declares exactly these.
-INPUTS = ("text_input", "streaming", "sampling_param_max_tokens", "sampling_param_temperature",
-          "sampling_param_top_k", "sampling_param_top_p", "sampling_param_seed",
-          "sampling_param_exclude_input_from_output", "return_finish_reason")
-OUTPUTS = ("text_output", "finish_reason")
+INPUTS = LLMAPI_INPUT_NAMES
+OUTPUTS = LLMAPI_OUTPUT_NAMES
 #: LLM API SamplingParams' default max_tokens
 DEFAULT_MAX_TOKENS = 32
 
@@ -97,13 +105,13 @@ def scalar(inputs: dict, name: str, default):
 
 def parse_request(inputs: dict, count_tokens, max_seq_len: int | None) -> Request:
     """A request's tensors (name -> numpy array) as a `Request`; RequestError naming the field that is wrong."""
-    if "text_input" not in inputs:
+    if TEXT_INPUT not in inputs:
         raise RequestError("text_input is missing")
-    text = inputs["text_input"].reshape(-1)[0]
+    text = inputs[TEXT_INPUT].reshape(-1)[0]
     text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
     if not text:
         raise RequestError("text_input is empty; send at least one token of text")
-    max_tokens = int(scalar(inputs, "sampling_param_max_tokens", DEFAULT_MAX_TOKENS))
+    max_tokens = int(scalar(inputs, SAMPLING_PARAM_MAX_TOKENS, DEFAULT_MAX_TOKENS))
     if max_tokens < 1:
         raise RequestError(f"sampling_param_max_tokens must be at least 1, got {max_tokens}")
     if max_seq_len is not None:
@@ -111,15 +119,13 @@ def parse_request(inputs: dict, count_tokens, max_seq_len: int | None) -> Reques
         if prompt + max_tokens > max_seq_len:
             raise RequestError(f"{prompt} input tokens + {max_tokens} output tokens (sampling_param_max_tokens) "
                                f"exceed max_seq_len {max_seq_len}")
-    temperature = float(scalar(inputs, "sampling_param_temperature", 1.0))
-    top_k = int(scalar(inputs, "sampling_param_top_k", 0))
-    top_p = float(scalar(inputs, "sampling_param_top_p", 1.0))
-    if not temperature >= 0:
-        raise RequestError(f"sampling_param_temperature must be >= 0, got {temperature:g}")
-    if top_k < 0:
-        raise RequestError(f"sampling_param_top_k must be >= 0 (0: no limit), got {top_k}")
-    if not 0 < top_p <= 1:
-        raise RequestError(f"sampling_param_top_p must be in (0, 1], got {top_p:g}")
+    temperature = float(scalar(inputs, SAMPLING_PARAM_TEMPERATURE, 1.0))
+    top_k = int(scalar(inputs, SAMPLING_PARAM_TOP_K, 0))
+    top_p = float(scalar(inputs, SAMPLING_PARAM_TOP_P, 1.0))
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        error = sampling_error(name, value, LLMAPI_SAMPLING_INPUTS[name])
+        if error:
+            raise RequestError(error)
     sampling = {"max_tokens": max_tokens, "top_p": top_p}
     if temperature == 0:
         sampling["top_k"] = 1
@@ -127,18 +133,18 @@ def parse_request(inputs: dict, count_tokens, max_seq_len: int | None) -> Reques
         sampling["temperature"] = temperature
         if top_k:
             sampling["top_k"] = top_k
-    seed = scalar(inputs, "sampling_param_seed", None)
+    seed = scalar(inputs, SAMPLING_PARAM_SEED, None)
     if seed is not None:
         sampling["seed"] = int(seed)
-    return Request(text, sampling, bool(scalar(inputs, "streaming", False)),
-                   bool(scalar(inputs, "sampling_param_exclude_input_from_output", True)),
-                   bool(scalar(inputs, "return_finish_reason", False)))
+    return Request(text, sampling, bool(scalar(inputs, STREAMING, False)),
+                   bool(scalar(inputs, SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT, True)),
+                   bool(scalar(inputs, RETURN_FINISH_REASON, False)))
 
 
 def response(text: str, reason: str | None):
-    tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+    tensors = [pb_utils.Tensor(TEXT_OUTPUT, np.array([text.encode("utf-8")], dtype=np.object_))]
     if reason is not None:
-        tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode("utf-8")], dtype=np.object_)))
+        tensors.append(pb_utils.Tensor(FINISH_REASON, np.array([reason.encode("utf-8")], dtype=np.object_)))
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
