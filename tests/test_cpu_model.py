@@ -126,3 +126,27 @@ def test_a_field_the_deployment_does_not_know_is_refused_not_dropped(checkpoint,
     assert "unknown field(s) tmperature" in answers["typo"]
     assert answers["triton's"] == answers["nvidia's"] == "ok"
     assert "request_type 'context_only' is not supported" in answers["disaggregated"]
+
+
+def test_beyond_max_batch_size_running_and_max_queue_size_waiting_a_request_is_shed(checkpoint, monkeypatch):
+    """Decoupled, execute returns at once and Triton's queue stays empty: the model keeps the plan's bound itself
+    (max_batch_size running + max_queue_size waiting) and refuses the rest as Triton does ("Exceeds maximum queue
+    size"); the requests it took are all answered in full."""
+    module = load_cpu_model(monkeypatch)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({
+        "max_batch_size": 2, "model_transaction_policy": {"decoupled": True},
+        "dynamic_batching": {"default_queue_policy": {"max_queue_size": "1"}},
+        "parameters": {"checkpoint_dir": {"string_value": str(checkpoint("gqa"))}}})})
+    answers: dict[str, list] = {}
+
+    class Answer(Request):
+        def send(self, response, flags=0):
+            answers.setdefault(self.name, []).append(response.error.message if response.error else flags)
+
+    assert model.execute([Answer(f"r{i}", [], [3, 14, 15], 6) for i in range(5)]) is None
+    model.queue.join()
+    shed = {name for name, got in answers.items() if "Exceeds maximum queue size" in str(got[-1])}
+    assert shed == {"r3", "r4"}
+    assert all(answers[f"r{i}"] == [FINAL] for i in range(3))   # one final response each, no error
+    assert model.live == 0

@@ -46,13 +46,13 @@ from .names import (
     REFERENCE,
     REFERENCE_ONNX,
     RUNTIMES,
-    STATIC_BATCHING,
+    INFLIGHT_BATCHING,
     TRTLLM_CHECKPOINT,
 )
 
 TRITON_BACKEND = "python"
-#: The Python model only batches what Triton's dynamic batcher hands it, so it waits 1 ms for more
-#: (an engine's in-flight batching schedules per iteration and plans no queue delay).
+#: Triton's dynamic batcher waits 1 ms to hand the Python model the requests that arrive together in one execute
+#: call (their prompts are then prefilled in one admission); the model batches in flight beyond that.
 QUEUE_DELAY_US = 1000
 #: The `tensorrt_llm` model's source, copied into REPO/tensorrt_llm/1/.
 MODEL_SOURCE = MODEL_SOURCES / TENSORRT_LLM / "1" / "model.py"
@@ -71,7 +71,7 @@ class ReferenceBackend:
     serves_embedded = True
     memory_scope = "host"
     layout = INFLIGHT_BATCHER
-    batching = STATIC_BATCHING
+    batching = INFLIGHT_BATCHING
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 

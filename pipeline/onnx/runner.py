@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from ..runtime.generate import (
-    EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, token_steps,
+    AdmitCallback, EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
+    token_steps,
 )
 from ..runtime.sampling import SamplingConfig
 from . import CONFIG_FILE
@@ -96,6 +97,10 @@ class OrtDecoder:
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
         return generate_rows(OrtBatch(self, prompts), configs, on_step, on_end, prompts)
 
+    def serve_rows(self, admit: AdmitCallback, on_step, on_end) -> None:
+        """In-flight generation, as `ReferenceModel.serve_rows` does it (pipeline/runtime/generate.py)."""
+        serve_rows(OrtBatch(self), admit, on_step, on_end)
+
 
 def session_options(ort, precision: str, threads: int | None):
     """ONNX Runtime's options for an export of `precision`.
@@ -115,13 +120,23 @@ def session_options(ort, precision: str, threads: int | None):
 
 
 class OrtBatch:
-    """OrtDecoder's `Decoder` (pipeline/runtime/generate.py): the live rows' prompts in one left-padded cache."""
+    """OrtDecoder's `InflightDecoder` (pipeline/runtime/generate.py): the running rows in one left-padded cache.
+    A prefill puts its rows' prompts into a cache of their own and joins it to the running one, the shorter of the
+    two padded on the left (masked); positions no running row uses any more are cut off as rows leave."""
 
-    def __init__(self, decoder: OrtDecoder, prompts: Sequence[Sequence[int]]):
-        self.decoder, self.prompts = decoder, prompts
-        self.rows: list[int] = []         # the prompt of each cache row
+    def __init__(self, decoder: OrtDecoder, prompts: Sequence[Sequence[int]] = ()):
+        self.decoder = decoder
+        self.prompts: dict[int, Sequence[int]] = dict(enumerate(prompts))
+        self.rows: list[int] = []         # the row of each cache row
         self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [rows, 1] the position of each row's next token
         self.cache = decoder.empty_cache(0)
+
+    def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
+        self.prompts.update(zip(rows, prompts))
+
+    def release(self, rows: list[int]) -> None:
+        for row in rows:
+            self.prompts.pop(row, None)
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
         return torch.from_numpy(self._prefill(rows)[:, -1])
@@ -132,21 +147,49 @@ class OrtBatch:
         return [torch.from_numpy(logits[i, logits.shape[1] - len(self.prompts[r]):].copy()) for i, r in enumerate(rows)]
 
     def _prefill(self, rows: list[int]) -> np.ndarray:
-        """The rows' prompts, left-padded, into a new cache: logits [len(rows), longest prompt, vocab]."""
+        """The rows' prompts, left-padded, into a cache joined to the running rows': logits [len(rows), longest
+        prompt, vocab]."""
         width = max(len(self.prompts[r]) for r in rows)
         ids, positions, mask = (np.zeros((len(rows), width), np.int64) for _ in range(3))
         for i, r in enumerate(rows):
             n = len(self.prompts[r])
             ids[i, width - n:], positions[i, width - n:], mask[i, width - n:] = self.prompts[r], np.arange(n), 1
-        logits, self.cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask)
-        self.rows, self.next = rows, positions[:, -1:] + 1
+        logits, cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask)
+        self._keep([r for r in self.rows if r in self.prompts])
+        self.cache = joined(self.cache, cache) if self.rows else cache
+        self.rows, self.next = self.rows + rows, np.concatenate([self.next, positions[:, -1:] + 1])
         return logits
 
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
+        self._keep(rows)
+        logits, self.cache = self.decoder.step(np.array(tokens, np.int64)[:, None], self.cache, self.next)
+        self.next = self.next + 1
+        return torch.from_numpy(logits[:, -1])
+
+    def _keep(self, rows: list[int]) -> None:
+        """The cache of `rows` only, in that order, without the leading positions none of them uses."""
         if rows != self.rows:
             index = {r: i for i, r in enumerate(self.rows)}
             keep = [index[r] for r in rows]
             self.rows, self.next, self.cache = rows, self.next[keep], self.cache.select(keep)
-        logits, self.cache = self.decoder.step(np.array(tokens, np.int64)[:, None], self.cache, self.next)
-        self.next = self.next + 1
-        return torch.from_numpy(logits[:, -1])
+        used = self.cache.mask.any(axis=0)
+        if self.cache.length and not used[0]:
+            first = int(np.argmax(used)) if used.any() else self.cache.length
+            self.cache = Cache({name: t[:, :, first:] for name, t in self.cache.tensors.items()},
+                               self.cache.mask[:, first:])
+
+
+def joined(a: Cache, b: Cache) -> Cache:
+    """The rows of cache a, then those of b, the shorter padded on the left (masked out) to the longer's length."""
+    length = max(a.length, b.length)
+
+    def pad(cache: Cache) -> Cache:
+        extra = length - cache.length
+        if not extra:
+            return cache
+        return Cache({name: np.pad(t, ((0, 0), (0, 0), (extra, 0), (0, 0))) for name, t in cache.tensors.items()},
+                     np.pad(cache.mask, ((0, 0), (extra, 0))))
+
+    a, b = pad(a), pad(b)
+    return Cache({name: np.concatenate([a.tensors[name], b.tensors[name]]) for name in a.tensors},
+                 np.concatenate([a.mask, b.mask]))

@@ -6,16 +6,20 @@ sequences. The plan predicts its TTFT, TPOT and output tokens/s from two phase t
 (linear in its tokens between the two prompt lengths timed) and the decode step (fixed + per sequence + per
 sequence and token of its context: `decode_step`), and from how its backend batches (`Backend.batching`):
 
-- static (the cpu target's reference runtime): the model's worker generates everything queued when it is free as
-  one batch, to its end, its prompts prefilled one after another before the first token. c closed-loop clients
-  settle into two groups that take turns, one request alone and the other c - 1 together (the first request of a
-  sweep reaches the idle worker alone; the rest queue behind it and are taken together, and each group's clients
-  resubmit while the other generates: measured by benchmarks/bench_cpu_prediction.py). The medians are the larger
-  group's: TTFT = (c - 1) x prefill + the lone request's round (prefill + (output - 1) x step(1)); TPOT =
-  step(c - 1); tokens/s = c x output / both rounds. One client: TTFT = prefill, TPOT = step(1).
-- in flight (an engine): where the plan has aiconfigurator-core figures (measured or derived), AIC's serving
-  estimate at that batch and those lengths; else trtpipe's speed-of-light bound (TTFT = prefill + the rounds ahead
-  when c > max_batch, TPOT = step(b), tokens/s = b / step(b)).
+- static (the llmapi contract's cpu model, model_repo/llmapi_pytorch): the model's worker generates everything
+  queued when it is free as one batch, to its end, its prompts prefilled one after another before the first token.
+  c closed-loop clients settle into two groups that take turns, one request alone and the other c - 1 together
+  (the first request of a sweep reaches the idle worker alone; the rest queue behind it and are taken together,
+  and each group's clients resubmit while the other generates: measured by benchmarks/bench_cpu_prediction.py).
+  The medians are the larger group's: TTFT = (c - 1) x prefill + the lone request's round (prefill + (output - 1)
+  x step(1)); TPOT = step(c - 1); tokens/s = c x output / both rounds. One client: TTFT = prefill, TPOT = step(1).
+- in flight (an engine; the cpu target's reference runtime): where the plan has aiconfigurator-core figures
+  (measured or derived), AIC's serving estimate at that batch and those lengths; else, with b = min(c, max_batch)
+  sequences running, trtpipe's speed-of-light bound (TTFT = prefill + the rounds ahead when c > max_batch, TPOT =
+  step(b), tokens/s = b / step(b)), or for the timed cpu plan the same with every admitted prompt's prefill
+  charged to the batch it joins (the reference runtime computes it between two decode steps, the running rows
+  waiting): a round of b requests is b x prefill + (output - 1) x step(b), TPOT = step(b) + (b - 1) x prefill /
+  (output - 1), tokens/s = b x output / the round, TTFT = prefill + the rounds ahead.
 
 `correct` fits one correction per phase to measured levels: decode = the median of measured ITL p50 / predicted
 TPOT, then prefill = the median factor that makes the TTFT p50 of the levels whose TTFT is mostly prefill what
@@ -34,11 +38,13 @@ from pathlib import Path
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHING, STATIC_BATCHING
 from ..errors import UserError
-from .performance import DERIVED_SOURCE, MEASURED_SOURCE, SOL_SOURCE, Workpoint, energy_of
+from .performance import DERIVED_SOURCE, MEASURED_SOURCE, SOL_SOURCE, TIMED_SOURCE, Workpoint, energy_of
 from .schema import Plan
 
-#: the smallest prefill factor a fit gives (a TTFT below the waits the model predicts is not a negative prefill)
+#: the smallest factor a fit gives (a TTFT below the waits the model predicts is not a negative prefill)
 MIN_FACTOR = 1e-3
+#: Rounds of `fit` at most (it stops when the factors stop moving: at once where the TPOT charges no prefill)
+FIT_ROUNDS = 100
 
 
 @dataclass(frozen=True)
@@ -134,14 +140,15 @@ def predict_level(plan: Plan, load: LevelLoad, correction: Correction | None = N
         return correction.decode * decode_step(tables, batch, load.input_tokens + load.output_tokens / 2)
 
     source = p.source if p is not None else SOL_SOURCE
-    return Predicted(*serving_figures(batching, prefill, step, load.concurrency, load.max_batch, load.output_tokens),
-                     source)
+    return Predicted(*serving_figures(batching, prefill, step, load.concurrency, load.max_batch, load.output_tokens,
+                                      prefills_charged=source == TIMED_SOURCE), source)
 
 
 def serving_figures(batching: str, prefill_s: float, step, concurrency: float, max_batch: int,
-                    output_tokens: float) -> tuple[float, float, float]:
+                    output_tokens: float, prefills_charged: bool = False) -> tuple[float, float, float]:
     """(TTFT, TPOT, output tokens/s) of `concurrency` closed-loop clients from one prompt's prefill and the decode
-    step `step(batch)` (the module docstring's two batching models)."""
+    step `step(batch)` (the module docstring's batching models; `prefills_charged`: in flight, each admitted
+    prompt's prefill stalls the running batch)."""
     out = max(output_tokens, 1.0)
     if batching == STATIC_BATCHING:
         if concurrency <= 1:
@@ -151,8 +158,13 @@ def serving_figures(batching: str, prefill_s: float, step, concurrency: float, m
         together = rest * prefill_s + (out - 1) * step(rest)
         return rest * prefill_s + alone, step(rest), concurrency * out / (alone + together)
     batch = max(1.0, min(concurrency, max_batch))
+    ahead = max(concurrency / batch - 1, 0.0)
+    if prefills_charged:
+        round_s = batch * prefill_s + (out - 1) * step(batch)
+        tpot = step(batch) + ((batch - 1) * prefill_s / (out - 1) if out > 1 else 0.0)
+        return prefill_s + ahead * round_s, tpot, batch * out / round_s
     round_s = prefill_s + (out - 1) * step(batch)
-    return (prefill_s + max(concurrency / batch - 1, 0.0) * round_s, step(batch), batch / step(batch))
+    return prefill_s + ahead * round_s, step(batch), batch / step(batch)
 
 
 def served_estimate(plan: Plan, load: LevelLoad, correction: Correction) -> Predicted:
@@ -230,13 +242,33 @@ def errors(plan: Plan, seen: list[Observed], correction: Correction) -> dict:
 
 
 def fit(plan: Plan, seen: list[Observed]) -> Correction:
-    """The decode factor: the median of measured ITL / predicted TPOT. The prefill factor: the median of measured /
-    predicted TTFT over the levels whose predicted TTFT is mostly their own prefills (one client on a static
-    server; up to its batch in flight), with the decode factor applied to what else it holds; without such a
-    level, over all. A level whose TTFT is mostly a wait for other requests' decode says little about the prefill
-    (and on the static server the wait depends on how the clients happen to group)."""
-    with_itl = [s for s in seen if s.itl_s]
-    decode = statistics.median(s.itl_s / predict_level(plan, s.load).tpot_s for s in with_itl) if with_itl else 1.0
+    """The decode factor: the median of measured ITL / predicted TPOT, less the prefills the predicted TPOT charges
+    (in flight with timed phases: `serving_figures`). The prefill factor: the median of measured / predicted TTFT
+    over the levels whose predicted TTFT is mostly their own prefills (one client on a static server; up to its
+    batch in flight), with the decode factor applied to what else it holds; without such a level, over all. A level
+    whose TTFT is mostly a wait for other requests' decode says little about the prefill (and on the static server
+    the wait depends on how the clients happen to group). Where the TPOT charges prefills the two factors depend on
+    each other: each is fitted given the other until neither moves."""
+    prefill, decode = 1.0, 1.0
+    for _ in range(FIT_ROUNDS):
+        before = (prefill, decode)
+        decode = decode_factor(plan, seen, prefill)
+        prefill = prefill_factor(plan, seen, decode)
+        if all(abs(a - b) <= 1e-12 * max(abs(b), 1.0) for a, b in zip(before, (prefill, decode))):
+            break
+    return Correction(prefill=prefill, decode=decode)
+
+
+def decode_factor(plan: Plan, seen: list[Observed], prefill: float) -> float:
+    factors = []
+    for s in (s for s in seen if s.itl_s):
+        steps = predict_level(plan, s.load, Correction(prefill=0.0, decode=1.0)).tpot_s
+        charged = predict_level(plan, s.load, Correction(prefill=prefill, decode=1.0)).tpot_s - steps
+        factors.append(max((s.itl_s - charged) / steps, MIN_FACTOR))
+    return statistics.median(factors) if factors else 1.0
+
+
+def prefill_factor(plan: Plan, seen: list[Observed], decode: float) -> float:
     factors, mostly_prefill = [], []
     for s in seen:
         wait = predict_level(plan, s.load, Correction(prefill=0.0, decode=decode)).ttft_s
@@ -248,7 +280,7 @@ def fit(plan: Plan, seen: list[Observed]) -> Correction:
         if prefills >= wait:
             mostly_prefill.append(factor)
     chosen = mostly_prefill or factors
-    return Correction(prefill=statistics.median(chosen) if chosen else 1.0, decode=decode)
+    return statistics.median(chosen) if chosen else 1.0
 
 
 # ----------------------------------------------------------------------------------------- plan --measured

@@ -32,7 +32,7 @@ from ..outputs import write_atomic
 from ..targets import Target
 from .performance import TIMED_SOURCE, Performance, energy_of
 from .schema import Roofline, Workload
-from ..backends.names import STATIC_BATCHING
+from ..backends.names import INFLIGHT_BATCHING
 from .feedback import decode_step, serving_figures
 
 LAYERS_TIMED = 2
@@ -184,18 +184,21 @@ def phase_seconds(model, batch: int, tokens: int, cached: int, scale: float) -> 
 
 def timed_performance(target: Target, workload: Workload, batch: int, timing: HostTiming,
                       roof: Roofline) -> Performance:
-    """What the cpu plan predicts at its batch of clients: the static-batching model (plan/feedback.py) over the
-    timed phases, the roofline beside them as the speed of light; `decode_step_s` is the planned batch's step."""
+    """What the cpu plan predicts at its batch of clients: the in-flight model with its prefills charged
+    (plan/feedback.py) over the timed phases, the roofline beside them as the speed of light; `decode_step_s` is the
+    planned batch's step."""
     phases = timing.phases()
 
     def step(rows: float) -> float:
         return decode_step(phases, rows, workload.input_len + workload.output_len / 2)
 
-    ttft, tpot, rate = serving_figures(STATIC_BATCHING, timing.prefill_s, step, batch, batch, workload.output_len)
+    ttft, tpot, rate = serving_figures(INFLIGHT_BATCHING, timing.prefill_s, step, batch, batch, workload.output_len,
+                                       prefills_charged=True)
     return Performance(
         source=TIMED_SOURCE,
         basis=(f"the reference runtime timed on this host ({timing.threads} thread(s), {timing.layers_timed} of the "
-               "layers timed and scaled, torch): static batches, each prompt prefilled in turn"),
+               "layers timed and scaled, torch): in-flight batching, each admitted prompt prefilled between two decode "
+               "steps"),
         batch=batch, max_num_tokens=0, prefill_s=timing.prefill_s, decode_step_s=timing.decode_step_s,
         ttft_s=ttft, tpot_s=tpot, output_tokens_per_s=rate, request_latency_s=ttft + (workload.output_len - 1) * tpot,
         speed_of_light={"prefill_s": roof.prefill_s_per_request, "decode_step_s": roof.decode_step_s},

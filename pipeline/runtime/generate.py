@@ -154,8 +154,9 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
     return results
 
 
-def prefill(decoder: Decoder, rows: list[int], configs: list[SamplingConfig], results: list[RowResult]) -> torch.Tensor:
-    """The rows' last-prompt-token logits; every prompt position's too (into the results) only when a row asks."""
+def prefill(decoder: Decoder, rows: list[int], configs, results) -> torch.Tensor:
+    """The rows' last-prompt-token logits; every prompt position's too (into the results) only when a row asks.
+    `configs` and `results` are indexed by row (lists, or dicts of the rows)."""
     if not any(configs[r].context_logits for r in rows):
         return decoder.prefill(rows)
     if not isinstance(decoder, ContextDecoder):
@@ -182,3 +183,67 @@ def advance(r: int, logits: torch.Tensor, selector: TokenSelector, cfg: Sampling
     if len(out) >= cfg.max_new_tokens:
         return False
     return not any(len(out) >= len(s) and out[-len(s):] == list(s) for s in cfg.stop_words)
+
+
+# ---------------------------------------------------------------------------------------------- in-flight serving
+
+#: admit() -> the requests to start now, each (key, prompt, SamplingConfig); called before every decode step, so a
+#: request that arrives while others generate joins them at the next step (the caller bounds how many run at once)
+AdmitCallback = Callable[[], "list[tuple[object, Sequence[int], SamplingConfig]]"]
+
+
+class InflightDecoder(Decoder, Protocol):
+    """A `Decoder` whose rows come and go: `add` makes room for new rows (their prompts are computed by the next
+    `prefill`), `release` frees a row that left the batch for a later one."""
+
+    def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None: ...
+
+    def release(self, rows: list[int]) -> None: ...
+
+
+def serve_rows(decoder: InflightDecoder, admit: AdmitCallback, on_step: Callable[[object, RowResult], "bool | None"],
+               on_end: Callable[[object], None]) -> None:
+    """Generate every request `admit` hands over, admitting new ones between decode steps, until none runs and none
+    waits. Each step: the newly admitted prompts are prefilled (one call), then every running row chooses its next
+    token and the rows that go on are decoded together. A request is identified to the callbacks by its key; its
+    record is dropped once it ends (a server answers it then), so a long run holds only what is running."""
+    running: dict[int, tuple[object, SamplingConfig, TokenSelector, RowResult]] = {}
+    pending: dict[int, torch.Tensor] = {}      # row -> the logits its next token is chosen from
+    next_row = 0
+    while True:
+        admitted = admit()
+        if admitted:
+            rows = list(range(next_row, next_row + len(admitted)))
+            next_row += len(admitted)
+            configs = [config for _, _, config in admitted]
+            decoder.add(rows, [prompt for _, prompt, _ in admitted], configs)
+            for row, (key, prompt, config) in zip(rows, admitted):
+                running[row] = (key, config, TokenSelector(config, prompt), RowResult.for_request(config))
+            started = [r for r in rows if running[r][1].max_new_tokens or running[r][1].context_logits]
+            if started:
+                logits = prefill(decoder, started, {r: running[r][1] for r in started},
+                                 {r: running[r][3] for r in started})
+                pending.update({r: logits[i] for i, r in enumerate(started)})
+            for r in rows:
+                if not running[r][1].max_new_tokens:
+                    pending.pop(r, None)
+                    _end(decoder, running, r, on_end)
+        if not running:
+            return
+        fed = []
+        for r in sorted(pending):
+            key, config, selector, result = running[r]
+            if advance(key, pending[r], selector, config, result, on_step):
+                fed.append(r)
+            else:
+                _end(decoder, running, r, on_end)
+        pending.clear()
+        if fed:
+            logits = decoder.decode(fed, [running[r][3].tokens[-1] for r in fed])
+            pending.update({r: logits[i] for i, r in enumerate(fed)})
+
+
+def _end(decoder: InflightDecoder, running: dict, row: int, on_end: Callable[[object], None]) -> None:
+    key = running.pop(row)[0]
+    decoder.release([row])
+    on_end(key)

@@ -27,7 +27,8 @@ from .trtllm_reader import Layer, Linear, ModelWeights
 from .hf_checkpoint import load_checkpoint
 from .rope import RotaryTable
 from .generate import (
-    EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, token_steps,
+    AdmitCallback, EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
+    token_steps,
 )
 from .sampling import SamplingConfig
 
@@ -150,14 +151,51 @@ class ReferenceModel:
             return []
         return generate_rows(CacheDecoder(self, prompts, configs), configs, on_step, on_end, prompts)
 
+    @torch.inference_mode()
+    def serve_rows(self, admit: AdmitCallback, on_step, on_end) -> None:
+        """In-flight generation (pipeline/runtime/generate.py `serve_rows`): the requests `admit` hands over join
+        the running batch between decode steps, each in a cache row a finished one left."""
+        serve_rows(CacheDecoder(self), admit, on_step, on_end)
+
 
 class CacheDecoder:
-    """The reference runtime's `Decoder` (pipeline/runtime/generate.py): one preallocated cache row per prompt."""
+    """The reference runtime's `InflightDecoder` (pipeline/runtime/generate.py): one cache row (slot) per running
+    prompt, handed to a later prompt once its row ends; the cache grows (more slots, more positions) when an added
+    prompt needs it. Made with prompts, it is the one preallocated batch `generate_rows` runs."""
 
-    def __init__(self, model: ReferenceModel, prompts: Sequence[Sequence[int]], configs: list[SamplingConfig]):
-        self.model, self.prompts = model, prompts
-        self.cache = model._cache(len(prompts), max(len(p) + c.max_new_tokens for p, c in zip(prompts, configs)))
-        self.lengths = [len(p) for p in prompts]   # the position of each row's next token
+    def __init__(self, model: ReferenceModel, prompts: Sequence[Sequence[int]] = (),
+                 configs: Sequence[SamplingConfig] = ()):
+        self.model = model
+        self.cache = model._cache(0, 0)
+        self.prompts: dict[int, Sequence[int]] = {}
+        self.slots: dict[int, int] = {}      # row -> its cache row
+        self.lengths: dict[int, int] = {}    # row -> the position of its next token
+        self.free: list[int] = []            # cache rows no row holds, ascending
+        if prompts:
+            self.add(list(range(len(prompts))), prompts, configs)
+
+    def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
+        need = max(len(p) + c.max_new_tokens for p, c in zip(prompts, configs))
+        missing = len(rows) - len(self.free)
+        if missing > 0 or need > self.cache.k.shape[3]:
+            self._grow(self.cache.k.shape[1] + max(missing, 0), max(need, self.cache.k.shape[3]))
+        for row, prompt in zip(rows, prompts):
+            self.slots[row], self.prompts[row], self.lengths[row] = self.free.pop(0), prompt, len(prompt)
+
+    def release(self, rows: list[int]) -> None:
+        for row in rows:
+            self.free.append(self.slots.pop(row))
+            del self.prompts[row], self.lengths[row]
+        self.free.sort()
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        """A cache of `slots` rows of `capacity` positions holding what the old one held."""
+        old = self.cache
+        held, positions = old.k.shape[1], old.k.shape[3]
+        self.cache = self.model._cache(slots, capacity)
+        self.cache.k[:, :held, :, :positions] = old.k
+        self.cache.v[:, :held, :, :positions] = old.v
+        self.free = sorted(self.free + list(range(held, slots)))
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
         logits = torch.empty(len(rows), self.model.vocab_size)
@@ -172,10 +210,12 @@ class CacheDecoder:
     def _prompt_hidden(self, r: int) -> torch.Tensor:
         """Row r's prompt through the model into its cache row: the final hidden states [prompt_len, hidden]."""
         ids = torch.tensor([list(self.prompts[r])])
-        return self.model._hidden(ids, torch.arange(ids.shape[1])[None], self.cache, torch.tensor([r]), None)[0]
+        return self.model._hidden(ids, torch.arange(ids.shape[1])[None], self.cache, torch.tensor([self.slots[r]]),
+                                  None)[0]
 
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
-        cache_rows = None if rows == list(range(len(self.prompts))) else torch.tensor(rows)
+        slots = [self.slots[r] for r in rows]
+        cache_rows = None if slots == list(range(self.cache.k.shape[1])) else torch.tensor(slots)
         positions = torch.tensor([[self.lengths[r]] for r in rows])
         for r in rows:
             self.lengths[r] += 1

@@ -5,9 +5,11 @@ copied into this directory by `trtpipe deploy`, so the server's Python needs tor
 numpy but not trtpipe. With the parameter `runtime` = onnxruntime (backend reference-onnx) it runs the
 checkpoint's ONNX export in `onnx/` with ONNX Runtime (`pipeline.onnx.runner.OrtDecoder`, also copied;
 onnxruntime is then needed too); the generation loop and sampling are the same (pipeline/runtime/generate.py).
-In decoupled mode `execute` queues the requests and returns; one worker thread generates every queued request
-together (their rows share batched decode steps), so a `stop` request (NVIDIA's cancellation) is read while a
-stream runs. A streaming request gets one response per new token, the last one flagged final; otherwise one
+In decoupled mode `execute` queues the requests and returns; one worker thread batches them in flight
+(`pipeline.runtime.generate.serve_rows`): a request queued while others generate joins them at the next decode step,
+its prompt prefilled between two steps, up to max_batch_size rows at once (the rest wait in arrival order), so
+the rows of every running request share batched decode steps and a `stop` request (NVIDIA's cancellation) is read
+while a stream runs. A streaming request gets one response per new token, the last one flagged final; otherwise one
 response per sequence holds the prompt and the completion (the completion alone with exclude_input_in_output),
 as NVIDIA's backend answers; a request is answered as soon as its own rows are done, while the rest go on.
 
@@ -20,6 +22,7 @@ outside the ranges TensorRT-LLM's executor accepts are refused too (pipeline/tri
 fewer than the process may use (`intra_op_threads`).
 """
 
+import collections
 import json
 import os
 import queue
@@ -37,6 +40,7 @@ sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins ove
 from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC  # noqa: E402
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
+from pipeline.runtime.generate import check_requests  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 from pipeline.triton_names import (  # noqa: E402
     ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
@@ -276,6 +280,7 @@ class Job:
         self.rows_running -= 1
         if self.rows_running == 0:
             self.finish()
+            self.model.job_done(self)
 
     def finish(self) -> None:
         """When its rows are done: the whole answer (non-streaming), or the final flag a stream still owes (its
@@ -435,6 +440,13 @@ class TritonPythonModel:
         self.live_family, self.live_gauge = live_gauge(args.get("model_name", TENSORRT_LLM))
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
+        self.waiting: collections.deque = collections.deque()   # queued jobs not started yet, in arrival order
+        self.admitted: set = set()       # started jobs not yet answered in full
+        self.active_rows = 0             # their rows still generating
+        self.max_rows = config.get("max_batch_size") or sys.maxsize
+        bound = config.get("dynamic_batching", {}).get("default_queue_policy", {}).get("max_queue_size")
+        self.queue_limit = int(bound) if bound and int(bound) > 0 and self.max_rows < sys.maxsize else None
+        self.closing, self.taken = False, 0
         if self.decoupled:   # execute returns at once; one worker generates, so a `stop` is read while it runs
             self.worker = threading.Thread(target=self.serve, daemon=True)
             self.worker.start()
@@ -470,6 +482,8 @@ class TritonPythonModel:
             jobs.append(job)
             answers.append(job)
         live = [job for job in jobs if not job.finished]
+        if self.decoupled:
+            live = self.within_queue_bound(live)
         self.count_live(len(live))
         if self.decoupled:
             if live:
@@ -477,6 +491,20 @@ class TritonPythonModel:
             return None
         self.generate(live)
         return [a.response if isinstance(a, Job) else a for a in answers]
+
+    def within_queue_bound(self, jobs: list) -> list:
+        """The jobs that fit, refusing the rest as Triton refuses a request beyond its queue bound. Decoupled,
+        `execute` returns at once, so Triton's own queue stays empty and the bound (dynamic_batching's
+        max_queue_size) is kept here: max_batch_size requests running and max_queue_size waiting, then
+        "Exceeds maximum queue size" (HTTP 503 from this model, 400 through the ensemble, as Triton answers it)."""
+        if self.queue_limit is None:
+            return jobs
+        with self.lock:
+            room = self.max_rows + self.queue_limit - self.live
+        for job in jobs[max(room, 0):]:
+            job.fail(f"Exceeds maximum queue size: {self.max_rows} requests running and {self.queue_limit} "
+                     "waiting; send it again later", unavailable())
+        return jobs[:max(room, 0)]
 
     def stop(self, request):
         """Stop every job of the request's id (each ends at its next token with what it has, as TensorRT-LLM's
@@ -493,50 +521,106 @@ class TritonPythonModel:
         return response
 
     def serve(self) -> None:
-        """The worker: every queued job in one batch, until finalize."""
+        """The worker, until finalize: in-flight batching. The queued requests start together; a request queued
+        while they generate joins them at the next decode step (`admit`), up to max_batch_size rows at once."""
         while True:
-            jobs = self.queue.get()
-            if jobs is None:
+            item = self.queue.get()
+            if item is None:
                 self.queue.task_done()
                 return
-            batches = 1
-            while not self.queue.empty():
-                more = self.queue.get()
-                batches += 1
-                if more is None:
-                    self.queue.put(None)
-                    self.queue.task_done()
-                    batches -= 1
-                    break
-                jobs = jobs + more
+            self.waiting.extend(item)
+            self.taken = 1
             try:
-                self.generate(jobs)
-            finally:
-                for _ in range(batches):
-                    self.queue.task_done()
+                self.model.serve_rows(self.admit, on_step=lambda row, result: row.job.on_step(row, result),
+                                      on_end=lambda row: row.job.on_row_end(row))
+            except Exception as exc:  # the runtime failed: every request it was generating gets the reason
+                for job in list(self.admitted):
+                    job.fail(f"generation failed: {type(exc).__name__}: {exc}")
+                    self.job_done(job)
+            closing = self.closing
+            if closing:
+                for job in self.waiting:
+                    job.fail("the server stopped before this request started; send it again", unavailable())
+                    self.count_live(-1)
+                self.waiting.clear()
+            for _ in range(self.taken):
+                self.queue.task_done()
+            if closing:
+                return
+
+    def admit(self) -> list:
+        """The rows to start now: the queued requests, in order, while the running rows and theirs fit in
+        max_batch_size (a request with more rows than that starts alone). Each (row, prompt, sampling)."""
+        while not self.closing:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            self.taken += 1
+            if item is None:
+                self.closing = True
+            else:
+                self.waiting.extend(item)
+        started = []
+        while self.waiting and not self.closing:
+            job = self.waiting[0]
+            if self.active_rows and self.active_rows + len(job.rows) > self.max_rows:
+                break
+            self.waiting.popleft()
+            if self.start(job):
+                started += [(row, row.prompt, row.sampling) for row in job.rows]
+        return started
+
+    def start(self, job: Job) -> bool:
+        """Admit `job`: False (answered already) when its client went away or the server is cancelling."""
+        if job.request.is_cancelled() or self.shutdown_state() == CANCELLING:
+            job.fail("the request was cancelled" if job.request.is_cancelled() else
+                     "the server shut down before this request started; send it again",
+                     pb_utils.TritonError.CANCELLED if job.request.is_cancelled() else unavailable())
+            self.count_live(-1)
+            return False
+        try:
+            check_requests([row.prompt for row in job.rows], [row.sampling for row in job.rows],
+                           self.model.vocab_size, self.max_seq_len)
+        except UserError as exc:
+            job.fail(str(exc))
+            self.count_live(-1)
+            return False
+        job.scheduled_ns = time.monotonic_ns()
+        with self.lock:
+            self.running.setdefault(job.request.request_id(), []).append(job)
+        self.admitted.add(job)
+        self.active_rows += len(job.rows)
+        return True
+
+    def job_done(self, job: Job) -> None:
+        """A job answered in full (or failed after it started): no longer running or counted live."""
+        if job not in self.admitted:
+            return
+        self.admitted.discard(job)
+        self.active_rows -= len(job.rows)
+        with self.lock:
+            jobs = self.running.get(job.request.request_id(), [])
+            if job in jobs:
+                jobs.remove(job)
+            if not jobs:
+                self.running.pop(job.request.request_id(), None)
+        self.count_live(-1)
 
     def generate(self, jobs: list) -> None:
-        rows = [row for job in jobs for row in job.rows]
+        """Not decoupled: the jobs of one execute call, generated together, each answered as its rows end."""
+        started = [job for job in jobs if self.start(job)]
+        rows = [row for job in started for row in job.rows]
         if not rows:
             return
-        with self.lock:
-            for job in jobs:
-                job.scheduled_ns = time.monotonic_ns()
-                self.running.setdefault(job.request.request_id(), []).append(job)
         try:
             self.model.generate_rows([row.prompt for row in rows], [row.sampling for row in rows],
                                      on_step=lambda i, result: rows[i].job.on_step(rows[i], result),
                                      on_end=lambda i: rows[i].job.on_row_end(rows[i]))
         except Exception as exc:  # the runtime failed for the whole batch: every request gets the reason
-            for job in jobs:
+            for job in started:
                 job.fail(f"generation failed: {type(exc).__name__}: {exc}")
-        finally:
-            with self.lock:
-                for job in jobs:
-                    self.running.get(job.request.request_id(), []).remove(job)
-                    if not self.running.get(job.request.request_id()):
-                        self.running.pop(job.request.request_id(), None)
-            self.count_live(-len(jobs))
+                self.job_done(job)
 
     def shutdown_state(self, at_once: bool = False) -> str | None:
         """What trtpipe serve's drain file says (None: serving; DRAINING; CANCELLING), read at most every 0.1 s
