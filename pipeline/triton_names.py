@@ -201,6 +201,19 @@ LLMAPI_SAMPLING_INPUTS = {"temperature": SAMPLING_PARAM_TEMPERATURE, "top_k": SA
                           "top_p": SAMPLING_PARAM_TOP_P}
 
 
+def llmapi_sampling(read: Callable[[str, object], object]) -> tuple[tuple[float, int, float], str | None]:
+    """An llmapi request's (temperature, top_k, top_p), unset ones at the LLM API's defaults (1.0, 0: no limit,
+    1.0), and the refusal of the first outside its range (None when all are in range); `read(name, default)` reads
+    one scalar input of the request."""
+    values = (float(read(SAMPLING_PARAM_TEMPERATURE, 1.0)), int(read(SAMPLING_PARAM_TOP_K, 0)),
+              float(read(SAMPLING_PARAM_TOP_P, 1.0)))
+    for parameter_name, value in zip(("temperature", "top_k", "top_p"), values):
+        error = sampling_error(parameter_name, value, LLMAPI_SAMPLING_INPUTS[parameter_name])
+        if error:
+            return values, error
+    return values, None
+
+
 def sampling_error(parameter: str, value, name: str | None = None, *, ranges: dict = SAMPLING_RANGES,
                    integer: bool = False, source: str = "") -> str | None:
     """None when `value` is in `parameter`'s range (`ranges`: SAMPLING_RANGES or TENSORRT_LLM_SAMPLING_RANGES);

@@ -23,9 +23,8 @@ sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins ove
 from pipeline.runtime import ReferenceModel  # noqa: E402
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 from pipeline.triton_names import (  # noqa: E402
-    FINISH_REASON, LLMAPI_SAMPLING_INPUTS, RETURN_FINISH_REASON, SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT,
-    SAMPLING_PARAM_MAX_TOKENS, SAMPLING_PARAM_SEED, SAMPLING_PARAM_TEMPERATURE, SAMPLING_PARAM_TOP_K,
-    SAMPLING_PARAM_TOP_P, STREAMING, TEXT_INPUT, TEXT_OUTPUT, sampling_error,
+    FINISH_REASON, RETURN_FINISH_REASON, SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT, SAMPLING_PARAM_MAX_TOKENS,
+    SAMPLING_PARAM_SEED, STREAMING, TEXT_INPUT, TEXT_OUTPUT, llmapi_sampling,
 )
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -65,13 +64,9 @@ class TritonPythonModel:
         if len(prompt) + max_tokens > self.max_seq_len:
             raise RequestError(f"{len(prompt)} input tokens + {max_tokens} output tokens exceed max_seq_len "
                                f"{self.max_seq_len}")
-        temperature = float(scalar(inputs, SAMPLING_PARAM_TEMPERATURE, 1.0))
-        top_k = int(scalar(inputs, SAMPLING_PARAM_TOP_K, 0))
-        top_p = float(scalar(inputs, SAMPLING_PARAM_TOP_P, 1.0))
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-            error = sampling_error(name, value, LLMAPI_SAMPLING_INPUTS[name])
-            if error:
-                raise RequestError(error)
+        (temperature, top_k, top_p), error = llmapi_sampling(lambda name, default: scalar(inputs, name, default))
+        if error:
+            raise RequestError(error)
         sampling = trtllm_sampling(top_k, top_p, temperature, max_new_tokens=max_tokens,
                                    end_id=self.tokenizer.eos_token_id,
                                    seed=scalar(inputs, SAMPLING_PARAM_SEED, None))

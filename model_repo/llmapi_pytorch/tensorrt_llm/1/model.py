@@ -39,10 +39,9 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied pipeline/triton_names.py wins over any installed trtpipe
 from pipeline.triton_names import (  # noqa: E402
-    FINISH_REASON, LLMAPI_INPUT_NAMES, LLMAPI_OUTPUT_NAMES, LLMAPI_SAMPLING_INPUTS, RETURN_FINISH_REASON,
-    SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT, SAMPLING_PARAM_MAX_TOKENS, SAMPLING_PARAM_SEED,
-    SAMPLING_PARAM_TEMPERATURE, SAMPLING_PARAM_TOP_K, SAMPLING_PARAM_TOP_P, STREAMING, TEXT_INPUT, TEXT_OUTPUT,
-    sampling_error,
+    FINISH_REASON, LLMAPI_INPUT_NAMES, LLMAPI_OUTPUT_NAMES, RETURN_FINISH_REASON,
+    SAMPLING_PARAM_EXCLUDE_INPUT_FROM_OUTPUT, SAMPLING_PARAM_MAX_TOKENS, SAMPLING_PARAM_SEED, STREAMING, TEXT_INPUT,
+    TEXT_OUTPUT, llmapi_sampling,
 )
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -119,13 +118,9 @@ def parse_request(inputs: dict, count_tokens, max_seq_len: int | None) -> Reques
         if prompt + max_tokens > max_seq_len:
             raise RequestError(f"{prompt} input tokens + {max_tokens} output tokens (sampling_param_max_tokens) "
                                f"exceed max_seq_len {max_seq_len}")
-    temperature = float(scalar(inputs, SAMPLING_PARAM_TEMPERATURE, 1.0))
-    top_k = int(scalar(inputs, SAMPLING_PARAM_TOP_K, 0))
-    top_p = float(scalar(inputs, SAMPLING_PARAM_TOP_P, 1.0))
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-        error = sampling_error(name, value, LLMAPI_SAMPLING_INPUTS[name])
-        if error:
-            raise RequestError(error)
+    (temperature, top_k, top_p), error = llmapi_sampling(lambda name, default: scalar(inputs, name, default))
+    if error:
+        raise RequestError(error)
     sampling = {"max_tokens": max_tokens, "top_p": top_p}
     if temperature == 0:
         sampling["top_k"] = 1
