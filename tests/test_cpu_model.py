@@ -150,3 +150,30 @@ def test_beyond_max_batch_size_running_and_max_queue_size_waiting_a_request_is_s
     assert shed == {"r3", "r4"}
     assert all(answers[f"r{i}"] == [FINAL] for i in range(3))   # one final response each, no error
     assert model.live == 0
+
+
+def test_a_failed_run_fails_its_requests_and_the_waiting_ones_still_run(checkpoint, monkeypatch):
+    module = load_cpu_model(monkeypatch)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({
+        "max_batch_size": 1, "model_transaction_policy": {"decoupled": True},
+        "parameters": {"checkpoint_dir": {"string_value": str(checkpoint("gqa"))}}})})
+    real, calls, answers = model.model.serve_rows, [], {}
+
+    def failing_once(admit, on_step, on_end):
+        calls.append(len(calls))
+        if len(calls) == 1:
+            assert len(admit()) == 1          # one row at a time: r0 starts, r1 and r2 wait
+            raise RuntimeError("out of memory")
+        return real(admit, on_step, on_end)
+
+    monkeypatch.setattr(model.model, "serve_rows", failing_once)
+
+    class Answer(Request):
+        def send(self, response, flags=0):
+            answers.setdefault(self.name, []).append(response.error.message if response.error else flags)
+
+    model.execute([Answer(f"r{i}", [], [3, 14, 15], 4) for i in range(3)])
+    model.queue.join()
+    assert answers["r0"] == ["generation failed: RuntimeError: out of memory"]
+    assert answers["r1"] == answers["r2"] == [FINAL] and len(calls) == 2 and model.live == 0

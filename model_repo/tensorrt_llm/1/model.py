@@ -524,12 +524,13 @@ class TritonPythonModel:
         """The worker, until finalize: in-flight batching. The queued requests start together; a request queued
         while they generate joins them at the next decode step (`admit`), up to max_batch_size rows at once."""
         while True:
-            item = self.queue.get()
-            if item is None:
-                self.queue.task_done()
-                return
-            self.waiting.extend(item)
-            self.taken = 1
+            if not self.waiting:   # (after a failed run, the requests still waiting go on without a new one)
+                item = self.queue.get()
+                self.taken += 1
+                if item is None:
+                    self.queue.task_done()
+                    return
+                self.waiting.extend(item)
             try:
                 self.model.serve_rows(self.admit, on_step=lambda row, result: row.job.on_step(row, result),
                                       on_end=lambda row: row.job.on_row_end(row))
@@ -543,8 +544,10 @@ class TritonPythonModel:
                     job.fail("the server stopped before this request started; send it again", unavailable())
                     self.count_live(-1)
                 self.waiting.clear()
-            for _ in range(self.taken):
-                self.queue.task_done()
+            if not self.waiting:   # every request taken from the queue so far is answered
+                for _ in range(self.taken):
+                    self.queue.task_done()
+                self.taken = 0
             if closing:
                 return
 
