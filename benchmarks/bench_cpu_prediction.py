@@ -20,10 +20,10 @@ import statistics
 from pathlib import Path
 
 from pipeline.convert import convert_model
-from pipeline.deploy import deploy_repository, repository_tokenizer
+from pipeline.deploy import deploy_repository
+from pipeline.model_repository import read_repository
 from pipeline.plan import load_plan, resolve_model_info, save_plan
-from pipeline.planner import make_plan
-from pipeline.planner import replan
+from pipeline.planner import make_plan, replan
 from pipeline.plan.feedback import Measurements, correct, measured_on, observed, predict_level
 from pipeline.server import embedded_server
 from pipeline.sources import resolve_model
@@ -76,7 +76,7 @@ def main() -> None:
           + ", ".join(f"{s * 1e3:.0f} ms ({n} tokens)" for n, s in zip(t["prefill_tokens"], t["prefill_s"]))
           + f"; decode step {t['decode_fixed_s'] * 1e3:.1f} ms + {t['decode_per_sequence_s'] * 1e3:.2f} ms a sequence "
           + f"+ {t['decode_per_context_token_s'] * 1e6:.2f} us a sequence-token of context; {p.basis}")
-    tokenizer = repository_tokenizer(repo)
+    tokenizer = read_repository(repo).tokenizer
     with embedded_server(repo, ready_timeout=600) as server:
         client = EnsembleClient(server, timeout=600)
         client.generate(DEFAULT_PROMPTS[0], 2)   # warm-up
