@@ -120,7 +120,9 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
     tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
     deployment = describe_deployment(plan, checkpoint)
-    sources = nvidia_python_models(python_models, llmapi) if python_models else model_source_files()
+    # trtpipe's model files with the package files they import (package_data.MODEL_SUPPORT_FILES), or NVIDIA's
+    sources = nvidia_python_models(python_models, llmapi) if python_models else [*model_source_files(),
+                                                                                 *MODEL_SUPPORT_FILES]
     inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *sources,
                                  *backend.repository_inputs(engine, checkpoint)])
     params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None}
@@ -220,9 +222,8 @@ def model_specs(s: DeploySettings) -> list[ModelSpec]:
 # ------------------------------------------------------------------------------------------- the files
 
 def model_source_files() -> list[Path]:
-    """The model.py files of the backend-independent models, from model_repo/ (`package_data.MODEL_SOURCES`), and
-    the package files they import (`package_data.MODEL_SUPPORT_FILES`)."""
-    files = [*(MODEL_SOURCES / name / "1" / "model.py" for name in COMMON_PYTHON_MODELS), *MODEL_SUPPORT_FILES]
+    """The model.py files of the backend-independent models, from model_repo/ (`package_data.MODEL_SOURCES`)."""
+    files = [MODEL_SOURCES / name / "1" / "model.py" for name in COMMON_PYTHON_MODELS]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise UserError(f"trtpipe's model sources are missing ({', '.join(missing)}); reinstall trtpipe")
