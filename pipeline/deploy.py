@@ -69,9 +69,13 @@ class DeploySettings:
     max_queue_size: int
     decoupled: bool
     trtllm_parameters: dict  # tensorrt_llm model parameters (strings), the backend's
+    priority_levels: int = 0
+    default_priority_level: int = 0
 
-    def batching(self) -> Batching:
-        return Batching(self.preferred_batch_sizes, self.max_queue_delay_microseconds, self.max_queue_size)
+    def batching(self, scheduling: bool = False) -> Batching:
+        """The dynamic_batching block; with the priority levels for the model that schedules (tensorrt_llm)."""
+        levels = (self.priority_levels, self.default_priority_level) if scheduling else (0, 0)
+        return Batching(self.preferred_batch_sizes, self.max_queue_delay_microseconds, self.max_queue_size, *levels)
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ def settings_from_plan(plan: Plan, engine: Path | None) -> DeploySettings:
         preferred_batch_sizes=preferred, max_queue_delay_microseconds=triton.max_queue_delay_microseconds,
         max_queue_size=triton.max_queue_size, decoupled=triton.decoupled_mode,
         trtllm_parameters=backend.model_parameters(plan, engine),
+        priority_levels=triton.priority_levels, default_priority_level=triton.default_priority_level,
     )
 
 
@@ -207,7 +212,8 @@ def model_specs(s: DeploySettings) -> list[ModelSpec]:
                   parameters={**tokenizer_parameter(PREPROCESSING), "add_special_tokens": "true",
                               "multimodal_model_path": ""}),
         ModelSpec(TENSORRT_LLM, s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS,
-                  backend=s.triton_backend, batching=s.batching(), decoupled=s.decoupled, instance_count=1,
+                  backend=s.triton_backend, batching=s.batching(scheduling=True), decoupled=s.decoupled,
+                  instance_count=1,
                   parameters=s.trtllm_parameters),
         ModelSpec(POSTPROCESSING, s.max_batch_size, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
                   backend="python", batching=Batching(), instance_count=1,

@@ -25,6 +25,7 @@ from .plan.policy import (PlanRequest, check_checkpoint_agrees, check_target_sup
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
 from .precisions import PRECISIONS
 from .targets import Target
+from .triton_names import BATCH_SCHEDULER_POLICIES
 
 
 def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_cache: str = "auto",
@@ -39,6 +40,10 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     server = backend_serving(backend, target)
+    check_priorities(overrides, server)
+    if overrides.batch_scheduler_policy not in (None, *BATCH_SCHEDULER_POLICIES):
+        raise UserError(f"batch_scheduler_policy must be one of {', '.join(BATCH_SCHEDULER_POLICIES)}, not "
+                        f"{overrides.batch_scheduler_policy!r}")
     arch = model.arch
     is_checkpoint = model.source == "checkpoint"
     if is_checkpoint:
@@ -55,11 +60,32 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
                                    max_context, warnings))
 
 
+def check_priorities(overrides: Overrides, server) -> None:
+    """Priority levels only where the backend's scheduler starts requests by them (else Triton's levels would
+    reorder a queue the decoupled model empties at once: accepted and ignored)."""
+    levels, default = overrides.priority_levels, overrides.default_priority_level
+    if not levels and not default:
+        return
+    if not server.request_priorities:
+        raise UserError(f"--priority-levels: the {server.name} backend does not schedule requests by priority "
+                        "(NVIDIA's tensorrtllm backend builds its executor requests without one); only the cpu "
+                        "target's reference backends do")
+    if not levels or levels < 1 or not 1 <= (default or 1) <= levels:
+        raise UserError(f"--default-priority-level {default} needs --priority-levels N with 1 <= it <= N "
+                        f"(got --priority-levels {levels})")
+
+
 def replan(plan: Plan, overrides: Overrides | None = None, target: Target | None = None) -> Plan:
     """`make_plan` for the request that made `plan` (its model, precision, KV cache, tp/pp, workload, backend), with
     other `overrides` or another `target` (an instance's share of it); UserError as make_plan."""
+    overrides = overrides or Overrides()
+    kept = {name: getattr(plan.triton, name) or None for name in SCHEDULING_CHOICES if getattr(overrides, name) is None}
     return make_plan(plan.model, target or plan.target, plan.precision, kv_cache_request(plan), plan.tp_size,
-                     plan.workload, overrides, plan.pp_size, backend=plan.backend)
+                     plan.workload, replace(overrides, **kept), plan.pp_size, backend=plan.backend)
+
+
+#: What a plan records of its request's scheduling overrides, kept by `replan` unless overridden
+SCHEDULING_CHOICES = ("batch_scheduler_policy", "priority_levels", "default_priority_level")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,6 +19,11 @@ from __future__ import annotations
 from numbers import Integral, Real
 from typing import Callable, NamedTuple
 
+#: The tensorrt_llm model's batch_scheduler_policy values (NVIDIA's parameter; guaranteed_no_evict its default,
+#: model_instance_state.cc@c2e65b8:357-381); the cpu model's scheduler (pipeline/runtime/scheduler.py) honours both.
+GUARANTEED_NO_EVICT, MAX_UTILIZATION = "guaranteed_no_evict", "max_utilization"
+BATCH_SCHEDULER_POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
+
 
 def parameter(config: dict, key: str, default: str) -> str:
     """Parameter `key`'s string_value in a model config (the JSON Triton hands `initialize`), else `default`.

@@ -51,6 +51,8 @@ class Batching:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_microseconds: int | None = None
     max_queue_size: int | None = None
+    priority_levels: int = 0            # 0: Triton's default (no levels)
+    default_priority_level: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ def _fill_batching(message, batching: Batching) -> None:
         message.max_queue_delay_microseconds = batching.max_queue_delay_microseconds
     if batching.max_queue_size is not None:
         message.default_queue_policy.max_queue_size = batching.max_queue_size
+    if batching.priority_levels:
+        message.priority_levels = batching.priority_levels
+        message.default_priority_level = batching.default_priority_level
 
 
 def to_pbtxt(config) -> str:

@@ -365,7 +365,7 @@ def test_no_p2p_tensor_parallel_warns():
     ({"precision": "bf16", "kv": "fp16"}, "contradicts the engine dtype"),
     ({"workload": Workload(input_len=8000, output_len=500)}, "exceed the maximum context"),
     ({"workload": Workload(p99_latency_s=0.5, output_len=256)}, "cannot be met"),
-    ({"target": "cpu", "name": "smollm2-135m", "max_num_tokens": 256}, "contradict --target cpu"),
+    ({"target": "cpu", "name": "smollm2-135m", "opt_num_tokens": 256}, "contradict --target cpu"),
     ({"target": "cpu", "name": "llama-3-8b"}, "float32 weights"),
 ])
 def test_fail_fast(kwargs, message):

@@ -39,6 +39,7 @@ class Backend(Protocol):
     layout: str                      # the repository: INFLIGHT_BATCHER (five models) | "llmapi" (pytorch.py)
     checkpoint_format: str           # deploy's --checkpoint: TRTLLM_CHECKPOINT | HF_CHECKPOINT
     batching: str                    # STATIC_BATCHING | INFLIGHT_BATCHING
+    request_priorities: bool         # its scheduler starts a request by its `priority` (Triton's priority levels)
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

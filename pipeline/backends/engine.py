@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
+from ..triton_names import GUARANTEED_NO_EVICT
 from .. import TRTLLM_VERSION
 from ..errors import UserError
 from ..plan.memory import (
@@ -92,6 +93,7 @@ class EngineBackend:
     memory_scope = "per GPU"
     layout = INFLIGHT_BATCHER
     batching = INFLIGHT_BATCHING
+    request_priorities = False   # tensorrtllm builds executor::Request without one (docs/upstream-facts.md)
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
 
@@ -322,7 +324,8 @@ def plan_engine(request: PlanRequest) -> Plan:
         triton_backend=TRITON_BACKEND, triton_max_batch_size=batch, decoupled_mode=True,
         max_queue_delay_microseconds=0, **queue_bound(batch),
         preferred_batch_size=[batch], max_beam_width=1, batching_strategy="inflight_fused_batching",
-        batch_scheduler_policy="guaranteed_no_evict", kv_cache_free_gpu_mem_fraction=fraction,
+        batch_scheduler_policy=overrides.batch_scheduler_policy or GUARANTEED_NO_EVICT,
+        kv_cache_free_gpu_mem_fraction=fraction,
         # The runtime takes min(this, fraction x free memory it measures): the cache never exceeds the
         # plan, and a smaller real free memory still bounds it (tensorrtllm_backend docs/model_config.md).
         max_tokens_in_paged_kv_cache=kv_tokens, enable_chunked_context=plugin.use_paged_context_fmha,

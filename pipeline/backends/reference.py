@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..outputs import link_or_copy
-from ..triton_names import TENSORRT_LLM
+from ..triton_names import GUARANTEED_NO_EVICT, TENSORRT_LLM
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
     format_gib,
@@ -35,7 +35,7 @@ from ..plan.memory import (
 from ..plan.host_timing import host_timing, timed_performance
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
-from ..plan.trtllm import quantization
+from ..plan.trtllm import TOKENS_PER_BLOCK, quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from ..host import serving_threads
 from .base import parameter_string, tritonserver_args
@@ -72,6 +72,7 @@ class ReferenceBackend:
     memory_scope = "host"
     layout = INFLIGHT_BATCHER
     batching = INFLIGHT_BATCHING
+    request_priorities = True    # pipeline/runtime/scheduler.py
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 
@@ -102,7 +103,12 @@ class ReferenceBackend:
         return [MODEL_SOURCE, *runtime_closure(model=MODEL_SOURCE), checkpoint]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
-        return {"checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
+        triton = plan.triton
+        scheduler = {"batch_scheduler_policy": triton.batch_scheduler_policy or GUARANTEED_NO_EVICT,
+                     **{name: str(value) for name in ("max_tokens_in_paged_kv_cache", "tokens_per_block",
+                                                      "max_num_tokens")
+                        if (value := getattr(triton, name)) is not None}}
+        return {**scheduler, "checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
                 "exclude_input_in_output": parameter_string(plan.triton.exclude_input_in_output),
                 # as the engine repository writes it (NVIDIA's default): greedy log probs are then 0
                 "normalize_log_probs": "true"}
@@ -164,12 +170,14 @@ def plan_reference(request: PlanRequest) -> Plan:
     workload, overrides, max_context, warnings = (request.workload, request.overrides, request.max_context,
                                                   list(request.warnings))
     arch = model.arch
-    if overrides.max_num_tokens or overrides.opt_num_tokens or overrides.multiple_profiles is not None \
+    if overrides.opt_num_tokens or overrides.multiple_profiles is not None \
             or overrides.use_paged_context_fmha is not None or overrides.enable_kv_cache_reuse \
             or overrides.kv_cache_free_gpu_mem_fraction is not None:
-        raise UserError("engine options (--max-num-tokens, --opt-num-tokens, --multiple-profiles, "
+        raise UserError("engine options (--opt-num-tokens, --multiple-profiles, "
                         "--paged-context-fmha, --kv-cache-reuse, --kv-cache-free-gpu-mem-fraction) "
                         f"contradict --target {target.name}, whose {REFERENCE} backend builds no engine")
+    if overrides.max_num_tokens is not None and overrides.max_num_tokens < 1:
+        raise UserError("--max-num-tokens must be at least 1")
     stages = weights_per_rank_by_stage(arch, "fp32", "float32", 1, 1)
     weights = stages[0]
     kv_per_token = kv_bytes_per_token(arch, "float32", 1, 1)
@@ -183,7 +191,7 @@ def plan_reference(request: PlanRequest) -> Plan:
     if workload.concurrency and overrides.max_batch_size and overrides.max_batch_size < workload.concurrency:
         raise UserError(f"--max-batch-size {overrides.max_batch_size} contradicts --concurrency {workload.concurrency}")
     free = memory - weights - reserve
-    kv_tokens = free // kv_per_token
+    kv_tokens = free // kv_per_token // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK   # whole blocks of the scheduler's pool
     if kv_tokens < max_context:
         raise UserError(f"no room for one sequence of {max_context} tokens of float32 KV cache in "
                         f"{format_gib(free)} of host memory left; lower --max-context")
@@ -201,7 +209,12 @@ def plan_reference(request: PlanRequest) -> Plan:
     triton = TritonParams(
         triton_backend=TRITON_BACKEND, triton_max_batch_size=batch, decoupled_mode=True,
         max_queue_delay_microseconds=QUEUE_DELAY_US, **queue_bound(batch),
-        preferred_batch_size=[batch])
+        preferred_batch_size=[batch], batch_scheduler_policy=overrides.batch_scheduler_policy or GUARANTEED_NO_EVICT,
+        max_tokens_in_paged_kv_cache=kv_tokens, tokens_per_block=TOKENS_PER_BLOCK,
+        # a step's tokens: by default any prompt the context allows, prefilled in one step (no chunked context)
+        max_num_tokens=overrides.max_num_tokens or max_context,
+        priority_levels=overrides.priority_levels or 0, default_priority_level=overrides.default_priority_level or (
+            overrides.priority_levels or 0))
     budget = MemoryBudget(
         memory_bytes=memory, weights_bytes_per_rank=weights, activation_bytes=0,
         activation_formula="not planned: PyTorch allocates the reference runtime's activations per call",

@@ -31,6 +31,7 @@ class ReferenceLlmapiBackend:
     memory_scope = "host"
     layout = LLMAPI
     batching = STATIC_BATCHING
+    request_priorities = False   # its cpu model generates each batch to its end, in arrival order
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
 

@@ -12,6 +12,7 @@ import click
 from .. import NVIDIA_MODEL_FILES
 from ..backends.names import NAMES, RUNTIMES
 from ..errors import UserError
+from ..triton_names import BATCH_SCHEDULER_POLICIES
 from ..precisions import CALIBRATION_FORMATS, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
 from .base import DEFAULT_IMAGE, device_option, main
 
@@ -329,7 +330,16 @@ def targets(as_json):
 @click.option("--p99-latency", type=float, default=None,
               help="Optional end-to-end latency budget per request, in seconds (bounds the batch).")
 @click.option("--max-batch-size", type=int, default=None, help="Override the planned engine max_batch_size.")
-@click.option("--max-num-tokens", type=int, default=None, help="Override the planned max_num_tokens.")
+@click.option("--max-num-tokens", type=int, default=None,
+              help="Override the planned max_num_tokens (on cpu: the tokens of one scheduler step).")
+@click.option("--batch-scheduler-policy", type=click.Choice(BATCH_SCHEDULER_POLICIES), default=None,
+              help="guaranteed_no_evict (default: a request starts only when its whole KV fits) or max_utilization "
+                   "(start more, pause the latest when the KV cache runs out).")
+@click.option("--priority-levels", type=click.IntRange(1), default=None,
+              help="Triton priority levels for the tensorrt_llm model (1 is the highest); a request's `priority` "
+                   "picks its level. cpu target only: NVIDIA's tensorrtllm backend schedules without priorities.")
+@click.option("--default-priority-level", type=click.IntRange(1), default=None,
+              help="The level of a request without a priority (default: the lowest).")
 @click.option("--opt-num-tokens", type=int, default=None, help="Override opt_num_tokens (single profile only).")
 @click.option("--multiple-profiles/--no-multiple-profiles", default=None, help="Override multiple_profiles.")
 @click.option("--paged-context-fmha/--no-paged-context-fmha", default=None,
@@ -353,7 +363,8 @@ def targets(as_json):
                    "validate --load-test's load_test.json (or report.json), or tune's result/trials.json.")
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
-         kv_cache_free_gpu_mem_fraction, model_dir, out, as_json, server, backend, instances, measured):
+         kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, priority_levels, default_priority_level, model_dir,
+         out, as_json, server, backend, instances, measured):
     """Memory budget, build configuration and Triton parameters for MODEL on a target.
 
     \b
@@ -384,7 +395,9 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
         overrides=Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
                             multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
                             enable_kv_cache_reuse=kv_cache_reuse,
-                            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction), backend=backend)
+                            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+                            batch_scheduler_policy=batch_scheduler_policy, priority_levels=priority_levels,
+                            default_priority_level=default_priority_level), backend=backend)
     if measured is not None:
         from ..plan.feedback import correct, read_measured
 

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 
 from ..runtime.generate import (
-    AdmitCallback, EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
+    EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
     token_steps,
 )
 from ..runtime.sampling import SamplingConfig
+from ..runtime.scheduler import Scheduler
 from . import CONFIG_FILE
 
 
@@ -97,9 +98,9 @@ class OrtDecoder:
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
         return generate_rows(OrtBatch(self, prompts), configs, on_step, on_end, prompts)
 
-    def serve_rows(self, admit: AdmitCallback, on_step, on_end) -> None:
+    def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end) -> None:
         """In-flight generation, as `ReferenceModel.serve_rows` does it (pipeline/runtime/generate.py)."""
-        serve_rows(OrtBatch(self), admit, on_step, on_end)
+        serve_rows(OrtBatch(self), scheduler, poll, on_step, on_end)
 
 
 def session_options(ort, precision: str, threads: int | None):

@@ -70,6 +70,9 @@ class Overrides:
     use_paged_context_fmha: bool | None = None
     enable_kv_cache_reuse: bool | None = None
     kv_cache_free_gpu_mem_fraction: float | None = None
+    batch_scheduler_policy: str | None = None
+    priority_levels: int | None = None           # Triton's dynamic_batching priority_levels (1 is the highest)
+    default_priority_level: int | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,10 @@ class TritonParams:
     enable_chunked_context: bool | None = None
     enable_kv_cache_reuse: bool | None = None
     exclude_input_in_output: bool = True
+    priority_levels: int = 0                  # dynamic_batching's (0: none); a request's `priority` picks its level
+    default_priority_level: int = 0
+    max_num_tokens: int | None = None         # the cpu model's tokens per step (an engine's is its build's)
+    tokens_per_block: int | None = None       # the cpu model's KV block (an engine's is its plugin config's)
 
 
 @dataclass

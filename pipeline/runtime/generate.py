@@ -11,13 +11,15 @@ runtime (pipeline/runtime/model.py) and ONNX Runtime (pipeline/onnx/runner.py) g
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from ..errors import UserError
 from .sampling import Choice, SamplingConfig, TokenSelector
+from .scheduler import Scheduler
+from .scheduler import Sequence as ScheduledSequence
 
 #: on_token(row, token), called for every output token; returning False ends that row now (its client is gone)
 TokenCallback = Callable[[int, int], "bool | None"]
@@ -187,9 +189,9 @@ def advance(r: int, logits: torch.Tensor, selector: TokenSelector, cfg: Sampling
 
 # ---------------------------------------------------------------------------------------------- in-flight serving
 
-#: admit() -> the requests to start now, each (key, prompt, SamplingConfig); called before every decode step, so a
-#: request that arrives while others generate joins them at the next step (the caller bounds how many run at once)
-AdmitCallback = Callable[[], "list[tuple[object, Sequence[int], SamplingConfig]]"]
+#: poll(), called before every step: the caller submits to the scheduler what arrived and withdraws what its client
+#: no longer wants, so a request that arrives while others generate joins them at the next step
+PollCallback = Callable[[], None]
 
 
 class InflightDecoder(Decoder, Protocol):
@@ -201,49 +203,72 @@ class InflightDecoder(Decoder, Protocol):
     def release(self, rows: list[int]) -> None: ...
 
 
-def serve_rows(decoder: InflightDecoder, admit: AdmitCallback, on_step: Callable[[object, RowResult], "bool | None"],
-               on_end: Callable[[object], None]) -> None:
-    """Generate every request `admit` hands over, admitting new ones between decode steps, until none runs and none
-    waits. Each step: the newly admitted prompts are prefilled (one call), then every running row chooses its next
-    token and the rows that go on are decoded together. A request is identified to the callbacks by its key; its
-    record is dropped once it ends (a server answers it then), so a long run holds only what is running."""
-    running: dict[int, tuple[object, SamplingConfig, TokenSelector, RowResult]] = {}
+def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallback,
+               on_step: Callable[[object, RowResult], "bool | None"], on_end: Callable[[object], None]) -> None:
+    """Generate every sequence submitted to `scheduler`, admitting new ones between decode steps, until none runs
+    and none waits. Each step: the sequences the scheduler starts are prefilled (one call; a sequence resumed after a
+    pause is prefilled with the tokens it produced), then every running row chooses its next token, the scheduler
+    finds each the KV block for it (pausing some under max_utilization), and the rows that go on are decoded
+    together. The callbacks see a sequence's key; its row is freed once it ends (a server answers it then)."""
+    rows: dict[int, ScheduledSequence] = {}
     pending: dict[int, torch.Tensor] = {}      # row -> the logits its next token is chosen from
     next_row = 0
     while True:
-        admitted = admit()
-        if admitted:
-            rows = list(range(next_row, next_row + len(admitted)))
-            next_row += len(admitted)
-            configs = [config for _, _, config in admitted]
-            decoder.add(rows, [prompt for _, prompt, _ in admitted], configs)
-            for row, (key, prompt, config) in zip(rows, admitted):
-                running[row] = (key, config, TokenSelector(config, prompt), RowResult.for_request(config))
-            started = [r for r in rows if running[r][1].max_new_tokens or running[r][1].context_logits]
-            if started:
-                logits = prefill(decoder, started, {r: running[r][1] for r in started},
-                                 {r: running[r][3] for r in started})
-                pending.update({r: logits[i] for i, r in enumerate(started)})
-            for r in rows:
-                if not running[r][1].max_new_tokens:
-                    pending.pop(r, None)
-                    _end(decoder, running, r, on_end)
-        if not running:
+        poll()
+        started = scheduler.admit()
+        if not started and not scheduler.running:
+            if scheduler.waiting:
+                raise RuntimeError("the scheduler starts nothing on an empty batch: a sequence was submitted that "
+                                   "cannot fit (Scheduler.refusal)")
             return
+        if started:
+            new = list(range(next_row, next_row + len(started)))
+            next_row += len(started)
+            configs = {row: start_config(s) for row, s in zip(new, started)}
+            decoder.add(new, [s.context() for s in started], [configs[row] for row in new])
+            for row, s in zip(new, started):
+                rows[row] = s
+                if s.result is None:
+                    s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
+            prefilled = [row for row in new if configs[row].max_new_tokens or configs[row].context_logits]
+            if prefilled:
+                logits = prefill(decoder, prefilled, configs, {row: rows[row].result for row in prefilled})
+                pending.update({row: logits[i] for i, row in enumerate(prefilled)})
+            for row in new:
+                if not configs[row].max_new_tokens:
+                    pending.pop(row, None)
+                    _end(decoder, scheduler, rows, row, on_end)
         fed = []
-        for r in sorted(pending):
-            key, config, selector, result = running[r]
-            if advance(key, pending[r], selector, config, result, on_step):
-                fed.append(r)
+        for row in sorted(pending):
+            s = rows[row]
+            if advance(s.key, pending[row], s.selector, s.config, s.result, on_step):
+                fed.append(row)
             else:
-                _end(decoder, running, r, on_end)
+                _end(decoder, scheduler, rows, row, on_end)
         pending.clear()
+        paused = scheduler.make_room([rows[row] for row in fed])
+        if paused:
+            gone = [row for row in fed if rows[row] in paused]
+            decoder.release(gone)
+            for row in gone:
+                del rows[row]
+            fed = [row for row in fed if row not in gone]
         if fed:
-            logits = decoder.decode(fed, [running[r][3].tokens[-1] for r in fed])
-            pending.update({r: logits[i] for i, r in enumerate(fed)})
+            logits = decoder.decode(fed, [rows[row].result.tokens[-1] for row in fed])
+            pending.update({row: logits[i] for i, row in enumerate(fed)})
 
 
-def _end(decoder: InflightDecoder, running: dict, row: int, on_end: Callable[[object], None]) -> None:
-    key = running.pop(row)[0]
+def start_config(s: ScheduledSequence) -> SamplingConfig:
+    """What the decoder and prefill are told of a sequence that starts: itself when fresh; after a pause, only
+    the tokens it still has to produce and no context logits (it returned them when it first started)."""
+    if s.result is None:
+        return s.config
+    return replace(s.config, max_new_tokens=s.config.max_new_tokens - len(s.result.tokens), context_logits=False)
+
+
+def _end(decoder: InflightDecoder, scheduler: Scheduler, rows: dict, row: int,
+         on_end: Callable[[object], None]) -> None:
+    s = rows.pop(row)
+    scheduler.finish(s)
     decoder.release([row])
-    on_end(key)
+    on_end(s.key)

@@ -27,10 +27,11 @@ from .trtllm_reader import Layer, Linear, ModelWeights
 from .hf_checkpoint import load_checkpoint
 from .rope import RotaryTable
 from .generate import (
-    AdmitCallback, EndCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
+    EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
     token_steps,
 )
 from .sampling import SamplingConfig
+from .scheduler import Scheduler
 
 Observer = Callable[[str, torch.Tensor], None]
 #: the GatedMLP linears that read the same input and can run as one GEMM
@@ -152,10 +153,10 @@ class ReferenceModel:
         return generate_rows(CacheDecoder(self, prompts, configs), configs, on_step, on_end, prompts)
 
     @torch.inference_mode()
-    def serve_rows(self, admit: AdmitCallback, on_step, on_end) -> None:
-        """In-flight generation (pipeline/runtime/generate.py `serve_rows`): the requests `admit` hands over join
-        the running batch between decode steps, each in a cache row a finished one left."""
-        serve_rows(CacheDecoder(self), admit, on_step, on_end)
+    def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end) -> None:
+        """In-flight generation (pipeline/runtime/generate.py `serve_rows`): the sequences submitted to `scheduler`
+        join the running batch between decode steps, each in a cache row a finished one left."""
+        serve_rows(CacheDecoder(self), scheduler, poll, on_step, on_end)
 
 
 class CacheDecoder:

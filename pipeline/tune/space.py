@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..backends import backend_for
 from ..errors import UserError
-from ..triton_names import POSTPROCESSING, PREPROCESSING
+from ..triton_names import BATCH_SCHEDULER_POLICIES, POSTPROCESSING, PREPROCESSING
 from ..plan import Overrides, Plan
 from ..planner import replan as plan_again
 from ..plan.memory import decode_step_seconds, weights_read_per_step, format_gib
@@ -40,7 +40,6 @@ QUEUE_DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
 #: longer for a fuller batch can pay: its delays go up to 100 ms
 CPU_QUEUE_DELAYS_US = QUEUE_DELAYS_US + (20000, 50000, 100000)
 KV_FRACTION_RANGE = (0.5, 0.95)
-SCHEDULER_POLICIES = ("guaranteed_no_evict", "max_utilization")
 BUILD_NUM_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 #: tensorrt_llm Python-model instances on the cpu target (each holds its own weights and KV cache)
 CPU_MODEL_INSTANCES = 2
@@ -146,7 +145,7 @@ def engine_params(plan: Plan, params: list[Param], concurrencies: tuple[int, ...
     fraction = triton.kv_cache_free_gpu_mem_fraction
     params += [Param("kv_cache_free_gpu_mem_fraction", "float", min(KV_FRACTION_RANGE[0], fraction),
                      max(KV_FRACTION_RANGE[1], fraction)),
-               Param("batch_scheduler_policy", "choice", choices=SCHEDULER_POLICIES),
+               Param("batch_scheduler_policy", "choice", choices=BATCH_SCHEDULER_POLICIES),
                Param("enable_chunked_context", "choice",
                      choices=(False, True) if plugin.use_paged_context_fmha else (False,))]
     notes = ["max_num_tokens at run time: tensorrtllm_backend passes maxNumTokens to the executor as nullopt, "

@@ -7,9 +7,12 @@ checkpoint's ONNX export in `onnx/` with ONNX Runtime (`pipeline.onnx.runner.Ort
 onnxruntime is then needed too); the generation loop and sampling are the same (pipeline/runtime/generate.py).
 In decoupled mode `execute` queues the requests and returns; one worker thread batches them in flight
 (`pipeline.runtime.generate.serve_rows`): a request queued while others generate joins them at the next decode step,
-its prompt prefilled between two steps, up to max_batch_size rows at once (the rest wait in arrival order), so
-the rows of every running request share batched decode steps and a `stop` request (NVIDIA's cancellation) is read
-while a stream runs. A streaming request gets one response per new token, the last one flagged final; otherwise one
+its prompt prefilled between two steps, so the rows of every running request share batched decode steps and a `stop`
+request (NVIDIA's cancellation) is read while a stream runs. Which requests start and which pause is the
+`pipeline.runtime.scheduler.Scheduler`'s decision, under the limits this model's config gives (`scheduler_limits`):
+max_batch_size rows, the parameters max_num_tokens, max_tokens_in_paged_kv_cache, tokens_per_block and
+batch_scheduler_policy, and dynamic_batching's priority_levels (a request's level is its `priority` parameter).
+A streaming request gets one response per new token, the last one flagged final; otherwise one
 response per sequence holds the prompt and the completion (the completion alone with exclude_input_in_output),
 as NVIDIA's backend answers; a request is answered as soon as its own rows are done, while the rest go on.
 
@@ -18,11 +21,11 @@ min_tokens, penalties, bad/stop words, embedding bias, num_return_sequences, log
 perf metrics, stop) or refused by name when a request sends it (`REFUSED`: beam search > 1, LoRA, p-tuning,
 draft tokens, guided and lookahead decoding, encoder-decoder and multimodal inputs, KV retention); sampling values
 outside the ranges TensorRT-LLM's executor accepts are refused too (pipeline/triton_names.py
-`TENSORRT_LLM_SAMPLING_RANGES`, where the tensor names and `parameter` are too). torch computes with one core
-fewer than the process may use (`intra_op_threads`).
+`TENSORRT_LLM_SAMPLING_RANGES`, where the tensor names and `parameter` are too), and so is a request that can never
+fit the scheduler's limits (a prompt over max_num_tokens, a sequence over the KV pool, a priority outside the levels).
+torch computes with one core fewer than the process may use (`intra_op_threads`).
 """
 
-import collections
 import json
 import os
 import queue
@@ -41,6 +44,9 @@ from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC  # no
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.generate import check_requests  # noqa: E402
+from pipeline.runtime.scheduler import (  # noqa: E402
+    GUARANTEED_NO_EVICT, Scheduler, SchedulerLimits, Sequence,
+)
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
 from pipeline.triton_names import (  # noqa: E402
     ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
@@ -111,7 +117,9 @@ KNOWN_REQUEST_PARAMETERS = {"id", "sequence_id", "sequence_start", "sequence_end
 REQUEST_TYPE = "context_and_generation"
 
 
-def check_request_parameters(request) -> None:
+def check_request_parameters(request) -> dict:
+    """The request's parameters; RequestError for one the deployment does not know or a request_type it does not
+    serve."""
     params = json.loads(request.parameters() or "{}")
     unknown = sorted(set(params) - KNOWN_REQUEST_PARAMETERS)
     if unknown:
@@ -120,6 +128,43 @@ def check_request_parameters(request) -> None:
     if params.get("request_type", REQUEST_TYPE) != REQUEST_TYPE:
         raise RequestError(f"request_type {params['request_type']!r} is not supported by the cpu target's reference "
                            f"runtime (only {REQUEST_TYPE}: no disaggregated context/generation)")
+    return params
+
+
+def scheduler_limits(config: dict) -> SchedulerLimits:
+    """The in-flight scheduler's limits from the model's config; ValueError (the model does not load) for a value
+    it cannot honour. NVIDIA's backend warns and falls back to guaranteed_no_evict on an unknown
+    batch_scheduler_policy (model_instance_state.cc@c2e65b8:357-381); here the model refuses to load instead, and
+    enable_chunked_context true is refused: the reference runtime prefills a prompt in one step."""
+    if parameter(config, "enable_chunked_context", "false").lower() == "true":
+        raise ValueError("enable_chunked_context true: the cpu target's reference runtime does not chunk context "
+                         "(set it false or leave it unset)")
+
+    def count(name: str) -> int | None:
+        value = parameter(config, name, "")
+        try:
+            return int(value) if value else None
+        except ValueError:
+            raise ValueError(f"parameter {name} must be an integer, got {value!r}") from None
+
+    batching = config.get("dynamic_batching", {})
+    return SchedulerLimits(
+        max_rows=config.get("max_batch_size") or None, max_num_tokens=count("max_num_tokens"),
+        kv_tokens=count("max_tokens_in_paged_kv_cache"), tokens_per_block=count("tokens_per_block"),
+        policy=parameter(config, "batch_scheduler_policy", GUARANTEED_NO_EVICT),
+        priority_levels=int(batching.get("priority_levels", 0)),
+        default_priority_level=int(batching.get("default_priority_level", 0)))
+
+
+def request_priority(params: dict) -> int | None:
+    """The `priority` a request carries as a parameter (Triton's generate endpoint passes it so, and the ensemble
+    forwards it; the Python backend exposes no request priority of its own)."""
+    value = params.get("priority")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RequestError(f"priority must be a non-negative integer, got {value!r}")
+    return value
 
 
 def intra_op_threads(config: dict) -> int:
@@ -159,6 +204,7 @@ class Row:
         self.pad = next((v for v in (pad_id, sampling.end_id) if v is not None), 0)
         self.result = None          # the runtime's RowResult, once generation started
         self.sent = 0               # output tokens already streamed
+        self.seq = Sequence(self, prompt, sampling)   # what the scheduler starts, pauses and gives KV blocks
 
     @property
     def tokens(self) -> list:
@@ -183,12 +229,17 @@ class Job:
         self.rows: list = []
         self.rows_running = 0
         self.arrival_ns = time.monotonic_ns()
-        self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
+        self.first_token_ns = self.last_token_ns = 0
+
+    @property
+    def scheduled_ns(self) -> int:
+        """When its first row started (0: not yet)."""
+        return min((row.seq.started_ns for row in self.rows if row.seq.started_ns), default=0)
 
     def parse(self, request, model: "TritonPythonModel") -> None:
         """Read the request's rows; RequestError for anything this model refuses."""
         self.model = model
-        check_request_parameters(request)
+        self.priority = request_priority(check_request_parameters(request))
         inputs = tensors_of(request)
         for name in sorted(set(inputs) & set(REFUSED)):
             raise RequestError(f"{name}: {REFUSED[name]} by the cpu target's reference runtime")
@@ -230,6 +281,14 @@ class Job:
                 self.rows.append(Row(self, r, sequence, prompt, sampling, scalar(PAD_ID, r, None)))
         self.sequences = len(self.rows) // self.batch
         self.rows_running = len(self.rows)
+        try:
+            check_requests([row.prompt for row in self.rows], [row.sampling for row in self.rows],
+                           model.model.vocab_size, model.max_seq_len)
+        except UserError as exc:
+            raise RequestError(str(exc)) from None
+        refusal = model.scheduler.refusal([row.seq for row in self.rows], self.priority)
+        if refusal:
+            raise RequestError(refusal)
 
     def sampling(self, inputs: dict, scalar, r: int, max_new: int, model: "TritonPythonModel",
                  seed) -> SamplingConfig:
@@ -341,8 +400,8 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
     log probs of the tokens this response carries (cum_log_probs: all so far, the end id's included), context
     logits once (the first response of the row), generation logits of the carried tokens, the token counts
     (num_output_tokens: the ids in this response's output_ids, prompt included when it is, NVIDIA's count) and
-    the perf metrics (monotonic-clock ns, as TensorRT-LLM's steady-clock TimePoint; one contiguous KV block per
-    sequence and nothing reused or drafted: the reference runtime's cache is one preallocated row)."""
+    the perf metrics (monotonic-clock ns, as TensorRT-LLM's steady-clock TimePoint; the KV blocks the scheduler gave the
+    sequence, a restart after a pause allocating anew, and nothing reused or drafted)."""
     wants, tensors = job.wants, []
     results = [row.result for row in rows]
 
@@ -378,12 +437,14 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
         tensors.append(pb_utils.Tensor(NUM_OUTPUT_TOKENS, np.array([[len(o)] for o in outputs], np.int32)))
     if wants[RETURN_PERF_METRICS]:
         tensors += [pb_utils.Tensor(name, np.full((len(rows), 1), value, dtype)) for name, value, dtype in (
-            (KV_CACHE_ALLOC_NEW_BLOCKS, 1, np.int32), (KV_CACHE_REUSED_BLOCKS, 0, np.int32),
-            (KV_CACHE_ALLOC_TOTAL_BLOCKS, 1, np.int32), (ARRIVAL_TIME_NS, job.arrival_ns, np.int64),
+            (ARRIVAL_TIME_NS, job.arrival_ns, np.int64),
             (FIRST_SCHEDULED_TIME_NS, job.scheduled_ns, np.int64),
             (FIRST_TOKEN_TIME_NS, job.first_token_ns, np.int64),
             (LAST_TOKEN_TIME_NS, job.last_token_ns, np.int64), (ACCEPTANCE_RATE, 0.0, np.float32),
             (TOTAL_ACCEPTED_DRAFT_TOKENS, 0, np.int32), (TOTAL_DRAFT_TOKENS, 0, np.int32))]
+        blocks = np.array([[row.seq.allocated] for row in rows], np.int32)   # the scheduler's pool; none reused
+        tensors += [pb_utils.Tensor(KV_CACHE_ALLOC_NEW_BLOCKS, blocks), pb_utils.Tensor(KV_CACHE_REUSED_BLOCKS,
+                    np.zeros_like(blocks)), pb_utils.Tensor(KV_CACHE_ALLOC_TOTAL_BLOCKS, blocks)]
     return tensors
 
 
@@ -440,9 +501,9 @@ class TritonPythonModel:
         self.live_family, self.live_gauge = live_gauge(args.get("model_name", TENSORRT_LLM))
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
-        self.waiting: collections.deque = collections.deque()   # queued jobs not started yet, in arrival order
-        self.admitted: set = set()       # started jobs not yet answered in full
-        self.active_rows = 0             # their rows still generating
+        self.scheduler = Scheduler(scheduler_limits(config))   # the worker's: which rows start, pause, hold KV
+        self.admitted: set = set()       # jobs handed to the scheduler and not yet answered in full
+        self.cancel_checked = 0.0
         self.max_rows = config.get("max_batch_size") or sys.maxsize
         bound = config.get("dynamic_batching", {}).get("default_queue_policy", {}).get("max_queue_size")
         self.queue_limit = int(bound) if bound and int(bound) > 0 and self.max_rows < sys.maxsize else None
@@ -521,39 +582,48 @@ class TritonPythonModel:
         return response
 
     def serve(self) -> None:
-        """The worker, until finalize: in-flight batching. The queued requests start together; a request queued
-        while they generate joins them at the next decode step (`admit`), up to max_batch_size rows at once."""
+        """The worker, until finalize: in-flight batching. The queued requests are submitted to the scheduler, which
+        starts them as its limits allow; a request queued while others generate joins them at the next step."""
         while True:
-            if not self.waiting:   # (after a failed run, the requests still waiting go on without a new one)
+            if not self.scheduler.waiting:   # (after a failed run, the requests still waiting go on without a new one)
                 item = self.queue.get()
                 self.taken += 1
                 if item is None:
                     self.queue.task_done()
                     return
-                self.waiting.extend(item)
+                self.submit(item)
             try:
-                self.model.serve_rows(self.admit, on_step=lambda row, result: row.job.on_step(row, result),
+                self.model.serve_rows(self.scheduler, self.poll,
+                                      on_step=lambda row, result: row.job.on_step(row, result),
                                       on_end=lambda row: row.job.on_row_end(row))
             except Exception as exc:  # the runtime failed: every request it was generating gets the reason
-                for job in list(self.admitted):
+                for s in list(self.scheduler.running):
+                    self.scheduler.finish(s)
+                for job in [job for job in self.admitted if job.scheduled_ns]:
                     job.fail(f"generation failed: {type(exc).__name__}: {exc}")
                     self.job_done(job)
-            closing = self.closing
-            if closing:
-                for job in self.waiting:
-                    job.fail("the server stopped before this request started; send it again", unavailable())
-                    self.count_live(-1)
-                self.waiting.clear()
-            if not self.waiting:   # every request taken from the queue so far is answered
+                self.scheduler.withdraw(lambda row: row.job.finished)   # the paused rows of those jobs
+            if self.closing:
+                self.withdraw(lambda row: True, "the server stopped before this request started; send it again")
+            if not self.scheduler.waiting:   # every request taken from the queue so far is answered
                 for _ in range(self.taken):
                     self.queue.task_done()
                 self.taken = 0
-            if closing:
+            if self.closing:
                 return
 
-    def admit(self) -> list:
-        """The rows to start now: the queued requests, in order, while the running rows and theirs fit in
-        max_batch_size (a request with more rows than that starts alone). Each (row, prompt, sampling)."""
+    def submit(self, jobs: list) -> None:
+        """Hand queued jobs to the scheduler, each request's rows to start together at its priority."""
+        for job in jobs:
+            with self.lock:
+                self.running.setdefault(job.request.request_id(), []).append(job)
+            self.admitted.add(job)
+            self.scheduler.submit([row.seq for row in job.rows], job.priority)
+
+    def poll(self) -> None:
+        """Before every step: submit what was queued meanwhile, and take out of the queue what is no longer
+        wanted: a request stopped (answered with what it has: nothing yet), cancelled by its client, or waiting when
+        the server cancels (both checked at most every 0.1 s: each check asks Triton)."""
         while not self.closing:
             try:
                 item = self.queue.get_nowait()
@@ -563,45 +633,33 @@ class TritonPythonModel:
             if item is None:
                 self.closing = True
             else:
-                self.waiting.extend(item)
-        started = []
-        while self.waiting and not self.closing:
-            job = self.waiting[0]
-            if self.active_rows and self.active_rows + len(job.rows) > self.max_rows:
-                break
-            self.waiting.popleft()
-            if self.start(job):
-                started += [(row, row.prompt, row.sampling) for row in job.rows]
-        return started
+                self.submit(item)
+        if not self.scheduler.waiting:
+            return
+        self.withdraw(lambda row: row.job.stopped)
+        now = time.monotonic()
+        if now - self.cancel_checked > 0.1:
+            self.cancel_checked = now
+            self.withdraw(lambda row: row.job.request.is_cancelled(), "the request was cancelled",
+                          pb_utils.TritonError.CANCELLED)
+            if self.shutdown_state() == CANCELLING:
+                self.withdraw(lambda row: True, "the server shut down before this request started; send it again")
 
-    def start(self, job: Job) -> bool:
-        """Admit `job`: False (answered already) when its client went away or the server is cancelling."""
-        if job.request.is_cancelled() or self.shutdown_state() == CANCELLING:
-            job.fail("the request was cancelled" if job.request.is_cancelled() else
-                     "the server shut down before this request started; send it again",
-                     pb_utils.TritonError.CANCELLED if job.request.is_cancelled() else unavailable())
-            self.count_live(-1)
-            return False
-        try:
-            check_requests([row.prompt for row in job.rows], [row.sampling for row in job.rows],
-                           self.model.vocab_size, self.max_seq_len)
-        except UserError as exc:
-            job.fail(str(exc))
-            self.count_live(-1)
-            return False
-        job.scheduled_ns = time.monotonic_ns()
-        with self.lock:
-            self.running.setdefault(job.request.request_id(), []).append(job)
-        self.admitted.add(job)
-        self.active_rows += len(job.rows)
-        return True
+    def withdraw(self, gone, message: str | None = None, code=None) -> None:
+        """Take the waiting rows `gone` picks out of the scheduler's queue and answer their requests: with `message`
+        as the error (`code`, by default UNAVAILABLE), else as stopped (with the tokens each row has)."""
+        for group in self.scheduler.withdraw(gone):
+            for s in group.sequences:
+                job = s.key.job
+                if message is not None and not job.finished:
+                    job.fail(message, code if code is not None else unavailable())
+                job.on_row_end(s.key)
 
     def job_done(self, job: Job) -> None:
         """A job answered in full (or failed after it started): no longer running or counted live."""
         if job not in self.admitted:
             return
         self.admitted.discard(job)
-        self.active_rows -= len(job.rows)
         with self.lock:
             jobs = self.running.get(job.request.request_id(), [])
             if job in jobs:
@@ -610,10 +668,23 @@ class TritonPythonModel:
                 self.running.pop(job.request.request_id(), None)
         self.count_live(-1)
 
+    def start(self, job: Job) -> bool:
+        """Not decoupled: admit `job` now; False (answered already) when its client went away."""
+        if job.request.is_cancelled():
+            job.fail("the request was cancelled", pb_utils.TritonError.CANCELLED)
+            self.count_live(-1)
+            return False
+        with self.lock:
+            self.running.setdefault(job.request.request_id(), []).append(job)
+        self.admitted.add(job)
+        return True
+
     def generate(self, jobs: list) -> None:
         """Not decoupled: the jobs of one execute call, generated together, each answered as its rows end."""
         started = [job for job in jobs if self.start(job)]
         rows = [row for job in started for row in job.rows]
+        for row in rows:
+            row.seq.started_ns = time.monotonic_ns()
         if not rows:
             return
         try:

