@@ -42,11 +42,12 @@ class Request(StubRequest):
 
 @pytest.fixture
 def cpu_model(checkpoint, monkeypatch):
-    def make(**parameters):
+    def make(max_batch_size: int = 0, **parameters):
         module = load_cpu_model(monkeypatch)
         model = module.TritonPythonModel()
         params = {"checkpoint_dir": str(checkpoint("gqa")), "exclude_input_in_output": "true", **parameters}
-        model.initialize({"model_config": json.dumps({"model_transaction_policy": {"decoupled": True},
+        model.initialize({"model_config": json.dumps({"max_batch_size": max_batch_size,
+                                                      "model_transaction_policy": {"decoupled": True},
                                                       "parameters": {k: {"string_value": v}
                                                                      for k, v in params.items()}})})
         model.module = module
@@ -102,6 +103,28 @@ def test_a_stop_request_cancels_a_running_stream_the_way_nvidias_bls_sends_it(cp
     assert stop.log == [({}, True, None)]
     assert all(error is None for *_, error in stream.log) and stream.log[-1][1]
     assert 3 <= len(stream.tokens()) <= 4 < 40
+
+
+def test_a_stop_request_for_a_waiting_request_answers_it_without_generating(cpu_model):
+    """With one row at a time, b waits while a streams; a `stop` for b takes it out of the queue: b gets its final
+    answer (no tokens, no error) while a still streams, and b never runs."""
+    model = cpu_model(max_batch_size=1)
+    order = []
+    stop = Request("b", [0], 0, stop=np.array([[True]]))
+    stop.tensors[1] = StubTensor("input_lengths", np.zeros((1, 1), np.int32))
+
+    class Logged(Request):
+        def send(self, response=None, flags=0):
+            super().send(response, flags)
+            order.append(self.name)
+            if self.name == "a" and len(self.log) == 3:
+                model.execute([stop])
+
+    a, b = Logged("a", PROMPT, 30, streaming=np.array([[True]])), Logged("b", PROMPT, 5)
+    answer(model, a, b)
+    assert b.log == [(b.log[0][0], True, None)] and b.tokens() == []
+    assert order.index("b") < len(order) - 1 and order[-1] == "a"     # answered while a went on
+    assert len(a.tokens()) == 30 and model.live == 0
 
 
 def test_log_probs_are_the_runtimes_log_softmax_and_greedy_normalized_ones_are_zero(cpu_model, checkpoint):

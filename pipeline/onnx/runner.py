@@ -45,7 +45,7 @@ class Cache:
 
 
 class OrtDecoder:
-    def __init__(self, directory: Path, threads: int | None = None):
+    def __init__(self, directory: Path, threads: int | None = None, spinning: bool = True):
         import onnxruntime as ort
 
         directory = Path(directory)
@@ -59,7 +59,7 @@ class OrtDecoder:
         #: (past key, present key) and (past value, present value) names of every layer
         self.cache_names = [(inputs[f"past_{kind}_names"] % i, outputs[f"present_{kind}_names"] % i)
                             for i in range(self.layers) for kind in ("key", "value")]
-        opts = session_options(ort, config["trtpipe"]["precision"], threads)
+        opts = session_options(ort, config["trtpipe"]["precision"], threads, spinning)
         self.session = ort.InferenceSession(str(directory / decoder["filename"]), opts,
                                             providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
@@ -103,7 +103,7 @@ class OrtDecoder:
         serve_rows(OrtBatch(self), scheduler, poll, on_step, on_end)
 
 
-def session_options(ort, precision: str, threads: int | None):
+def session_options(ort, precision: str, threads: int | None, spinning: bool = True):
     """ONNX Runtime's options for an export of `precision`.
 
     FP8: the CPU provider has no FP8 GEMM, and while it handles Q/DQ graphs it keeps each weight's
@@ -111,10 +111,15 @@ def session_options(ort, precision: str, threads: int | None):
     (`session.disable_quant_qdq`) constant folding dequantizes the weights once at load, to the same float32
     values; the activations' and the KV cache's Q/DQ stay. INT8 keeps Q/DQ handling on: that is what fuses
     each W8A8 linear into an integer GEMM (MatMulIntegerToFloat).
+
+    spinning False: the intra-op threads sleep between parallel regions instead of spinning
+    (`session.intra_op.allow_spinning` 0), leaving the cores to the other processes between them.
     """
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if precision == "fp8":
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
     return opts

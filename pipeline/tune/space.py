@@ -5,10 +5,12 @@ A `Candidate` is one point: values the study chooses, applied to the deployment'
 replaced with `dataclasses.replace`), plus the models' instance counts, which the plan does not hold
 (deploy writes NVIDIA's `count: 1`; `trial.render_candidate` sets them on the ModelConfig messages).
 
-- reference backends (the cpu target): Triton's max_batch_size (the dynamic batcher hands the Python model
-  batches up to it; up to the larger of the plan's and the load's highest concurrency), its
-  max_queue_delay_microseconds (up to 100 ms: the model generates a whole batch per call, so a fuller batch
-  can be worth a wait), and the instance counts of tensorrt_llm, preprocessing and postprocessing;
+- reference backends (the cpu target): Triton's max_batch_size (the rows the model's scheduler runs at once; up to
+  the larger of the plan's and the load's highest concurrency), its max_queue_delay_microseconds (as on a GPU: the
+  model batches in flight, so a wait only groups arrivals into one admission), and the instance counts of
+  tensorrt_llm, preprocessing and postprocessing. batch_scheduler_policy is not in it: the cpu plan's KV pool is
+  the host's memory, which a workload that fits the instances (`check_host_memory`) never exhausts, so both
+  policies schedule alike;
 - engine backend, without rebuilding: Triton max_batch_size up to the engine's, the queue delay,
   kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, enable_chunked_context (only with paged context
   FMHA in the engine) and the pre/postprocessing instance counts. max_num_tokens at run time is not in it:
@@ -36,9 +38,6 @@ from ..plan.trtllm import MAX_BATCH_SIZE_CAP
 from .slo import Slo
 
 QUEUE_DELAYS_US = (0, 100, 500, 1000, 2000, 5000, 10000)
-#: the cpu target's Python model generates a whole batch per execute call (no in-flight batching), so waiting
-#: longer for a fuller batch can pay: its delays go up to 100 ms
-CPU_QUEUE_DELAYS_US = QUEUE_DELAYS_US + (20000, 50000, 100000)
 KV_FRACTION_RANGE = (0.5, 0.95)
 BUILD_NUM_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 #: tensorrt_llm Python-model instances on the cpu target (each holds its own weights and KV cache)
@@ -120,8 +119,7 @@ def build_space(plan: Plan, slo: Slo, concurrencies: tuple[int, ...], rebuild: b
                         f"({plan.target.name}), which builds none")
     triton = plan.triton
     kind = "gpu" if builds_engine else "cpu"
-    choices = QUEUE_DELAYS_US if kind == "gpu" else CPU_QUEUE_DELAYS_US
-    delays = tuple(sorted(set(choices) | {triton.max_queue_delay_microseconds}))
+    delays = tuple(sorted(set(QUEUE_DELAYS_US) | {triton.max_queue_delay_microseconds}))
     params = [Param("max_queue_delay_microseconds", "choice", choices=delays)]
     params += [Param(f"{model}_instances", "int", 1, TOKENIZER_INSTANCES[kind])
                for model in (PREPROCESSING, POSTPROCESSING)]

@@ -483,7 +483,8 @@ class TritonPythonModel:
         if parameter(config, "runtime", "torch") == "onnxruntime":
             from pipeline.onnx.runner import OrtDecoder
 
-            self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"), threads=intra_op_threads(config))
+            self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"), threads=intra_op_threads(config),
+                                    spinning=parameter(config, "intra_op_spinning", "true").lower() != "false")
         else:
             self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
         limit = int(parameter(config, "max_seq_len", "0"))
