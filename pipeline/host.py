@@ -17,6 +17,14 @@ def serving_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
+def onnx_serving_threads() -> int:
+    """ONNX Runtime's intra-op threads when it serves: every core this process may use. Measured on a 2-core
+    machine (benchmarks/bench_cpu_threads.py, docs/cpu-serving.md): with both cores ONNX Runtime served SmolLM2 at
+    1.23x the tokens/s of one core at concurrency 1 and 1.56x at 8 (TTFT p50 137 against 608 ms), while torch with
+    two threads was slower than with one (0.92x, 0.89x), so torch keeps `serving_threads`."""
+    return len(os.sched_getaffinity(0))
+
+
 def cpu_model() -> str:
     """The processor's name (Linux: /proc/cpuinfo), else what the platform says."""
     try:

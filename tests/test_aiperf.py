@@ -334,9 +334,10 @@ def test_a_cancelled_request_stops_generating(small_served):
     assert response.status_code == 200 and time.perf_counter() - start < rest / 4
 
 
-def test_the_cpu_model_leaves_one_core_to_the_rest_of_the_server(monkeypatch):
+def test_the_cpu_model_leaves_one_core_to_the_rest_of_the_server_under_torch_and_none_under_onnx_runtime(monkeypatch):
     """docs/aiperf.md: with as many torch threads as cores, a 2-core machine serving and measuring at once
-    made every decode step 3-15x slower."""
+    made every decode step 3-15x slower; ONNX Runtime with every core was faster than with one (docs/cpu-serving.md:
+    benchmarks/bench_cpu_threads.py)."""
     from pipeline import host as threads
 
     model = load_cpu_model(monkeypatch)
@@ -348,3 +349,8 @@ def test_the_cpu_model_leaves_one_core_to_the_rest_of_the_server(monkeypatch):
     assert model.intra_op_threads({"parameters": {"intra_op_threads": {"string_value": "${intra_op_threads}"}}}) == 15
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0})
     assert model.intra_op_threads({}) == 1
+    onnx = {"parameters": {"runtime": {"string_value": "onnxruntime"}}}
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert model.intra_op_threads(onnx) == 2
+    onnx["parameters"]["intra_op_threads"] = {"string_value": "1"}
+    assert model.intra_op_threads(onnx) == 1

@@ -23,7 +23,7 @@ draft tokens, guided and lookahead decoding, encoder-decoder and multimodal inpu
 outside the ranges TensorRT-LLM's executor accepts are refused too (pipeline/triton_names.py
 `TENSORRT_LLM_SAMPLING_RANGES`, where the tensor names and `parameter` are too), and so is a request that can never
 fit the scheduler's limits (a prompt over max_num_tokens, a sequence over the KV pool, a priority outside the levels).
-torch computes with one core fewer than the process may use (`intra_op_threads`).
+torch computes with one core fewer than the process may use, ONNX Runtime with every core (`intra_op_threads`).
 """
 
 import json
@@ -40,7 +40,7 @@ import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
-from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC  # noqa: E402
+from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC, onnx_serving_threads  # noqa: E402
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.generate import check_requests  # noqa: E402
@@ -168,10 +168,13 @@ def request_priority(params: dict) -> int | None:
 
 
 def intra_op_threads(config: dict) -> int:
-    """The runtime's threads for one step (torch's, or ONNX Runtime's intra-op pool: both runtimes alike): the
-    parameter `intra_op_threads`, else `serving_threads()` (every core this process may use but one)."""
+    """The runtime's threads for one step (torch's, or ONNX Runtime's intra-op pool): the parameter
+    `intra_op_threads`, else what was measured best for the runtime (pipeline/host.py): every core for ONNX Runtime,
+    every core but one for torch."""
     value = int(parameter(config, "intra_op_threads", "0"))
-    return value if value > 0 else serving_threads()
+    if value > 0:
+        return value
+    return onnx_serving_threads() if parameter(config, "runtime", "torch") == "onnxruntime" else serving_threads()
 
 
 def tensors_of(request) -> dict:
@@ -479,13 +482,14 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        torch.set_num_threads(intra_op_threads(config))
         if parameter(config, "runtime", "torch") == "onnxruntime":
             from pipeline.onnx.runner import OrtDecoder
 
+            torch.set_num_threads(1)    # torch only samples here: its threads would compete with ONNX Runtime's
             self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"), threads=intra_op_threads(config),
                                     spinning=parameter(config, "intra_op_spinning", "true").lower() != "false")
         else:
+            torch.set_num_threads(intra_op_threads(config))
             self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
         limit = int(parameter(config, "max_seq_len", "0"))
         self.max_seq_len = min(limit, self.model.max_position_embeddings) if limit > 0 else \
