@@ -230,12 +230,13 @@ def vllm_warm_up(url: str) -> None:
 @contextmanager
 def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iterator[str]:
     """`name`'s repository (made in the work directory, reused while up to date) served by the embedded Triton
-    server until the block ends; yields its HTTP URL once warmed up."""
+    server until the block ends; yields its HTTP URL once warmed up. The repository is deployed anew each run
+(`force`): a repository from another trtpipe's model files must not be measured as this one."""
     precision, runtime = TRTPIPE_SERVERS[name]
     checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir)
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), precision)
     repo = deploy_repository(plan, args.workdir / f"repo-{name}", checkpoint=checkpoint, tokenizer=model_dir,
-                             runtime=runtime).path
+                             runtime=runtime, force=True).path
     with embedded_server(repo, ready_timeout=args.ready_timeout,
                          log_path=args.workdir / f"tritonserver-{name}.log") as server:
         EnsembleClient(server, timeout=600).generate(DEFAULT_PROMPTS[0], 2)   # warm-up

@@ -206,13 +206,22 @@ class InflightDecoder(Decoder, Protocol):
 def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallback,
                on_step: Callable[[object, RowResult], "bool | None"], on_end: Callable[[object], None]) -> None:
     """Generate every sequence submitted to `scheduler`, admitting new ones between decode steps, until none runs
-    and none waits. Each step: the sequences the scheduler starts are prefilled (one call; a sequence resumed after a
-    pause is prefilled with the tokens it produced), then every running row chooses its next token, the scheduler
-    finds each the KV block for it (pausing some under max_utilization), and the rows that go on are decoded
-    together. The callbacks see a sequence's key; its row is freed once it ends (a server answers it then)."""
+    and none waits. Each step: the sequences the scheduler starts are prefilled one at a time, each choosing (and
+    streaming) its first token as soon as its own prompt is done (a sequence resumed after a pause is prefilled with
+    the tokens it produced); the scheduler finds every running row the KV block for its next token (pausing some
+    under max_utilization); the rows that go on are decoded together and choose their next tokens at once. The
+    callbacks see a sequence's key; its row is freed once it ends (a server answers it then)."""
     rows: dict[int, ScheduledSequence] = {}
-    pending: dict[int, torch.Tensor] = {}      # row -> the logits its next token is chosen from
+    fed: list[int] = []        # rows whose last chosen token the next decode step feeds
     next_row = 0
+
+    def chosen(row: int, logits: torch.Tensor) -> bool:
+        s = rows[row]
+        if advance(s.key, logits, s.selector, s.config, s.result, on_step):
+            return True
+        _end(decoder, scheduler, rows, row, on_end)
+        return False
+
     while True:
         poll()
         started = scheduler.admit()
@@ -221,31 +230,21 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
                 raise RuntimeError("the scheduler starts nothing on an empty batch: a sequence was submitted that "
                                    "cannot fit (Scheduler.refusal)")
             return
-        if started:
-            new = list(range(next_row, next_row + len(started)))
-            next_row += len(started)
-            configs = {row: start_config(s) for row, s in zip(new, started)}
-            decoder.add(new, [s.context() for s in started], [configs[row] for row in new])
-            for row, s in zip(new, started):
-                rows[row] = s
-                if s.result is None:
-                    s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
-            prefilled = [row for row in new if configs[row].max_new_tokens or configs[row].context_logits]
-            if prefilled:
-                logits = prefill(decoder, prefilled, configs, {row: rows[row].result for row in prefilled})
-                pending.update({row: logits[i] for i, row in enumerate(prefilled)})
-            for row in new:
-                if not configs[row].max_new_tokens:
-                    pending.pop(row, None)
-                    _end(decoder, scheduler, rows, row, on_end)
-        fed = []
-        for row in sorted(pending):
-            s = rows[row]
-            if advance(s.key, pending[row], s.selector, s.config, s.result, on_step):
-                fed.append(row)
-            else:
+        for s in started:
+            row, next_row = next_row, next_row + 1
+            config = start_config(s)
+            decoder.add([row], [s.context()], [config])
+            rows[row] = s
+            if s.result is None:
+                s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
+            if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
-        pending.clear()
+                continue
+            logits = prefill(decoder, [row], {row: config}, {row: s.result})
+            if not config.max_new_tokens:
+                _end(decoder, scheduler, rows, row, on_end)
+            elif chosen(row, logits[0]):
+                fed.append(row)
         paused = scheduler.make_room([rows[row] for row in fed])
         if paused:
             gone = [row for row in fed if rows[row] in paused]
@@ -255,7 +254,7 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             fed = [row for row in fed if row not in gone]
         if fed:
             logits = decoder.decode(fed, [rows[row].result.tokens[-1] for row in fed])
-            pending.update({row: logits[i] for i, row in enumerate(fed)})
+            fed = [row for i, row in enumerate(fed) if chosen(row, logits[i])]
 
 
 def start_config(s: ScheduledSequence) -> SamplingConfig:
