@@ -99,16 +99,18 @@ def test_the_torch_cache_hands_a_finished_row_to_the_next_request(runtimes):
     assert decoder.slots == {1: 1, 2: 0} and decoder.cache.k.shape[1] == 2 and decoder.cache.k.shape[3] == 10
 
 
-def test_the_onnx_cache_drops_positions_no_running_row_uses(runtimes):
+def test_the_onnx_cache_joins_prefills_in_one_copy_and_drops_positions_no_running_row_uses(runtimes):
     batch = OrtBatch(runtimes["onnxruntime"])
     batch.add([0], [[1, 2, 3, 4, 5, 6]], [SamplingConfig()])
     batch.prefill([0])
     batch.add([1], [[7]], [SamplingConfig()])
     batch.prefill([1])
-    assert batch.cache.length == 6 and batch.cache.mask.sum(axis=1).tolist() == [6, 1]
+    assert batch.rows == [] and len(batch.fresh) == 2        # joined by the next decode, both at once
+    batch.decode([0, 1], [3, 3])
+    assert batch.rows == [0, 1] and batch.cache.length == 7 and batch.cache.mask.sum(axis=1).tolist() == [7, 2]
     batch.release([0])
     batch.decode([1], [3])
-    assert batch.rows == [1] and batch.cache.length == 2 and batch.next.tolist() == [[2]]
+    assert batch.rows == [1] and batch.cache.length == 3 and batch.next.tolist() == [[3]]
 
 
 def test_a_request_sent_while_another_streams_joins_it_on_the_served_model(tiny_cpu_server):

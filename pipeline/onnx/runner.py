@@ -127,8 +127,9 @@ def session_options(ort, precision: str, threads: int | None, spinning: bool = T
 
 class OrtBatch:
     """OrtDecoder's `InflightDecoder` (pipeline/runtime/generate.py): the running rows in one left-padded cache.
-    A prefill puts its rows' prompts into a cache of their own and joins it to the running one, the shorter of the
-    two padded on the left (masked); positions no running row uses any more are cut off as rows leave."""
+    A prefill puts its rows' prompts into a cache of their own; the next decode joins every such cache to the running
+    one in one copy, the shorter ones padded on the left (masked); positions no running row uses any more are cut
+    off as rows leave."""
 
     def __init__(self, decoder: OrtDecoder, prompts: Sequence[Sequence[int]] = ()):
         self.decoder = decoder
@@ -136,6 +137,7 @@ class OrtBatch:
         self.rows: list[int] = []         # the row of each cache row
         self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [rows, 1] the position of each row's next token
         self.cache = decoder.empty_cache(0)
+        self.fresh: list[tuple[list[int], Cache, np.ndarray]] = []   # prefilled (rows, cache, next), not yet joined
 
     def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
         self.prompts.update(zip(rows, prompts))
@@ -161,12 +163,22 @@ class OrtBatch:
             n = len(self.prompts[r])
             ids[i, width - n:], positions[i, width - n:], mask[i, width - n:] = self.prompts[r], np.arange(n), 1
         logits, cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask)
-        self._keep([r for r in self.rows if r in self.prompts])
-        self.cache = joined(self.cache, cache) if self.rows else cache
-        self.rows, self.next = self.rows + rows, np.concatenate([self.next, positions[:, -1:] + 1])
+        self.fresh.append((rows, cache, positions[:, -1:] + 1))
         return logits
 
+    def _join_fresh(self) -> None:
+        """The prefilled caches joined to the running one (its rows that left dropped first), in one copy."""
+        if not self.fresh:
+            return
+        self._keep([r for r in self.rows if r in self.prompts])
+        parts = ([self.cache] if self.rows else []) + [cache for _, cache, _ in self.fresh]
+        self.cache = joined(*parts) if len(parts) > 1 else parts[0]
+        self.rows = self.rows + [r for rows, _, _ in self.fresh for r in rows]
+        self.next = np.concatenate([self.next] + [nxt for _, _, nxt in self.fresh])
+        self.fresh = []
+
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
+        self._join_fresh()
         self._keep(rows)
         logits, self.cache = self.decoder.step(np.array(tokens, np.int64)[:, None], self.cache, self.next)
         self.next = self.next + 1
@@ -185,9 +197,9 @@ class OrtBatch:
                                self.cache.mask[:, first:])
 
 
-def joined(a: Cache, b: Cache) -> Cache:
-    """The rows of cache a, then those of b, the shorter padded on the left (masked out) to the longer's length."""
-    length = max(a.length, b.length)
+def joined(*caches: Cache) -> Cache:
+    """The rows of each cache in turn, the shorter ones padded on the left (masked out) to the longest's length."""
+    length = max(c.length for c in caches)
 
     def pad(cache: Cache) -> Cache:
         extra = length - cache.length
@@ -196,6 +208,6 @@ def joined(a: Cache, b: Cache) -> Cache:
         return Cache({name: np.pad(t, ((0, 0), (0, 0), (extra, 0), (0, 0))) for name, t in cache.tensors.items()},
                      np.pad(cache.mask, ((0, 0), (extra, 0))))
 
-    a, b = pad(a), pad(b)
-    return Cache({name: np.concatenate([a.tensors[name], b.tensors[name]]) for name in a.tensors},
-                 np.concatenate([a.mask, b.mask]))
+    padded = [pad(c) for c in caches]
+    return Cache({name: np.concatenate([c.tensors[name] for c in padded]) for name in padded[0].tensors},
+                 np.concatenate([c.mask for c in padded]))
