@@ -102,7 +102,7 @@ def test_the_cpu_plan_states_what_the_timed_runtime_will_do(timed):
     # in flight, 4 clients all running: a round is their 4 prefills (each between two decode steps, the others
     # waiting) and 40 steps of 4 (FAKE's step: 10 ms a sequence)
     round_s = 4 * 0.2 + 40 * 0.04
-    assert p.ttft_s == pytest.approx(4 * 0.2)     # the four resubmit together: all four prefilled first
+    assert p.ttft_s == pytest.approx(2.5 * 0.2)   # the four resubmit together: the j-th waits j prefills
     assert p.tpot_s == pytest.approx(0.04 + 3 * 0.2 / 40)
     assert p.output_tokens_per_s == pytest.approx(4 * 41 / round_s)
     assert p.decode_step_s == 0.04 and p.prefill_s == 0.2
@@ -129,21 +129,22 @@ def test_inflight_prediction_per_level_charges_each_admitted_prefill(timed):
     one = predict_level(plan, LevelLoad(1, 100, 11, max_batch=4))
     assert (one.ttft_s, one.tpot_s) == (pytest.approx(0.2), pytest.approx(0.01))
     assert one.output_tokens_per_s == pytest.approx(11 / (0.2 + 10 * 0.01))
-    # two clients run together, resubmit together and are prefilled together; each one's prefill stalls the
-    # other's decode once a round (the prefill linear between the two timed prompt lengths)
+    # two clients run together, resubmit together and are prefilled one after the other (each streams its first
+    # token once its own prefill is done); each one's prefill stalls the other's decode once a round (the prefill
+    # linear between the two timed prompt lengths)
     two = predict_level(plan, LevelLoad(2, 50, 11, max_batch=4))
     prefill = 0.05 + (50 - 16) * 0.15 / 84
-    assert two.ttft_s == pytest.approx(2 * prefill)
+    assert two.ttft_s == pytest.approx(1.5 * prefill)
     assert two.tpot_s == pytest.approx(0.02 + prefill / 10)
     assert two.output_tokens_per_s == pytest.approx(2 * 11 / (2 * prefill + 10 * 0.02))
     # eight clients, four rows at a time: a request waits one round of the four ahead of it
     eight = predict_level(plan, LevelLoad(8, 100, 11, max_batch=4))
     round_s = 4 * 0.2 + 10 * 0.04
-    assert eight.tpot_s == pytest.approx(0.04 + 3 * 0.2 / 10) and eight.ttft_s == pytest.approx(4 * 0.2 + round_s)
+    assert eight.tpot_s == pytest.approx(0.04 + 3 * 0.2 / 10) and eight.ttft_s == pytest.approx(2.5 * 0.2 + round_s)
     assert eight.output_tokens_per_s == pytest.approx(4 * 11 / round_s)
     slower = predict_level(plan, LevelLoad(8, 100, 11, max_batch=4), Correction(prefill=2.0, decode=3.0))
     assert slower.tpot_s == pytest.approx(3 * 0.04 + 3 * 0.4 / 10)
-    assert slower.ttft_s == pytest.approx(4 * 0.4 + 4 * 0.4 + 10 * 0.12)
+    assert slower.ttft_s == pytest.approx(2.5 * 0.4 + 4 * 0.4 + 10 * 0.12)
 
 
 def test_the_llmapi_cpu_model_is_predicted_as_the_static_batcher_it_is(timed):

@@ -19,9 +19,9 @@ sequence and token of its context: `decode_step`), and from how its backend batc
   step(b), tokens/s = b / step(b)), or for the timed cpu plan the same with every admitted prompt's prefill
   charged to the batch it joins (the reference runtime computes it between two decode steps, the running rows
   waiting): a round of b requests is b x prefill + (output - 1) x step(b), TPOT = step(b) + (b - 1) x prefill /
-  (output - 1), tokens/s = b x output / the round; TTFT = b x prefill + the rounds ahead: closed-loop clients of
-  one output length end together and resubmit together, and their prompts are prefilled one after another before
-  any of them gets its first token (benchmarks/bench_cpu_prediction.py measured it).
+  (output - 1), tokens/s = b x output / the round; TTFT = (b + 1) / 2 x prefill + the rounds ahead: closed-loop
+  clients of one output length end together and resubmit together, and their prompts are prefilled one after
+  another, each streaming its first token as soon as its own prefill is done (the j-th waits j prefills).
 
 `correct` fits one correction per phase to measured levels: decode = the median of measured ITL p50 / predicted
 TPOT, then prefill = the median factor that makes the TTFT p50 of the levels whose TTFT is mostly prefill what
@@ -164,7 +164,7 @@ def serving_figures(batching: str, prefill_s: float, step, concurrency: float, m
     if prefills_charged:
         round_s = batch * prefill_s + (out - 1) * step(batch)
         tpot = step(batch) + ((batch - 1) * prefill_s / (out - 1) if out > 1 else 0.0)
-        return batch * prefill_s + ahead * round_s, tpot, batch * out / round_s
+        return (batch + 1) / 2 * prefill_s + ahead * round_s, tpot, batch * out / round_s
     round_s = prefill_s + (out - 1) * step(batch)
     return prefill_s + ahead * round_s, step(batch), batch / step(batch)
 
