@@ -127,6 +127,24 @@ def test_a_stop_request_for_a_waiting_request_answers_it_without_generating(cpu_
     assert len(a.tokens()) == 30 and model.live == 0
 
 
+def test_a_request_still_waiting_when_the_model_is_finalized_is_refused_and_the_running_one_finishes(cpu_model):
+    model = cpu_model(max_batch_size=1)
+
+    class Logged(Request):
+        def send(self, response=None, flags=0):
+            super().send(response, flags)
+            if self.name == "a" and len(self.log) == 3:
+                model.queue.put(None)          # what finalize sends the worker
+
+    a, b = Logged("a", PROMPT, 10, streaming=np.array([[True]])), Logged("b", PROMPT, 5)
+    answer(model, a, b)
+    assert len(a.tokens()) == 10 and a.log[-1][1] and all(error is None for *_, error in a.log)
+    assert [(final, error) for _, final, error in b.log] == [
+        (True, "the server stopped before this request started; send it again")]
+    model.worker.join(5)
+    assert not model.worker.is_alive() and model.live == 0
+
+
 def test_log_probs_are_the_runtimes_log_softmax_and_greedy_normalized_ones_are_zero(cpu_model, checkpoint):
     reference = ReferenceModel.load(checkpoint("gqa"))
     plain = cpu_model(normalize_log_probs="false")

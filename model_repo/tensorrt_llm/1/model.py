@@ -639,6 +639,8 @@ class TritonPythonModel:
                 self.closing = True
             else:
                 self.submit(item)
+        if self.closing:   # finalize: the running rows finish, nothing waiting starts
+            self.withdraw(lambda row: True, "the server stopped before this request started; send it again")
         if not self.scheduler.waiting:
             return
         self.withdraw(lambda row: row.job.stopped)
