@@ -278,6 +278,11 @@ def batch_sizes(server) -> dict[int, int]:
 #: for that and still fails a wrong reading of the export (seconds for ms, one generator's waves split from
 #: the other's, throughput over another duration).
 TOLERANCE = 0.15
+#: TTFT cannot agree as closely: the cpu model prefills the prompts admitted together one after another, each
+#: streaming its first token once its own prefill is done, so in a wave of h requests from each generator the
+#: generator whose requests reached the model later has the later prefills. At worst its mean position is h + 1..2h
+#: against 1..h: (3h + 1) / (h + 1) times the other's (2.6 for h = 4; measured 1.49 and 0.57 in two runs).
+TTFT_BOUND = (3 * (CONCURRENCY // 2) + 1) / (CONCURRENCY // 2 + 1) * (1 + TOLERANCE)
 
 
 @pytest.mark.slow
@@ -291,8 +296,10 @@ def test_aiperf_and_the_builtin_load_test_agree(small_served, tmp_path):
     for result in (builtin, other):
         assert (result["completed"], result["failed"], result["shed"]) == (CONCURRENCY // 2 * PER_CLIENT, 0, 0)
         assert result["output_tokens"] == CONCURRENCY // 2 * PER_CLIENT * MAX_TOKENS
-    for name, ratio in zip(("TTFT p50", "ITL p50", "output tokens/s"), ratios(builtin, other)):
+    ttft, *rest = ratios(builtin, other)
+    for name, ratio in zip(("ITL p50", "output tokens/s"), rest):
         assert abs(ratio - 1) <= TOLERANCE, f"{name}: aiperf / builtin = {ratio:.3f}\n{builtin}\n{other}"
+    assert 1 / TTFT_BOUND <= ttft <= TTFT_BOUND, f"TTFT p50: aiperf / builtin = {ttft:.3f}\n{builtin}\n{other}"
 
 
 @pytest.mark.slow
