@@ -84,3 +84,20 @@ def test_a_scheduling_parameter_the_model_cannot_honour_stops_its_load(monkeypat
     config = {"parameters": {key: {"string_value": value} for key, value in parameters.items()}}
     with pytest.raises(ValueError, match=message):
         module.scheduler_limits(json.loads(json.dumps(config)))
+
+
+def test_the_plan_command_takes_the_scheduling_options_and_refuses_them_where_they_would_be_ignored():
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    ok = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", "cpu", "--precision", "fp32", "--json",
+                                   "--priority-levels", "2", "--batch-scheduler-policy", "max_utilization"])
+    assert ok.exit_code == 0, ok.output
+    triton = json.loads(ok.output)["triton"]
+    assert (triton["priority_levels"], triton["default_priority_level"], triton["batch_scheduler_policy"]) == (
+        2, 2, MAX_UTILIZATION)
+    refused = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
+                                        "--priority-levels", "2"])
+    assert refused.exit_code == 2 and "does not schedule requests by priority" in refused.output
+    assert "Traceback" not in refused.output
