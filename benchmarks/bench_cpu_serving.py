@@ -52,7 +52,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -74,8 +73,7 @@ from pipeline.server import embedded_server, free_port
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient
-from pipeline.validate.aiperf import (EXPORT, RECORDS, SyntheticPrompts, aiperf_command, parse_export, read_records,
-                                      run_aiperf, summary_of_failures)
+from pipeline.validate.aiperf import SyntheticPrompts, aiperf_command, run_aiperf, run_aiperf_command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: server name -> (precision, trtpipe runtime) or the vLLM --dtype
@@ -279,19 +277,8 @@ def openai_command(url: str, model_dir: Path, concurrency: int, workdir: Path, a
 def measure_vllm(url: str, model_dir: Path, concurrency: int, workdir: Path, args: argparse.Namespace) -> dict:
     """aiperf against vLLM, run and read as run_aiperf runs and reads it."""
     workdir.mkdir(parents=True, exist_ok=True)
-    command = openai_command(url, model_dir, concurrency, workdir, args)
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(workdir.absolute())
-    artifacts = workdir / "artifacts"
-    shutil.rmtree(artifacts, ignore_errors=True)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
-    if (artifacts / EXPORT).is_file():
-        return parse_export(json.loads((artifacts / EXPORT).read_text()), concurrency, args.requests)
-    records = read_records(artifacts / RECORDS)
-    if records and all("error" in r for r in records):
-        return parse_export(summary_of_failures(records), concurrency, args.requests)
-    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-    raise UserError(f"aiperf failed (exit {done.returncode}; log {artifacts / 'logs'}):\n{tail}")
+    return run_aiperf_command(openai_command(url, model_dir, concurrency, workdir, args), workdir, concurrency,
+                              args.requests)
 
 
 def measure_server(name: str, model_dir: Path, args: argparse.Namespace) -> dict[int, dict]:

@@ -101,6 +101,13 @@ def run_aiperf(url: str, tokenizer_dir: Path, prompts: Sequence[str] | Synthetic
     workdir.mkdir(parents=True, exist_ok=True)
     command = aiperf_command(url, tokenizer_dir, prompts, max_tokens, concurrency, request_count, workdir,
                              min_tokens)
+    return run_aiperf_command(command, workdir, concurrency, request_count, timeout_s)
+
+
+def run_aiperf_command(command: list[str], workdir: Path, concurrency: int, request_count: int,
+                       timeout_s: float = 3600.0) -> dict:
+    """Run an aiperf command whose artifacts go under `workdir` and read its results as `run_aiperf` returns them
+    (any endpoint: benchmarks/bench_cpu_serving.py points the same command at vLLM's)."""
     # aiperf 0.13 cannot load a local tokenizer directory while HF_HUB_OFFLINE is set (docs/aiperf.md)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(workdir.absolute())  # its per-run aiperf_mmap_* dirs, not /tmp's

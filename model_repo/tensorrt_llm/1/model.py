@@ -115,6 +115,8 @@ KNOWN_REQUEST_PARAMETERS = {"id", "sequence_id", "sequence_start", "sequence_end
                             "request_type"}
 #: The only request_type the reference runtime serves: context and generation in one request (NVIDIA's default).
 REQUEST_TYPE = "context_and_generation"
+#: The answer to a request still waiting when the model is finalized (with UNAVAILABLE: send it elsewhere)
+STOPPED_BEFORE_START = "the server stopped before this request started; send it again"
 
 
 def check_request_parameters(request) -> dict:
@@ -205,9 +207,13 @@ class Row:
         self.job, self.index, self.sequence, self.prompt, self.sampling = job, index, sequence, prompt, sampling
         # what pads this row's output_ids where a response carries rows of other lengths: pad_id, else end_id
         self.pad = next((v for v in (pad_id, sampling.end_id) if v is not None), 0)
-        self.result = None          # the runtime's RowResult, once generation started
         self.sent = 0               # output tokens already streamed
         self.seq = Sequence(self, prompt, sampling)   # what the scheduler starts, pauses and gives KV blocks
+
+    @property
+    def result(self):
+        """The runtime's RowResult, once generation started (None before)."""
+        return self.seq.result
 
     @property
     def tokens(self) -> list:
@@ -322,7 +328,7 @@ class Job:
     def on_step(self, row: Row, result) -> bool:
         """Record (and stream) a token; False ends the row: the client cancelled (an error answer) or a `stop`
         request arrived (the answer so far, as TensorRT-LLM's cancelRequest ends a request)."""
-        row.result = result
+        row.seq.result = result     # serve_rows set it already; generate_rows (not decoupled) does not
         self.last_token_ns = time.monotonic_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
         if self.finished or self.request.is_cancelled():
@@ -609,7 +615,7 @@ class TritonPythonModel:
                     self.job_done(job)
                 self.scheduler.withdraw(lambda row: row.job.finished)   # the paused rows of those jobs
             if self.closing:
-                self.withdraw(lambda row: True, "the server stopped before this request started; send it again")
+                self.withdraw(lambda row: True, STOPPED_BEFORE_START)
             if not self.scheduler.waiting:   # every request taken from the queue so far is answered
                 for _ in range(self.taken):
                     self.queue.task_done()
@@ -620,10 +626,14 @@ class TritonPythonModel:
     def submit(self, jobs: list) -> None:
         """Hand queued jobs to the scheduler, each request's rows to start together at its priority."""
         for job in jobs:
-            with self.lock:
-                self.running.setdefault(job.request.request_id(), []).append(job)
-            self.admitted.add(job)
+            self.register(job)
             self.scheduler.submit([row.seq for row in job.rows], job.priority)
+
+    def register(self, job: Job) -> None:
+        """A job this model now owes an answer: findable by its request id (for `stop`) until `job_done`."""
+        with self.lock:
+            self.running.setdefault(job.request.request_id(), []).append(job)
+        self.admitted.add(job)
 
     def poll(self) -> None:
         """Before every step: submit what was queued meanwhile, and take out of the queue what is no longer
@@ -640,7 +650,7 @@ class TritonPythonModel:
             else:
                 self.submit(item)
         if self.closing:   # finalize: the running rows finish, nothing waiting starts
-            self.withdraw(lambda row: True, "the server stopped before this request started; send it again")
+            self.withdraw(lambda row: True, STOPPED_BEFORE_START)
         if not self.scheduler.waiting:
             return
         self.withdraw(lambda row: row.job.stopped)
@@ -681,9 +691,7 @@ class TritonPythonModel:
             job.fail("the request was cancelled", pb_utils.TritonError.CANCELLED)
             self.count_live(-1)
             return False
-        with self.lock:
-            self.running.setdefault(job.request.request_id(), []).append(job)
-        self.admitted.add(job)
+        self.register(job)
         return True
 
     def generate(self, jobs: list) -> None:
