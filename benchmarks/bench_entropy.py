@@ -46,7 +46,7 @@ def smollm2_histograms(samples: int, seq_len: int) -> dict:
 
         recipe = resolve_recipe(None, samples=samples, seq_len=seq_len)
         ids = tokenize_samples(load_texts(recipe), load_tokenizer(ck), recipe)
-        LayerStream(ck).run_layers(ids, passes=lambda i: [observe], desc="collecting histograms")
+        LayerStream(ck).run_layers(ids, passes=lambda loaded: [observe], desc="collecting histograms")
     return {name: h.histogram() for name, h in histograms.items()}
 
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .arch import ModelArch
@@ -24,6 +25,9 @@ from .model.spec import Family
 from .safetensors_stream import SafetensorsFile
 from .model import family_of
 from .model.arch_config import arch_from_checkpoint_config
+
+if TYPE_CHECKING:
+    from .sparsity.pattern import SparsityClaim
 
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 
@@ -111,6 +115,18 @@ class CheckpointConfig:
 
     def with_quantization(self, quantization: dict) -> "CheckpointConfig":
         return replace(self, quantization=dict(quantization))
+
+    @property
+    def sparsity(self) -> "SparsityClaim | None":
+        """The 2:4 claim config.json makes (`trtpipe sparsify` writes it); None for a dense checkpoint."""
+        from .sparsity.pattern import claim_of
+
+        return claim_of(self.raw, "config.json")
+
+    def with_sparsity(self, claim: "SparsityClaim") -> "CheckpointConfig":
+        from .sparsity.pattern import CONFIG_KEY
+
+        return replace(self, raw={**(self.raw or self.to_dict()), CONFIG_KEY: claim.to_dict()})
 
     def to_dict(self) -> dict:
         a = self.arch

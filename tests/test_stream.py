@@ -31,7 +31,7 @@ def test_observed_inputs_are_bit_identical_to_the_whole_model(checkpoint, varian
     model = ReferenceModel.load(ckpt)
     for seq in SEQUENCES:
         model.forward(torch.tensor([seq]), observer=recorder(whole))
-    LayerStream(ckpt).run_layers(SEQUENCES, passes=lambda i: [recorder(streamed)])
+    LayerStream(ckpt).run_layers(SEQUENCES, passes=lambda loaded: [recorder(streamed)])
     assert list(whole) == list(streamed)
     for name in whole:
         assert len(whole[name]) == len(streamed[name]) == len(SEQUENCES)
@@ -99,10 +99,10 @@ def test_only_one_layer_is_alive_at_a_time(checkpoint, monkeypatch):
 def test_each_pass_sees_every_sequence_and_later_passes_are_built_after_earlier_ones(checkpoint):
     order = []
 
-    def passes(i):
+    def passes(loaded):
         first = []
         yield lambda name, x: first.append(name)
-        order.append((i, len(first)))          # the first pass has finished when the second is requested
+        order.append((loaded.index, len(first)))          # the first pass has finished when the second is requested
         yield None
 
     LayerStream(checkpoint("gqa")).run_layers(SEQUENCES, passes=passes)

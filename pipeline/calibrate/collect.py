@@ -18,6 +18,7 @@ from typing import Iterator
 
 import torch
 
+from ..runtime.stream import LoadedLayer
 from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, weight_statistics
 from .formats import FP8, INT8
 from .histogram import ChannelMax, StreamingHistogram
@@ -46,9 +47,9 @@ class LayerCalibrator:
         self._layer: LayerStatistics | None = None
         self._weights = None
 
-    def passes(self, layer: int) -> Iterator:
-        """The observers of layer `layer`: channel maxima first for SmoothQuant, then histograms and x^T x."""
-        modules = self.modules[layer]
+    def passes(self, loaded: LoadedLayer) -> Iterator:
+        """The observers of the layer: channel maxima first for SmoothQuant, then histograms and x^T x."""
+        modules = self.modules[loaded.index]
         stats = self._layer = LayerStatistics()
         self._weights = weight_statistics(self.ckpt, set(modules))
         if self.options.precision == "int8-sq":

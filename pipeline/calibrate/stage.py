@@ -129,7 +129,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     checkpoint, out = Path(checkpoint), Path(out)
     ckpt = open_float_checkpoint(checkpoint)
     check_options(ckpt, options)
-    inputs = fingerprint_inputs([checkpoint] + _dataset_inputs(options.recipe))
+    inputs = fingerprint_inputs([checkpoint] + dataset_inputs(options.recipe))
     with stage_output(out, STAGE, inputs, options.params(), force=options.force,
                       extra={"source_checkpoint": str(checkpoint.resolve())}) as output:
         if output.up_to_date:
@@ -230,7 +230,7 @@ def written_config(out: Path) -> dict:
     return config
 
 
-def _dataset_inputs(recipe: CalibrationRecipe) -> list[Path]:
+def dataset_inputs(recipe: CalibrationRecipe) -> list[Path]:
     if recipe.dataset == OFFLINE_CORPUS:
         from ..assets import calibration_corpus_path
         return [calibration_corpus_path()]

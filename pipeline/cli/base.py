@@ -28,6 +28,7 @@ MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging
 COMMAND_MODULES = {
     **dict.fromkeys(("setup", "convert", "calibrate", "eval", "export-onnx", "targets", "plan", "compile", "deploy",
                      "build"), "stages"),
+    **dict.fromkeys(("sparsify", "distill"), "compress"),
     **dict.fromkeys(("check", "validate", "serve", "probe", "compare", "tune", "doctor"), "serving"),
     **dict.fromkeys(("k8s", "versions", "matrix", "ci", "package", "verify", "unpack"), "shipping"),
 }
@@ -93,6 +94,24 @@ def device_option(what: str):
     """--device of the stages that run the model a decoder layer at a time (one spelling for all)."""
     return click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                         help=f"Where {what}, one decoder layer in memory at a time (auto: CUDA when torch sees a GPU).")
+
+
+def calibration_data_options(command):
+    """--dataset, --text-field, --samples, --seq-len and --seed: the calibration recipe (calibrate, sparsify, distill)."""
+    options = [
+        click.option("--dataset", default=None,
+                     help="Recipe name (news, cnn_dailymail), local .txt/.jsonl/.json/.parquet/.csv file, or a "
+                          "Hugging Face dataset name in the local cache (default: the offline news recipe)."),
+        click.option("--text-field", default=None, help="Field holding the text (default: the recipe's, else 'text')."),
+        click.option("--samples", type=click.IntRange(min=1), default=None,
+                     help="Number of calibration samples (default: the recipe's)."),
+        click.option("--seq-len", type=click.IntRange(min=2), default=None,
+                     help="Tokens per sample at most (default: the recipe's)."),
+        click.option("--seed", type=int, default=None, help="Seed of the sample order (default: the recipe's)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 @click.group(cls=TrtpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,7 +14,7 @@ from ..backends.names import NAMES, RUNTIMES
 from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
 from ..precisions import CALIBRATION_FORMATS, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
-from .base import DEFAULT_IMAGE, device_option, main
+from .base import DEFAULT_IMAGE, calibration_data_options, device_option, main
 
 
 @main.command()
@@ -168,15 +168,7 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--method", type=click.Choice(["entropy", "percentile", "mse", "max"]), default=None,
               help="Activation amax method (default: max for both precisions, chosen by measurement; "
                    "see docs/calibrate.md).")
-@click.option("--dataset", default=None,
-              help="Recipe name (news, cnn_dailymail), local .txt/.jsonl/.json/.parquet/.csv file, or a "
-                   "Hugging Face dataset name in the local cache (default: the offline news recipe).")
-@click.option("--text-field", default=None, help="Field holding the text (default: the recipe's, else 'text').")
-@click.option("--samples", type=click.IntRange(min=1), default=None,
-              help="Number of calibration samples (default: the recipe's).")
-@click.option("--seq-len", type=click.IntRange(min=2), default=None,
-              help="Tokens per sample at most (default: the recipe's).")
-@click.option("--seed", type=int, default=None, help="Seed of the sample order (default: the recipe's).")
+@calibration_data_options
 @click.option("--alpha", type=float, default=None,
               help="SmoothQuant migration strength (int8-sq; default 0.8, chosen by measurement).")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --method percentile.")

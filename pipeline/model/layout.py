@@ -90,6 +90,23 @@ class Rank:
         head = r * kv // tp
         return head * hd, (head + 1) * hd
 
+    def linear_part(self, arch: "ModelArch", lin: LinearSpec, merged, kind: str = "weight"):
+        """This rank's share of a merged (whole-model) linear weight [out, in] or bias [out]: the inverse of
+        the reader's merge. Row-parallel: its block of input columns (a bias is whole on every rank);
+        otherwise its rows of each fused part, in the spec's part order (a duplicated K/V head included)."""
+        if lin.parallel == ROW:
+            return merged if kind == "bias" else merged[:, slice(*shard(merged.shape[1], self.tp_size, self.tp_rank))]
+        sizes, offset, pieces = dims(arch), 0, []
+        for part in lin.parts:
+            start, stop = self.part_rows(arch, part)
+            pieces.append(merged[offset + start:offset + stop])
+            offset += sizes[part.rows]
+        if len(pieces) == 1:
+            return pieces[0]
+        import torch
+
+        return torch.cat(pieces)
+
     def linear_shape(self, arch: "ModelArch", lin: LinearSpec) -> tuple[int, int]:
         """[out, in] of a linear on this rank."""
         sizes = dims(arch)

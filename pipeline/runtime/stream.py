@@ -29,8 +29,29 @@ from .rope import RotaryTable
 DEVICES = ("auto", "cpu", "cuda")
 #: float32 bytes of embedding / lm_head rows read at once
 VOCAB_CHUNK_BYTES = 256 << 20
+
+
+@dataclass
+class LoadedLayer:
+    """Decoder layer `index` as `run_layers` holds it while its passes run. A pass may change a weight in place
+    between two passes (sparsify prunes it, and the next pass and the next layer's inputs see the pruned layer)."""
+
+    index: int
+    layer: Layer
+    fused: Linear | None            # mlp.fc and mlp.gate as one GEMM (then absent from layer.linears)
+
+    def linear(self, name: str) -> Linear:
+        """The linear `name` (attention.qkv, mlp.gate, ...): for a fused one, views of its rows of the fused GEMM."""
+        if name in self.layer.linears:
+            return self.layer.linears[name]
+        rows = self.fused.weight.shape[0] // 2
+        part = slice(0, rows) if name == FUSED_MLP[0] else slice(rows, 2 * rows)
+        return Linear(self.fused.weight[part], None if self.fused.bias is None else self.fused.bias[part],
+                      self.fused.act_quant, self.fused.prequant)
+
+
 #: what a stage runs for each layer: observers, one pass over all sequences each (None: no observer)
-LayerPasses = Callable[[int], Iterable[Observer | None]]
+LayerPasses = Callable[[LoadedLayer], Iterable[Observer | None]]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,9 +95,9 @@ class LayerStream:
                    after_layer: Callable[[int], None] | None = None, desc: str | None = None) -> list[torch.Tensor]:
         """Hidden states [1, T, hidden] of each sequence after the last decoder layer (before ln_f).
 
-        For layer i, `passes(i)` yields observers lazily (a later one may depend on what an earlier one
-        saw); each gets one pass of every sequence through the layer, in order. `after_layer(i)` runs
-        once the layer's weights are released.
+        For layer i, `passes(LoadedLayer(i, ...))` yields observers lazily (a later one may depend on what an
+        earlier one saw, and may follow a change of the layer's weights); each gets one pass of every sequence
+        through the layer, in order. `after_layer(i)` runs once the layer's weights are released.
         """
         hidden = self.embed(sequences)
         arch = self.cfg.arch
@@ -86,7 +107,7 @@ class LayerStream:
             fused = fuse_fc_gate(layer)
             if fused is not None:                # the fused GEMM replaces them: do not hold both copies
                 layer = replace(layer, linears={k: v for k, v in layer.linears.items() if k not in FUSED_MLP})
-            for observer in (passes(i) if passes else (None,)):
+            for observer in (passes(LoadedLayer(i, layer, fused)) if passes else (None,)):
                 out = []
                 for h in hidden:
                     t = h.shape[1]

@@ -242,10 +242,23 @@ def merge_layer(cfg: CheckpointConfig, stage: list[RankFile], local: int, layer:
         scale = same_on_all_ranks(stage, p + "attention.kv_cache_scaling_factor", g + "attention")
         kv_quant = TensorQuant(cfg.kv_cache_quant_algo.lower(), float(scale.reshape(-1)[0]))
     norms = {n.name: stage[0].read(p + n.name + ".weight").float() for n in family.layer_norms(cfg.arch)}
+    check_sparsity(cfg, stage[0].path.parent, g, linears)
     check_finite({**{f"{g}{name}.weight": lin.weight for name, lin in linears.items()},
                   **{f"{g}{name}.bias": lin.bias for name, lin in linears.items() if lin.bias is not None},
                   **{f"{g}{name}.weight": norm for name, norm in norms.items()}})
     return Layer(linears, norms, kv_quant)
+
+
+def check_sparsity(cfg: CheckpointConfig, ckpt_dir: Path, prefix: str, linears: dict[str, Linear]) -> None:
+    """A checkpoint that claims 2:4 holds it in every claimed weight, read as the engine's GEMM sees it."""
+    claim = cfg.sparsity
+    if claim is None:
+        return
+    from ..sparsity.pattern import check_claimed
+
+    for name, lin in linears.items():
+        if claim.covers(prefix + name):
+            check_claimed(prefix + name, lin.weight, claim, str(ckpt_dir))
 
 
 def check_finite(tensors: dict[str, torch.Tensor]) -> None:
