@@ -1,10 +1,13 @@
-"""Write a float TensorRT-LLM checkpoint whose decoder layers come merged, one at a time (sparsify, distill).
+"""Write a checkpoint in the layout of another, with new weights given merged, one decoder layer at a time
+(sparsify, distill).
 
 The output has exactly the source checkpoint's layout: the same rank files, tensor names, shapes and dtypes,
-declared up front from the source's headers. The embedding, ln_f and lm_head are copied byte for byte; each
-decoder layer is given as the reader merges it (`runtime.trtllm_reader.Layer`: whole-model float32 linears and
-norms) and split back into every rank's share (`Rank.linear_part`), cast to the checkpoint's dtype. Nothing
-holds more than one layer.
+declared up front from the source's headers. The embedding, ln_f and lm_head are copied byte for byte, and so
+are the scaling factors of a quantized source; each decoder layer's linears and norms are given as the reader
+merges them (`runtime.trtllm_reader.Layer`: whole-model float32 values) and split back into every rank's share
+(`Rank.linear_part`). A float weight is cast to the checkpoint's dtype; an FP8 or INT8 one is quantized with
+the source rank's own weights_scaling_factor, so the output is what the source's scales make of the new values
+(distill's quantization-aware training). Nothing holds more than one layer.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from pathlib import Path
 import torch
 
 from .checkpoint import LAYER_TENSOR, CheckpointConfig, RankFile, open_rank_files
+from .precisions import E4M3_MAX
+from .runtime.quant import INT8_MAX, INT8_MIN
 from .runtime.trtllm_reader import Layer
 from .safetensors_stream import SafetensorsWriter, TensorSpec, torch_dtype
 
 
-class FloatCheckpointWriter:
+class LayerwiseCheckpointWriter:
     """`source`'s layout in `out`, its decoder layers written in order with `write_layer`."""
 
     def __init__(self, source: Path, cfg: CheckpointConfig, out: Path):
@@ -48,19 +53,34 @@ class FloatCheckpointWriter:
                 continue
             for name in self._layer_names[rf.rank][local]:
                 inner, kind = LAYER_TENSOR.match(name).group(2).rsplit(".", 1)
-                if inner in specs:
+                if inner in specs and kind in ("weight", "bias"):
                     lin = layer.linears[inner]
-                    tensor = rf.position.linear_part(arch, specs[inner], lin.weight if kind == "weight" else lin.bias,
-                                                     kind)
-                else:
-                    tensor = layer.norms[inner]
-                self._write(rf, name, tensor)
+                    part = rf.position.linear_part(arch, specs[inner], lin.weight if kind == "weight" else lin.bias,
+                                                   kind)
+                    self._write(rf, name, self._stored(rf, name, part))
+                elif inner in layer.norms and kind == "weight":
+                    self._write(rf, name, self._stored(rf, name, layer.norms[inner]))
+                else:                        # a scaling factor: the source's own
+                    self._writers[rf.rank].write([rf.file.rows(name)])
+
+    @staticmethod
+    def _stored(rf: RankFile, name: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` in the dtype the source stores `name` in (quantized with the source's scale)."""
+        dtype = torch_dtype(rf.file.dtype_code(name))
+        value = value.detach().float()
+        if dtype in (torch.float8_e4m3fn, torch.int8):
+            scale = rf.read(name[: -len("weight")] + "weights_scaling_factor").float().reshape(-1)
+            scaled = value / (scale if scale.numel() == 1 else scale[:, None])
+            if dtype == torch.int8:
+                return torch.clamp(torch.round(scaled), INT8_MIN, INT8_MAX).to(torch.int8)
+            return torch.clamp(scaled, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return value.to(dtype).contiguous()
 
     def _write(self, rf: RankFile, name: str, tensor: torch.Tensor) -> None:
         writer = self._writers[rf.rank]
         if writer.pending() != name:
             raise AssertionError(f"{rf.path.name}: wrote {name} while {writer.pending()} is next")
-        writer.write(tensor.detach().to(torch_dtype(rf.file.dtype_code(name))).contiguous())
+        writer.write(tensor.contiguous())
 
     def close(self, config: CheckpointConfig) -> None:
         """Finish every rank file (all layers written) and write `config` as config.json."""

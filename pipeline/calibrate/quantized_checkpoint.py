@@ -317,8 +317,9 @@ def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: to
     scales) and keeps its own columns."""
     codes = fp8_codes if plan.precision == "fp8" else int8_codes
     row = ckpt.is_row_parallel(module)
+    sparse = ckpt.cfg.sparsity is not None and ckpt.cfg.sparsity.covers(module)
     if hinv is None or not row or ckpt.tp_size == 1:
-        return round_weight(w, wsf, codes, hinv)
+        return round_weight(w, wsf, codes, hinv, w != 0 if sparse else None)
     shards = []
     for peer in (r for r in ckpt.ranks if r.pp_rank == rf.pp_rank):
         if peer is rf:
@@ -328,7 +329,8 @@ def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: to
     full = torch.cat([s[0] for s in shards], dim=1)
     scale = torch.cat([s[1].reshape(-1, 1).expand(-1, s[0].shape[1]) for s in shards], dim=1)
     width = w.shape[1]
-    return round_weight(full, scale, codes, hinv)[:, rf.tp_rank * width:(rf.tp_rank + 1) * width]
+    return round_weight(full, scale, codes, hinv, full != 0 if sparse else None)[:, rf.tp_rank * width:
+                                                                                  (rf.tp_rank + 1) * width]
 
 
 def local_prequant(full: torch.Tensor, row: bool, tp_rank: int, tp_size: int) -> torch.Tensor:

@@ -59,8 +59,12 @@ def int8_codes(x: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.round(x), -128.0, 127.0)
 
 
-def round_weight(weight: torch.Tensor, scale: torch.Tensor, codes: Codes, hinv: torch.Tensor | None) -> torch.Tensor:
+def round_weight(weight: torch.Tensor, scale: torch.Tensor, codes: Codes, hinv: torch.Tensor | None,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
     """Quantized codes (float tensor of grid values) of `weight` [out, in].
+
+    `keep` (bool [out, in]) is a sparsity mask to hold: every weight outside it is the zero code, and GPTQ
+    spreads that (exact) choice's error over the kept weights as it does a rounding's.
 
     `scale` is [1] (per tensor), [out] (per row) or [out or 1, in] (per row and input block, for a
     row-parallel weight whose tp shards have scales of their own). With `hinv` None the codes are
@@ -68,8 +72,9 @@ def round_weight(weight: torch.Tensor, scale: torch.Tensor, codes: Codes, hinv: 
     """
     scale = scale.reshape(-1, 1) if scale.dim() == 1 else scale
     if hinv is None:
-        return codes(weight.float() / scale.float())
-    return gptq_codes(weight, hinv, scale.to(torch.float64).expand(weight.shape), codes)
+        nearest = codes(weight.float() / scale.float())
+        return nearest if keep is None else torch.where(keep, nearest, torch.zeros((), dtype=nearest.dtype))
+    return gptq_codes(weight, hinv, scale.to(torch.float64).expand(weight.shape), codes, keep)
 
 
 def gptq_inverse(hessian: torch.Tensor, damp: float = DEFAULT_DAMP) -> torch.Tensor | None:
@@ -103,7 +108,8 @@ def gptq_inverse(hessian: torch.Tensor, damp: float = DEFAULT_DAMP) -> torch.Ten
     return None
 
 
-def gptq_codes(weight: torch.Tensor, hinv: torch.Tensor, scale: torch.Tensor, codes: Codes) -> torch.Tensor:
+def gptq_codes(weight: torch.Tensor, hinv: torch.Tensor, scale: torch.Tensor, codes: Codes,
+               keep: torch.Tensor | None = None) -> torch.Tensor:
     """The codes (float32: every FP8 / INT8 grid value is exact in it) of `weight`, a block of columns at a
     time. The feedback into the columns not yet rounded is applied `UPDATE_COLUMNS` at a time, so no
     temporary as large as the weight is made."""
@@ -116,6 +122,8 @@ def gptq_codes(weight: torch.Tensor, hinv: torch.Tensor, scale: torch.Tensor, co
         for j in range(stop - start):
             s = scale[:, start + j:start + j + 1]
             c = codes(block[:, j:j + 1] / s)
+            if keep is not None:
+                c = torch.where(keep[:, start + j:start + j + 1], c, torch.zeros((), dtype=c.dtype))
             out[:, start + j] = c.squeeze(1)
             err = (block[:, j:j + 1] - c * s) / block_inv[j, j]
             block[:, j:] -= err * block_inv[j:j + 1, j:]

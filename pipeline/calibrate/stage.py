@@ -90,10 +90,11 @@ class CalibrationResult:
     seconds: float
     skipped: bool = False
     warnings: tuple[str, ...] = ()
+    sparsity: dict | None = None     # the input's 2:4 claim, carried to the output and held by every code
 
     def to_dict(self) -> dict:
         return {"checkpoint": str(self.path), "skipped": self.skipped, "method": self.method,
-                "warnings": list(self.warnings),
+                "warnings": list(self.warnings), "sparsity": self.sparsity,
                 "quantization": self.config.get("quantization"), "samples": self.samples,
                 "tokens": self.tokens, "seconds": round(self.seconds, 2), "perplexity": self.perplexity,
                 "report": str(self.path / REPORT_DIR / "report.json")}
@@ -118,6 +119,10 @@ class CalibrationResult:
             p = self.perplexity
             console.print(f"held-out perplexity: float {p['float']:.3f}, quantized {p['quantized']:.3f} "
                           f"({(p['ratio'] - 1) * 100:+.2f}%) over {p['tokens']} tokens")
+        if self.sparsity:
+            s = self.sparsity
+            console.print(f"{s['pattern']} sparsity ({s['method']}) kept: every pruned weight of the "
+                          f"{len(s['modules'])} claimed linears is a zero code (checked when the output was read back)")
         for warning in self.warnings:
             console.print(f"warning: {warning}")
         console.print(f"wrote {self.path} (report: {self.path / REPORT_DIR})")
@@ -129,6 +134,8 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     checkpoint, out = Path(checkpoint), Path(out)
     ckpt = open_float_checkpoint(checkpoint)
     check_options(ckpt, options)
+    claim = ckpt.cfg.sparsity
+    sparsity = None if claim is None else claim.to_dict()
     inputs = fingerprint_inputs([checkpoint] + dataset_inputs(options.recipe))
     with stage_output(out, STAGE, inputs, options.params(), force=options.force,
                       extra={"source_checkpoint": str(checkpoint.resolve())}) as output:
@@ -137,6 +144,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
             return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)
 
         from ..runtime import LayerStream, perplexity, resolve_device
+        from ..runtime.trtllm_reader import CheckpointReader
 
         device = resolve_device(options.device)
         tokenizer = load_tokenizer(checkpoint)
@@ -168,12 +176,15 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
                                    progress=options.progress, desc="perplexity (quantized)")
             ppl = {"float": float_ppl.perplexity, "quantized": quant_ppl.perplexity,
                    "ratio": quant_ppl.perplexity / float_ppl.perplexity, "tokens": quant_ppl.tokens}
+        elif claim is not None and options.format != "hf":
+            CheckpointReader(tmp).check_every_layer()
         tokens = sum(len(s) for s in samples)
-        write_reports(tmp / REPORT_DIR, options, calibrator.reports, calibrator.histograms, ppl, len(samples), tokens)
+        write_reports(tmp / REPORT_DIR, options, calibrator.reports, calibrator.histograms, ppl, len(samples), tokens,
+                      sparsity)
         seconds = time.monotonic() - started
         output.extra["seconds"] = round(seconds, 2)
     return CalibrationResult(out, config, options.chosen_method, calibrator.reports, ppl, len(samples), tokens,
-                             seconds, warnings=few_tokens_warning(len(samples), tokens))
+                             seconds, warnings=few_tokens_warning(len(samples), tokens), sparsity=sparsity)
 
 
 #: fewer calibration tokens than this and the activation ranges rest on a handful of values
@@ -255,14 +266,15 @@ def quantized_modules(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> dict[i
 
 
 def write_reports(directory: Path, options: CalibrateOptions, tensors: list[TensorReport],
-                  histograms: dict, ppl: dict | None, samples: int, tokens: int) -> None:
+                  histograms: dict, ppl: dict | None, samples: int, tokens: int, sparsity: dict | None) -> None:
     directory.mkdir()
     header = {"tool_version": __version__, "precision": options.precision, "kv_cache": options.kv_cache,
               "method": options.chosen_method, "default_method": DEFAULT_METHOD[options.precision],
               "alpha": options.alpha if options.precision == "int8-sq" else None, "percentile": options.percentile,
               "weight_rounding": options.weight_rounding,
               "damp": options.damp if options.weight_rounding == "gptq" else None, "recipe": options.recipe.to_dict(),
-              "samples": samples, "tokens": tokens, "perplexity": ppl}
+              "samples": samples, "tokens": tokens, "perplexity": ppl,
+              "sparsity": None if sparsity is None else {**sparsity, "kept": "every pruned weight is a zero code"}}
     write_report_json(directory / "report.json", header, tensors)
     write_calibration_cache(directory / "calibration.cache",
                             {t.name: t.chosen_amax for t in tensors if t.kind == "activation"})

@@ -97,7 +97,7 @@ def device_option(what: str):
 
 
 def calibration_data_options(command):
-    """--dataset, --text-field, --samples, --seq-len and --seed: the calibration recipe (calibrate, sparsify, distill)."""
+    """--dataset, --text-field, --samples, --seq-len, --seed: the calibration recipe (calibrate, sparsify, distill)."""
     options = [
         click.option("--dataset", default=None,
                      help="Recipe name (news, cnn_dailymail), local .txt/.jsonl/.json/.parquet/.csv file, or a "

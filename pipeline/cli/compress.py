@@ -46,3 +46,48 @@ def sparsify(checkpoint, out, pattern, method, dataset, text_field, samples, seq
                               **({} if damp is None else {"damp": damp}))
     result = sparsify_checkpoint(checkpoint, out, options)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
+
+
+@main.command()
+@click.argument("student", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="Directory for the distilled checkpoint (same format as STUDENT; OUT/distill: report, loss curve).")
+@click.option("--teacher", type=click.Path(path_type=Path), required=True,
+              help="The float dense checkpoint STUDENT was compressed from (`trtpipe convert`'s output).")
+@click.option("--tokens", type=int, default=None, help="Budget: training tokens to see.")
+@click.option("--minutes", type=float, default=None, help="Budget: minutes of training.")
+@calibration_data_options
+@click.option("--lr", type=float, default=None, help="Peak AdamW learning rate (default 1e-4, chosen by measurement).")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Windows of --seq-len tokens per step (default 4).")
+@click.option("--eval-samples", type=click.IntRange(min=0), default=40, show_default=True,
+              help="Held-out documents for the teacher / before / after perplexity in the report (0 skips it).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def distill(student, out, teacher, tokens, minutes, dataset, text_field, samples, seq_len, seed, lr, batch,
+            eval_samples, force, quiet, as_json):
+    """Recover what compression cost STUDENT (2:4 sparse, quantized, or both) by distillation from --teacher.
+
+    \b
+    KL on the logits, on the calibration recipe's text (never the held-out documents); 2:4 masks and
+    quantization scales stay fixed (a quantized student trains through its quantizers). On the CPU.
+    \b
+    Examples:
+      trtpipe distill out/ckpt-24 -o out/ckpt-24-kd --teacher out/ckpt --minutes 10
+      trtpipe distill out/ckpt-fp8 -o out/ckpt-fp8-qat --teacher out/ckpt --tokens 100000
+    """
+    from ..calibrate import resolve_recipe
+    from ..distill.stage import DistillOptions, distill_checkpoint
+
+    recipe = resolve_recipe(dataset, text_field=text_field, samples=samples, seq_len=seq_len, seed=seed)
+    if samples is None:              # every window of the recipe's text, unless --samples caps them
+        from dataclasses import replace
+
+        recipe = replace(recipe, samples=0)
+    defaulted = {"lr": lr, "batch": batch}
+    options = DistillOptions(teacher=teacher, recipe=recipe, tokens=tokens, minutes=minutes, eval_samples=eval_samples,
+                             force=force, progress=not quiet and not as_json,
+                             **{k: v for k, v in defaulted.items() if v is not None})
+    result = distill_checkpoint(student, out, options)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

@@ -112,6 +112,13 @@ class CheckpointReader:
     def merge_all(self) -> ModelWeights:
         return merge_pieces(self)
 
+    def check_every_layer(self) -> int:
+        """Read every decoder layer once, so each claimed weight is checked (`check_sparsity`) and every weight is
+        finite; the number of layers read."""
+        for i in range(self.num_layers):
+            self.layer(i)
+        return self.num_layers
+
 
 def merge_pieces(reader) -> ModelWeights:
     """Every piece of a reader (`CheckpointReader`, or `HfCheckpointReader` for a Hugging Face checkpoint)."""
@@ -277,14 +284,10 @@ def merge_linear(cfg: CheckpointConfig, lin: LinearSpec, stage: list[RankFile], 
                                  rf.read(local + ".weights_scaling_factor") if quantized else None) for rf in stage]
     biases = [rf.maybe(local + ".bias") for rf in stage]
     row = lin.parallel == ROW
-    if lin.parallel == QKV:
-        weight = merge_qkv(cfg, weights, module)
-        bias = merge_qkv(cfg, [b.float() for b in biases], module) if biases[0] is not None else None
-    else:
-        weight = torch.cat(weights, dim=1 if row else 0)
-        bias = None
-        if biases[0] is not None:
-            bias = biases[0].float() if row else torch.cat([b.float() for b in biases])
+    weight = merge_weights(cfg, lin, weights, module)
+    bias = None
+    if biases[0] is not None:
+        bias = biases[0].float() if row else merge_weights(cfg, lin, [b.float() for b in biases], module)
     result = Linear(weight, bias)
     if quantized:
         kind = "fp8" if cfg.quant_algo == "FP8" else "int8"
@@ -295,6 +298,14 @@ def merge_linear(cfg: CheckpointConfig, lin: LinearSpec, stage: list[RankFile], 
             result.prequant = (torch.cat(pre) if row
                                else same_on_all_ranks(stage, local + ".prequant_scaling_factor", module))
     return result
+
+
+def merge_weights(cfg: CheckpointConfig, lin: LinearSpec, per_rank: list[torch.Tensor], module: str) -> torch.Tensor:
+    """The whole-model tensor from the tp ranks' shares of a linear's weight (or a column-parallel bias, or any
+    tensor laid out like them): the inverse of `Rank.linear_part`."""
+    if lin.parallel == QKV:
+        return merge_qkv(cfg, per_rank, module)
+    return torch.cat(per_rank, dim=1 if lin.parallel == ROW else 0)
 
 
 def fuse_fp8_pair(stage: list[RankFile], prefix: str, a: str, b: str, linears: dict[str, Linear]) -> None:

@@ -22,12 +22,12 @@ from ..calibrate.data import CalibrationRecipe, load_texts, load_tokenizer, toke
 from ..calibrate.rounding import HessianStats, gptq_inverse
 from ..calibrate.stage import EVAL_WINDOW, dataset_inputs, heldout_sequences
 from ..checkpoint import CheckpointConfig
-from ..checkpoint_writer import FloatCheckpointWriter
+from ..checkpoint_writer import LayerwiseCheckpointWriter
 from ..errors import UserError
 from ..model.spec import ROW
 from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.stream import LoadedLayer
-from ..runtime.trtllm_reader import Layer, Linear
+from ..runtime.trtllm_reader import CheckpointReader, Layer, Linear
 from .pattern import PATTERN, SparsityClaim, check_pattern_name, check_width
 from .sparsegpt import DEFAULT_DAMP, DEFAULT_METHOD, METHODS, prune_magnitude, prune_sparsegpt
 
@@ -62,8 +62,8 @@ class SparsifyResult:
     skipped: bool = False
 
     def to_dict(self) -> dict:
-        return {"checkpoint": str(self.path), "skipped": self.skipped,
-                "sparsity": None if self.claim is None else {**self.claim.to_dict(), "modules": len(self.claim.modules)},
+        claim = None if self.claim is None else {**self.claim.to_dict(), "modules": len(self.claim.modules)}
+        return {"checkpoint": str(self.path), "skipped": self.skipped, "sparsity": claim,
                 "samples": self.samples, "tokens": self.tokens, "seconds": round(self.seconds, 2),
                 "perplexity": self.perplexity}
 
@@ -104,7 +104,7 @@ def sparsify_checkpoint(checkpoint: Path, out: Path, options: SparsifyOptions) -
         claim = SparsityClaim(options.pattern, options.method,
                               tuple(f"transformer.layers.{i}.{name}" for i in range(cfg.arch.num_hidden_layers)
                                     for name in cfg.family.linear_names))
-        writer = FloatCheckpointWriter(checkpoint, cfg, output.dir)
+        writer = LayerwiseCheckpointWriter(checkpoint, cfg, output.dir)
         pruner = LayerPruner(cfg, options, writer)
         if samples:
             stream.run_layers(samples, passes=pruner.passes, desc="sparsify" if options.progress else None)
@@ -119,7 +119,7 @@ def sparsify_checkpoint(checkpoint: Path, out: Path, options: SparsifyOptions) -
             ppl = {"dense": dense.perplexity, "sparse": sparse.perplexity,
                    "ratio": sparse.perplexity / dense.perplexity, "tokens": sparse.tokens}
         else:
-            verify_pattern(output.dir)
+            CheckpointReader(output.dir).check_every_layer()
         tokens = sum(len(s) for s in samples)
         seconds = time.monotonic() - started
         output.extra.update(sparsity={**claim.to_dict(), "layers": cfg.arch.num_hidden_layers}, perplexity=ppl,
@@ -161,7 +161,7 @@ def _input_width(cfg: CheckpointConfig, lin) -> int:
 class LayerPruner:
     """The layer stream's passes for sparsify: statistics, then the layer pruned in place, written, and run."""
 
-    def __init__(self, cfg: CheckpointConfig, options: SparsifyOptions, writer: FloatCheckpointWriter):
+    def __init__(self, cfg: CheckpointConfig, options: SparsifyOptions, writer: LayerwiseCheckpointWriter):
         self.cfg, self.options, self.writer = cfg, options, writer
 
     def passes(self, loaded):
@@ -208,13 +208,3 @@ def _inverse(stats: HessianStats, damp: float, module: str) -> torch.Tensor:
 
 def _plain(lin: Linear) -> Linear:
     return Linear(lin.weight, lin.bias)
-
-
-def verify_pattern(checkpoint: Path) -> int:
-    """Read every decoder layer of `checkpoint` (the reader checks each claimed weight); the layers read."""
-    from ..runtime.trtllm_reader import CheckpointReader
-
-    reader = CheckpointReader(checkpoint)
-    for i in range(reader.num_layers):
-        reader.layer(i)
-    return reader.num_layers
