@@ -60,13 +60,15 @@ def sparsify(checkpoint, out, pattern, method, dataset, text_field, samples, seq
 @click.option("--lr", type=float, default=None, help="Peak AdamW learning rate (default 1e-4, chosen by measurement).")
 @click.option("--batch", type=click.IntRange(min=1), default=None,
               help="Windows of --seq-len tokens per step (default 4).")
+@click.option("--bf16/--fp32", default=True, show_default=True,
+              help="Matmuls in bfloat16 (autocast; master weights, optimizer and loss stay float32) or float32.")
 @click.option("--eval-samples", type=click.IntRange(min=0), default=40, show_default=True,
               help="Held-out documents for the teacher / before / after perplexity in the report (0 skips it).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def distill(student, out, teacher, tokens, minutes, dataset, text_field, samples, seq_len, seed, lr, batch,
-            eval_samples, force, quiet, as_json):
+            bf16, eval_samples, force, quiet, as_json):
     """Recover what compression cost STUDENT (2:4 sparse, quantized, or both) by distillation from --teacher.
 
     \b
@@ -87,7 +89,7 @@ def distill(student, out, teacher, tokens, minutes, dataset, text_field, samples
         recipe = replace(recipe, samples=0)
     defaulted = {"lr": lr, "batch": batch}
     options = DistillOptions(teacher=teacher, recipe=recipe, tokens=tokens, minutes=minutes, eval_samples=eval_samples,
-                             force=force, progress=not quiet and not as_json,
+                             bf16=bf16, force=force, progress=not quiet and not as_json,
                              **{k: v for k, v in defaulted.items() if v is not None})
     result = distill_checkpoint(student, out, options)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

@@ -47,12 +47,13 @@ class DistillOptions:
     lr: float = DEFAULT_LR
     batch: int = DEFAULT_BATCH
     recompute: bool = True          # recompute each layer's activations in the backward pass (memory)
+    bf16: bool = True               # matmuls in bfloat16 (autocast); master weights, optimizer and loss in float32
     eval_samples: int = 40
     force: bool = False
     progress: bool = True
 
     def params(self) -> dict:
-        return {"tokens": self.tokens, "minutes": self.minutes, "lr": self.lr, "batch": self.batch,
+        return {"tokens": self.tokens, "minutes": self.minutes, "lr": self.lr, "batch": self.batch, "bf16": self.bf16,
                 "recipe": self.recipe.to_dict(), "eval_samples": self.eval_samples}
 
 
@@ -125,7 +126,8 @@ def distill_checkpoint(student: Path, out: Path, options: DistillOptions) -> Dis
         record = {"perplexity": ppl, "tokens_seen": curve.tokens[-1], "steps": len(curve.loss),
                   "seconds": round(seconds, 2), "train_seconds": round(curve.seconds, 2), "peak_rss_gb": round(peak, 2),
                   "quantization_aware": cfg.is_quantized, "sparsity": None if cfg.sparsity is None else
-                  cfg.sparsity.pattern, "lr": options.lr, "batch": options.batch, "seq_len": options.recipe.seq_len}
+                  cfg.sparsity.pattern, "lr": options.lr, "batch": options.batch, "seq_len": options.recipe.seq_len,
+                  "bf16": options.bf16}
         write_report(output.dir / REPORT_DIR, record, curve)
         output.extra.update(distill=record)
     return DistillResult(out, ppl, curve.tokens[-1], len(curve.loss), seconds, peak, cfg.is_quantized)
@@ -208,9 +210,10 @@ def train(net, teacher, windows: list[list[int]], options: DistillOptions) -> Lo
             ids = torch.tensor(picks)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(options.lr, len(curve.loss), done)
-            target = teacher_log_probs(teacher, ids)
-            hidden = net.hidden(ids, recompute=options.recompute)
-            loss = kl_to_teacher(hidden.reshape(-1, hidden.shape[-1]), net.lm_head, target)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
+                target = teacher_log_probs(teacher, ids)
+                hidden = net.hidden(ids, recompute=options.recompute)
+                loss = kl_to_teacher(hidden.reshape(-1, hidden.shape[-1]), net.lm_head, target)
             loss.backward()
             net.keep_masks(grads=True)
             torch.nn.utils.clip_grad_norm_(params, 1.0)

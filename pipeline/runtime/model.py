@@ -62,8 +62,8 @@ class Step:
         """Write k, v [B, T, kv_heads, d] into one layer's cache [rows, kv_heads, capacity, d]; return the
         cached K, V [B, kv_heads, S, d]."""
         d = k.shape[-1]
-        keys.view(-1, d).index_copy_(0, self.slots, k.reshape(-1, d))
-        values.view(-1, d).index_copy_(0, self.slots, v.reshape(-1, d))
+        keys.view(-1, d).index_copy_(0, self.slots, k.reshape(-1, d).to(keys.dtype))
+        values.view(-1, d).index_copy_(0, self.slots, v.reshape(-1, d).to(values.dtype))
         if self.rows is None:
             return keys[:, :, :self.used], values[:, :, :self.used]
         return keys[self.rows, :, :self.used], values[self.rows, :, :self.used]
