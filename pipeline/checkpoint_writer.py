@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import LAYER_TENSOR, CheckpointConfig, RankFile, open_rank_files
-from .precisions import E4M3_MAX
-from .runtime.quant import INT8_MAX, INT8_MIN
+from .calibrate.rounding import fp8_codes, int8_codes, round_weight
 from .runtime.trtllm_reader import Layer
 from .safetensors_stream import SafetensorsWriter, TensorSpec, torch_dtype
 
@@ -70,10 +69,8 @@ class LayerwiseCheckpointWriter:
         value = value.detach().float()
         if dtype in (torch.float8_e4m3fn, torch.int8):
             scale = rf.read(name[: -len("weight")] + "weights_scaling_factor").float().reshape(-1)
-            scaled = value / (scale if scale.numel() == 1 else scale[:, None])
-            if dtype == torch.int8:
-                return torch.clamp(torch.round(scaled), INT8_MIN, INT8_MAX).to(torch.int8)
-            return torch.clamp(scaled, -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+            codes = fp8_codes if dtype == torch.float8_e4m3fn else int8_codes
+            return round_weight(value, scale, codes, None).to(dtype)
         return value.to(dtype).contiguous()
 
     def _write(self, rf: RankFile, name: str, tensor: torch.Tensor) -> None:
