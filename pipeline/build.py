@@ -1,8 +1,11 @@
 """`trtpipe build`: every stage in order, each skipped when its manifest shows unchanged inputs.
 
     OUT/checkpoint/               convert
+    OUT/checkpoint-sparse/        sparsify (--sparsity 2:4)
+    OUT/checkpoint-sparse-kd/     distill (--distill-tokens N), from OUT/checkpoint/
     OUT/checkpoint-<precision>/   calibrate (fp8, int8-sq; with hf/ for the pytorch backend)
-    OUT/hf/                       export (the pytorch backend at fp16/bf16: the checkpoint as a HF model)
+    OUT/hf/                       export (the pytorch backend at fp16/bf16, or a sparse build's golden reference:
+                                  the float checkpoint as a HF model)
     OUT/plan.json                 plan
     OUT/engine/                   compile (the engine backend; --dry-run or no GPU: the command and build config)
     OUT/model_repo/               deploy
@@ -63,6 +66,8 @@ class BuildOptions:
     workload: Workload | None = None          # None: the plan's default workload
     calibration_dataset: str | None = None    # a calibration recipe name or dataset (None: the default recipe)
     backend: str | None = None                # None: the target's default (engine on GPUs, reference on cpu)
+    sparsity: str | None = None               # "2:4": sparsify the converted checkpoint (None: dense)
+    distill_tokens: int | None = None         # with sparsity: distill the sparse checkpoint on this many tokens
 
 
 @dataclass
@@ -122,7 +127,8 @@ def directory_bytes(path: Path) -> int:
 
 
 def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSummary:
-    """Run convert -> calibrate -> plan -> compile -> deploy -> validate for one model and target.
+    """Run convert -> [sparsify -> distill] -> calibrate -> plan -> compile -> deploy -> validate for one model
+    and target.
 
     Each stage's result goes to the next in memory; what is written (plan.json, the directories) is for
     people and for skipping unchanged stages on the next run.
@@ -134,6 +140,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     from .sources import resolve_model
     from .targets import get_target
 
+    check_compression(options)
     target = get_target(options.target)  # an unknown target or a backend that cannot serve it fails before any work
     backend = backend_serving(options.backend, target)
     source = resolve_model(options.model, options.model_dir)
@@ -199,8 +206,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     else:
         from .validate import golden_reference
 
-        golden = golden_reference(str(source.hf_dir()), precision=plan.precision, weights_dtype=dtype,
-                                  device=options.device)
+        golden = golden_reference(str(made.golden or source.hf_dir()), precision=plan.precision,
+                                  weights_dtype=dtype, device=options.device)
         summary.passed, summary.verdict = run_validation(repo, out / "validation", golden, options, record)
     summary.save(out)
     return summary
@@ -213,11 +220,13 @@ class Checkpoints:
 
     checkpoint: Path
     served: Path
+    golden: Path | None = None      # the model validation compares with, when not the source (a sparse build's)
 
 
 def make_checkpoints(source, out: Path, dtype: str, hf: bool, options: BuildOptions, record) -> Checkpoints:
-    """convert, then calibrate (quantized precisions, with the Hugging Face FP8 export when `hf`), or export
-    the float checkpoint as a Hugging Face model (`hf` at fp16/bf16/fp32)."""
+    """convert, sparsify and distill (with --sparsity), then calibrate (quantized precisions, with the Hugging
+    Face FP8 export when `hf`), or export the float checkpoint as a Hugging Face model (`hf` at fp16/bf16/fp32).
+    A sparse build's golden reference is its own sparse float model (exported), not the dense source."""
     from .calibrate.hf_export import export_float_checkpoint
     from .calibrate.stage import HF_DIR
     from .convert import convert_model
@@ -226,21 +235,76 @@ def make_checkpoints(source, out: Path, dtype: str, hf: bool, options: BuildOpti
     converted = convert_model(source, out / "checkpoint", dtype=dtype, tp=options.tp, pp=options.pp, force=True,
                               progress=options.progress)
     record("convert", converted.path, started, converted.skipped, f"{dtype}")
+    float_ckpt = compress(converted.path, out, options, record)
+    golden = None
+    if float_ckpt != converted.path:
+        started = time.monotonic()
+        golden = export_float_checkpoint(float_ckpt, out / "hf", force=True)
+        record("export", golden.path, started, golden.skipped, f"the {options.sparsity} sparse {dtype} model as a "
+                                                                "Hugging Face model (the golden reference)")
+        golden = golden.path
     if options.precision in QUANTIZED:
         started = time.monotonic()
-        calibrated = run_calibration(converted.path, out / f"checkpoint-{options.precision}", options, hf_export=hf)
+        calibrated = run_calibration(float_ckpt, out / f"checkpoint-{options.precision}", options, hf_export=hf)
         ppl = calibrated.perplexity
         detail = f"method {calibrated.method}" + (
             f", perplexity {ppl['float']:.2f} -> {ppl['quantized']:.2f}" if ppl else "")
         detail += f"; the Hugging Face FP8 checkpoint in {HF_DIR}/" if hf else ""
         record("calibrate", calibrated.path, started, calibrated.skipped, detail)
-        return Checkpoints(calibrated.path, calibrated.path / HF_DIR if hf else calibrated.path)
+        return Checkpoints(calibrated.path, calibrated.path / HF_DIR if hf else calibrated.path, golden)
     if not hf:
-        return Checkpoints(converted.path, converted.path)
+        return Checkpoints(float_ckpt, float_ckpt, golden)
+    if golden is not None:
+        return Checkpoints(float_ckpt, golden, golden)
     started = time.monotonic()
     exported = export_float_checkpoint(converted.path, out / "hf", force=True)
     record("export", exported.path, started, exported.skipped, f"{dtype} Hugging Face model")
     return Checkpoints(converted.path, exported.path)
+
+
+def check_compression(options: BuildOptions) -> None:
+    """--sparsity and --distill-tokens, before any work."""
+    from .sparsity.pattern import check_pattern_name
+
+    if options.sparsity is not None:
+        check_pattern_name(options.sparsity)
+    if options.distill_tokens is not None:
+        if options.sparsity is None:
+            raise UserError("--distill-tokens recovers what --sparsity 2:4 costs: give both (for quantization-aware "
+                            "training of a dense model run `trtpipe distill` on the calibrated checkpoint)")
+        if options.distill_tokens <= 0:
+            raise UserError(f"--distill-tokens must be positive (got {options.distill_tokens})")
+
+
+def compress(checkpoint: Path, out: Path, options: BuildOptions, record) -> Path:
+    """sparsify (OUT/checkpoint-sparse) and distill from the dense checkpoint (OUT/checkpoint-sparse-kd) when asked;
+    the float checkpoint the rest of the build quantizes or serves."""
+    if options.sparsity is None:
+        return checkpoint
+    from dataclasses import replace
+
+    from .calibrate import resolve_recipe
+    from .distill.stage import DistillOptions, distill_checkpoint
+    from .sparsity.stage import SparsifyOptions, sparsify_checkpoint
+
+    recipe = resolve_recipe(options.calibration_dataset, samples=options.calibration_samples)
+    started = time.monotonic()
+    sparse = sparsify_checkpoint(checkpoint, out / "checkpoint-sparse", SparsifyOptions(
+        recipe=recipe, pattern=options.sparsity, eval_samples=BUILD_EVAL_SAMPLES, device=options.device, force=True,
+        progress=options.progress))
+    ppl = sparse.perplexity
+    record("sparsify", sparse.path, started, sparse.skipped, f"{options.sparsity} {sparse.claim.method}" + (
+        f", perplexity {ppl['dense']:.2f} -> {ppl['sparse']:.2f}" if ppl else ""))
+    if options.distill_tokens is None:
+        return sparse.path
+    started = time.monotonic()
+    distilled = distill_checkpoint(sparse.path, out / "checkpoint-sparse-kd", DistillOptions(
+        teacher=checkpoint, recipe=replace(recipe, samples=0), tokens=options.distill_tokens,
+        eval_samples=BUILD_EVAL_SAMPLES, force=True, progress=options.progress))
+    ppl = distilled.perplexity
+    record("distill", distilled.path, started, distilled.skipped, f"{distilled.tokens_seen} tokens" + (
+        f", perplexity {ppl['before']:.2f} -> {ppl['after']:.2f} (dense {ppl['teacher']:.2f})" if ppl else ""))
+    return distilled.path
 
 
 def plan_model(hf: bool, checkpoint: Path, options: BuildOptions):

@@ -44,6 +44,8 @@ from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output
 from . import TRITON_IMAGE, TRTLLM_VERSION
 from .plan import Plan, is_trtllm_checkpoint
+from .sparsity.engine_log import sparse_layers
+from .sparsity.pattern import claim_of
 
 BUILD_CONFIG_FILE = "build_config.json"
 COMMAND_FILE = "trtllm-build.sh"
@@ -144,6 +146,8 @@ def trtllm_build_command(plan: Plan, checkpoint_dir: Path, engine_dir: Path, bui
     for name, value in asdict(plan.plugin_config).items():
         if name in CLI_PLUGIN_ARGS:
             argv += [f"--{name}", _flag_value(value)]
+    if plan.build_config.weight_sparsity:     # in the --build_config JSON too; the flag says it where people read
+        argv.append("--weight_sparsity")
     return argv
 
 
@@ -169,6 +173,11 @@ def check_checkpoint_matches_plan(checkpoint: Path, plan: Plan) -> None:
     for key in ("quant_algo", "kv_cache_quant_algo"):
         if quant.get(key) != plan.quantization.get(key):
             differ.append(f"quantization.{key} {quant.get(key)!r} (plan: {plan.quantization.get(key)!r})")
+    claimed = claim_of(cfg, str(checkpoint))
+    claim = None if claimed is None else claimed.pattern
+    if claim != plan.model.checkpoint_sparsity:
+        differ.append(f"sparsity {claim or 'dense'} (plan: {plan.model.checkpoint_sparsity or 'dense'}"
+                      + (", built with --weight_sparsity)" if plan.build_config.weight_sparsity else ")"))
     if int(mapping.get("tp_size", 1)) != plan.tp_size or int(mapping.get("pp_size", 1)) != plan.pp_size:
         differ.append(f"mapping tp {mapping.get('tp_size', 1)} pp {mapping.get('pp_size', 1)} "
                       f"(plan: tp {plan.tp_size} pp {plan.pp_size})")
@@ -337,8 +346,17 @@ def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu:
         check_engine_config(tmp, plan)
     except UserError as exc:
         raise EngineBuildFailed(str(exc), tail) from None
-    return {"dry_run": False, "gpu": gpu,
-            "versions": {name: installed_version(name) for name in ("tensorrt_llm", "tensorrt")}}
+    built = {"dry_run": False, "gpu": gpu,
+             "versions": {name: installed_version(name) for name in ("tensorrt_llm", "tensorrt")}}
+    if plan.build_config.weight_sparsity:
+        layers = sparse_layers(log_lines)
+        if layers.warning():
+            from rich.console import Console
+
+            Console(stderr=True).print(layers.warning(), style="bold red", markup=False, highlight=False)
+        built["sparsity"] = {"pattern": plan.model.checkpoint_sparsity, **layers.to_dict(),
+                             "warning": layers.warning()}
+    return built
 
 
 def run_logged(argv: list[str], cwd: Path) -> tuple[int, list[str]]:

@@ -53,6 +53,10 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
                                       (model.checkpoint_quantization or {}).get("kv_cache_quant_algo"),
                                       is_checkpoint)
     warnings = check_target_supports(target, precision, kv_dtype, tp, pp, arch)
+    if model.checkpoint_sparsity and not server.sparse_kernels:
+        warnings.append(f"{model.checkpoint_sparsity} sparse checkpoint on the {server.name} backend, which has no "
+                        "sparse kernels: it runs as dense weights half of them zero (the quality is the sparse "
+                        "model's; speed and memory are the dense model's)")
     # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
     check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
     max_context = choose_max_context(workload, arch)

@@ -4,6 +4,7 @@ embedded Triton servers. The helpers they use are in tests/support/."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("TRTPIPE_MODEL_DIR", None)
 
 from support.marks import mark_what_runs  # noqa: E402
-from support.models import QWEN_VARIANTS, TINY_VARIANTS, tiny_cpu_checkpoint, variant_factory  # noqa: E402
+from support.models import (  # noqa: E402
+    QWEN_VARIANTS,
+    TINY_VARIANTS,
+    make_tiny_model,
+    tiny_cpu_checkpoint,
+    variant_factory,
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -109,11 +116,46 @@ def no_aic(monkeypatch):
     monkeypatch.setattr(performance, "aic", missing)
 
 
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory, smollm2_hf_dir) -> Path:
+    """A random tiny Llama (GQA) with SmolLM2's vocabulary and tokenizer, so real text tokenizes (calibrate,
+    sparsify, distill)."""
+    d = make_tiny_model(tmp_path_factory.mktemp("tiny-calib"), vocab_size=49152, num_attention_heads=8,
+                        num_key_value_heads=2, max_position_embeddings=128)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(smollm2_hf_dir / name, d / name)
+    return d
 
 
+@pytest.fixture(scope="session")
+def tiny_ckpt(tiny_hf, tmp_path_factory) -> Path:
+    """tiny_hf's float32 checkpoint."""
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    return convert_model(resolve_model(str(tiny_hf)), tmp_path_factory.mktemp("tiny-ck") / "ckpt",
+                         dtype="float32", progress=False).path
 
 
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory) -> Path:
+    """40 documents of the offline corpus's calibration split, as a .txt dataset."""
+    from pipeline.evaluate import corpus_split
+
+    path = tmp_path_factory.mktemp("data") / "calib.txt"
+    path.write_text("\n".join(corpus_split(seed=0)[0][:40]) + "\n")
+    return path
 
 
+@pytest.fixture(scope="session")
+def tiny_sparse_ckpt(tiny_ckpt, text_file, tmp_path_factory) -> Path:
+    """tiny_ckpt pruned 2:4 by `trtpipe sparsify` (SparseGPT on text_file), with its dense/sparse perplexity."""
+    from click.testing import CliRunner
 
+    from pipeline.cli import main
 
+    out = tmp_path_factory.mktemp("sparse") / "ckpt-24"
+    result = CliRunner().invoke(main, ["sparsify", str(tiny_ckpt), "-o", str(out), "--dataset", str(text_file),
+                                       "--samples", "6", "--seq-len", "48", "--eval-samples", "3", "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out

@@ -71,3 +71,43 @@ def test_tune_takes_a_gpu_dry_run_build(model, fake_load, tmp_path):  # noqa: F8
     assert result.exit_code == 0, result.output
     assert len(fake.repos) == 2
     assert load_plan(out / "tune" / "result" / "plan.json").build_config == load_plan(out / "plan.json").build_config
+
+
+@pytest.mark.slow
+def test_a_sparse_distilled_cpu_build_validates_against_its_own_sparse_model(model, fake_load, tmp_path):  # noqa: F811
+    """convert -> sparsify -> distill -> calibrate -> plan -> deploy -> validate, then tune: the golden reference
+    is the sparse model (a dense one would fail every sparse build), and the zeros reach the served checkpoint."""
+    from safetensors.torch import load_file
+
+    from pipeline.sparsity.pattern import dense_groups
+
+    out = build(model, tmp_path / "sparse", "cpu", "fp8", "--sparsity", "2:4", "--distill-tokens", "2048", "--json")
+    summary = json.loads((out / "build.json").read_text())
+    stages = [s["stage"] for s in summary["stages"]]
+    assert stages[:5] == ["convert", "sparsify", "distill", "export", "calibrate"] and summary["passed"] is True
+    assert load_plan(out / "plan.json").model.checkpoint_sparsity == "2:4"
+    assert any("no sparse kernels" in w for w in load_plan(out / "plan.json").warnings)
+    served = load_file(out / "checkpoint-fp8" / "rank0.safetensors")
+    assert all(dense_groups(v.float()) == 0 for k, v in served.items()
+               if k.startswith("transformer.layers.") and k.endswith(".weight") and v.dim() == 2)
+    fake = fake_load()
+    assert tune(out).exit_code == 0 and len(fake.repos) == 2
+
+
+@pytest.mark.slow
+def test_a_sparse_gpu_dry_run_writes_the_weight_sparsity_build(model, tmp_path):
+    out = build(model, tmp_path / "gpu-sparse", "rtx4090", "fp16", "--sparsity", "2:4", "--dry-run")
+    assert "--weight_sparsity" in (out / "engine" / "trtllm-build.sh").read_text()
+    plan = load_plan(out / "plan.json")
+    assert plan.build_config.weight_sparsity and plan.plugin_config.gemm_plugin is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--distill-tokens", "100"], "give both"),
+    (["--sparsity", "2:4", "--distill-tokens", "0"], "--distill-tokens must be positive"),
+])
+def test_compression_flags_are_checked_before_any_work(model, args, says, tmp_path):
+    result = CliRunner().invoke(main, ["build", str(model), "--target", "cpu", "--precision", "fp8", "-o",
+                                       str(tmp_path / "out"), *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "out").exists()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,38 +17,8 @@ from pipeline.calibrate.smoothquant import smoothing_vector
 from pipeline.calibrate.trtcache import read_calibration_cache
 from pipeline.cli import main
 from pipeline.errors import UserError
-from support.models import make_tiny_model
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
-
-
-@pytest.fixture(scope="session")
-def tiny_hf(tmp_path_factory, smollm2_hf_dir) -> Path:
-    """A random tiny Llama (GQA) with SmolLM2's vocabulary and tokenizer, so real text tokenizes."""
-    d = make_tiny_model(tmp_path_factory.mktemp("tiny-calib"), vocab_size=49152, num_attention_heads=8,
-                        num_key_value_heads=2, max_position_embeddings=128)
-    for name in TOKENIZER_FILES:
-        shutil.copy(smollm2_hf_dir / name, d / name)
-    return d
-
-
-@pytest.fixture(scope="session")
-def tiny_ckpt(tiny_hf, tmp_path_factory) -> Path:
-    from pipeline.convert import convert_model
-    from pipeline.sources import resolve_model
-
-    return convert_model(resolve_model(str(tiny_hf)), tmp_path_factory.mktemp("tiny-ck") / "ckpt",
-                         dtype="float32", progress=False).path
-
-
-@pytest.fixture(scope="session")
-def text_file(tmp_path_factory) -> Path:
-    from pipeline.evaluate import corpus_split
-
-    path = tmp_path_factory.mktemp("data") / "calib.txt"
-    path.write_text("\n".join(corpus_split(seed=0)[0][:40]) + "\n")
-    return path
 
 
 def run_calibrate(ckpt: Path, out: Path, precision: str, data: Path, **kw):

@@ -167,6 +167,8 @@ args = sys.argv[1:]
 out = pathlib.Path(args[args.index("--output_dir") + 1])
 build = json.loads(pathlib.Path(args[args.index("--build_config") + 1]).read_text())
 print("[TRT-LLM] [I] Set dtype to float16.")
+if LOG:
+    print(LOG)
 if MODE == "fail":
     print("[TRT-LLM] [E] fake-trtllm-build: CUDA out of memory while building layer 3", file=sys.stderr)
     sys.exit(3)
@@ -178,13 +180,15 @@ if MODE == "build":
 """
 
 
-def pretend_gpu_box(monkeypatch, bindir: Path, mode: str = "build", sm: int = 89, **overrides) -> None:
-    """This machine as an RTX 4090 box with TensorRT-LLM 1.2.1, whose trtllm-build (a fake on PATH) fails
-    (mode "fail": message on stderr, exit 3), writes no engine ("no-engine"), or writes rank0.engine and
-    config.json with the --build_config it was given, `overrides` changed ("build")."""
+def pretend_gpu_box(monkeypatch, bindir: Path, mode: str = "build", sm: int = 89, log: str = "",
+                    **overrides) -> None:
+    """This machine as an RTX 4090 box with TensorRT-LLM 1.2.1, whose trtllm-build (a fake on PATH) prints `log`,
+    then fails (mode "fail": message on stderr, exit 3), writes no engine ("no-engine"), or writes rank0.engine
+    and config.json with the --build_config it was given, `overrides` changed ("build")."""
     bindir.mkdir(parents=True, exist_ok=True)
     script = bindir / "trtllm-build"
-    script.write_text(f"#!{sys.executable}\nMODE = {mode!r}\nOVERRIDES = {overrides!r}\n{FAKE_TRTLLM_BUILD}")
+    script.write_text(f"#!{sys.executable}\nMODE = {mode!r}\nOVERRIDES = {overrides!r}\nLOG = {log!r}\n"
+                      f"{FAKE_TRTLLM_BUILD}")
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(compile_module, "missing_build_requirements", lambda: None)
@@ -402,3 +406,80 @@ def test_compile_onnx_writes_trtexec_next_to_trtllm_build(fp16_checkpoint, gpu_p
     bad = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o",
                                     str(tmp_path / "e2"), "--dry-run", "--onnx", str(tmp_path)])
     assert bad.exit_code == 2 and "no readable genai_config.json" in bad.output and not (tmp_path / "e2").exists()
+
+
+# -- 2:4 sparse checkpoints on the engine path ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sparse_fp16_checkpoint(fp16_checkpoint, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("compile-sparse") / "ckpt-24"
+    result = CliRunner().invoke(main, ["sparsify", str(fp16_checkpoint), "-o", str(out), "--method", "magnitude",
+                                       "--eval-samples", "0", "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def sparse_plan(checkpoint: Path, precision: str = "fp16"):
+    return make_plan(resolve_model_info(str(checkpoint)), get_target("rtx4090"), precision, "auto", 1,
+                     Workload(input_len=64, output_len=32, concurrency=16))
+
+
+def test_a_sparse_checkpoint_plans_weight_sparsity_with_the_gemm_plugin_off(sparse_fp16_checkpoint, gpu_plan):
+    plan = sparse_plan(sparse_fp16_checkpoint)
+    assert plan.model.checkpoint_sparsity == "2:4" and plan.build_config.weight_sparsity is True
+    assert plan.plugin_config.gemm_plugin is None and gpu_plan.plugin_config.gemm_plugin == "auto"
+    assert any("assumes no speedup" in w and "#1913" in w for w in plan.warnings)
+    assert any(w.startswith("gemm plugin off") for w in plan.warnings)
+    # no throughput is promised for the zeros: the same prediction as the dense plan's
+    assert plan.to_dict()["performance"] == gpu_plan.to_dict()["performance"]
+    assert not gpu_plan.build_config.weight_sparsity and not any("sparse" in w for w in gpu_plan.warnings)
+
+
+def test_the_sparse_command_passes_weight_sparsity(sparse_fp16_checkpoint, tmp_path):
+    plan = sparse_plan(sparse_fp16_checkpoint)
+    result = compile_engine(sparse_fp16_checkpoint, plan, tmp_path / "engine", dry_run=True)
+    assert_valid_trtllm_build_argv(result.command)
+    assert "--weight_sparsity" in result.command and result.build_config["weight_sparsity"] is True
+    assert result.command[result.command.index("--gemm_plugin") + 1] == "disable"
+
+
+def test_sparse_and_dense_checkpoints_are_not_each_others_plan(sparse_fp16_checkpoint, fp16_checkpoint, gpu_plan,
+                                                              tmp_path):
+    for checkpoint, plan, says in ((fp16_checkpoint, sparse_plan(sparse_fp16_checkpoint),
+                                    "sparsity dense (plan: 2:4, built with --weight_sparsity)"),
+                                   (sparse_fp16_checkpoint, gpu_plan, "sparsity 2:4 (plan: dense)")):
+        plan_path = save_plan(plan, tmp_path / "plan.json")
+        result = CliRunner().invoke(main, ["compile", str(checkpoint), "--plan", str(plan_path), "-o",
+                                           str(tmp_path / "engine"), "--dry-run"])
+        assert result.exit_code == 2 and says in result.output, result.output
+        assert not (tmp_path / "engine").exists()
+
+
+SPARSE_LOG = ("[12/03/2026-09:00:00] [TRT] [I] (Sparsity) Layers eligible for sparse math: "
+              "transformer.layers.0.mlp.fc, transformer.layers.0.mlp.proj, transformer.layers.1.mlp.fc\n"
+              "[12/03/2026-09:00:01] [TRT] [I] (Sparsity) TRT inference plan picked sparse implementation for "
+              "layers: {picked}")
+
+
+@pytest.mark.parametrize("log, picked, warning", [
+    (SPARSE_LOG.format(picked="transformer.layers.0.mlp.proj"), ["transformer.layers.0.mlp.proj"], None),
+    (SPARSE_LOG.format(picked=""), [], "picked the dense tactic for every one"),
+    ("", [], "logged no sparsity lines"),
+])
+def test_a_real_sparse_build_records_the_layers_that_went_sparse(log, picked, warning, sparse_fp16_checkpoint,
+                                                                 tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin", log=log)
+    plan_path = save_plan(sparse_plan(sparse_fp16_checkpoint), tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["compile", str(sparse_fp16_checkpoint), "--plan", str(plan_path), "-o",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((out / "manifest.json").read_text())["sparsity"]
+    assert recorded["pattern"] == "2:4" and recorded["picked"] == picked
+    assert recorded["eligible"] == ([] if not log else ["transformer.layers.0.mlp.fc", "transformer.layers.0.mlp.proj",
+                                                        "transformer.layers.1.mlp.fc"])
+    if warning is None:
+        assert recorded["warning"] is None and "WARNING" not in result.output
+    else:
+        assert warning in recorded["warning"] and "WARNING" in result.output and warning in result.output
+

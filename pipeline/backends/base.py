@@ -40,6 +40,7 @@ class Backend(Protocol):
     checkpoint_format: str           # deploy's --checkpoint: TRTLLM_CHECKPOINT | HF_CHECKPOINT
     batching: str                    # STATIC_BATCHING | INFLIGHT_BATCHING
     request_priorities: bool         # its scheduler starts a request by its `priority` (Triton's priority levels)
+    sparse_kernels: bool             # can run 2:4 weights on sparse kernels (TensorRT's SPARSE_WEIGHTS tactics)
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

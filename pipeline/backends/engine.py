@@ -94,6 +94,7 @@ class EngineBackend:
     layout = INFLIGHT_BATCHER
     batching = INFLIGHT_BATCHING
     request_priorities = False   # tensorrtllm builds executor::Request without one (docs/upstream-facts.md)
+    sparse_kernels = True        # trtllm-build --weight_sparsity: TensorRT times sparse tactics per layer
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
 
@@ -191,6 +192,31 @@ def choose_plugins(precision: str, kv_cache_dtype: str, dtype: str, target: Targ
     return plugin, warnings
 
 
+def choose_weight_sparsity(pattern: str | None, precision: str, plugin: PluginConfig) -> tuple[bool, list[str]]:
+    """`--weight_sparsity` for a checkpoint that claims 2:4, with the gemm plugin off (so `plugin` changes) and
+    the warnings that say what it costs and what it does not promise.
+
+    The flag only lets TensorRT time sparse tactics against dense ones per layer; a GEMM in a plugin (the gemm
+    plugin's cuBLASLt, SmoothQuant's plugin) never sees one (docs/sparsity.md). No speedup is planned for.
+    """
+    if pattern is None:
+        return False, []
+    warnings = [f"{pattern} sparse checkpoint: built with --weight_sparsity; TensorRT keeps a sparse tactic only "
+                "where it times faster than the dense one, and on an RTX 4090 it picked none for FP8 Llama-3-8B "
+                "(TensorRT-LLM #1913): this plan assumes no speedup; compile's engine manifest lists the layers "
+                "that went sparse"]
+    if plugin.gemm_plugin is not None:
+        plugin.gemm_plugin = None
+        warnings.append("gemm plugin off (its cuBLASLt GEMMs have no sparse tactics): NVIDIA recommends it for "
+                        "FP16/BF16 GEMMs, so a layer TensorRT keeps dense may run slower than with it; unmeasured "
+                        "here, and not in the throughput this plan predicts")
+    if precision == "int8-sq":
+        warnings.append("int8-sq: the SmoothQuant GEMMs run in TensorRT-LLM's SmoothQuant plugin "
+                        "(smooth_quant_plugins, on by default), which has no sparse tactics: expect no quantized "
+                        "linear to go sparse")
+    return True, warnings
+
+
 def _round_down_to_blocks(tokens: int, tokens_per_block: int) -> int:
     return tokens // tokens_per_block * tokens_per_block
 
@@ -222,6 +248,8 @@ def plan_engine(request: PlanRequest) -> Plan:
                                                  overrides.opt_num_tokens)
     plugin, plugin_warnings = choose_plugins(precision, kv_dtype, dtype, target, tp, overrides, multiple_profiles)
     warnings += plugin_warnings
+    sparse, sparse_warnings = choose_weight_sparsity(model.checkpoint_sparsity, precision, plugin)
+    warnings += sparse_warnings
     if overrides.enable_kv_cache_reuse and not plugin.use_paged_context_fmha:
         raise UserError("--kv-cache-reuse needs an engine built with paged context FMHA, which this plan "
                         "does not have (tensorrtllm_backend#271: \"When KV cache block reuse is set, model "
@@ -317,7 +345,8 @@ def plan_engine(request: PlanRequest) -> Plan:
         opt_num_tokens = min(batch, max_num_tokens)   # check_max_num_tokens' own default, made explicit
 
     build = BuildConfig(max_input_len=max_input_len, max_seq_len=max_seq_len, max_batch_size=batch,
-                        max_beam_width=1, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens)
+                        max_beam_width=1, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
+                        weight_sparsity=sparse)
     reuse = overrides.enable_kv_cache_reuse
     reuse = plugin.use_paged_context_fmha if reuse is None else reuse
     triton = TritonParams(

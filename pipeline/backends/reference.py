@@ -73,6 +73,7 @@ class ReferenceBackend:
     layout = INFLIGHT_BATCHER
     batching = INFLIGHT_BATCHING
     request_priorities = True    # pipeline/runtime/scheduler.py
+    sparse_kernels = False       # torch / ONNX Runtime dense matmuls: a 2:4 checkpoint runs as its zeros
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 

@@ -32,6 +32,7 @@ class ReferenceLlmapiBackend:
     layout = LLMAPI
     batching = STATIC_BATCHING
     request_priorities = False   # its cpu model generates each batch to its end, in arrival order
+    sparse_kernels = False       # the reference runtime's dense matmuls
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
 

@@ -90,10 +90,15 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--output-len", type=click.IntRange(1), default=None, help="Typical generated length (default 256).")
 @click.option("--max-context", type=click.IntRange(2), default=None,
               help="Longest prompt + output a request may have (default: min(model context, 8192)).")
+@click.option("--sparsity", type=click.Choice(["2:4"]), default=None,
+              help="Prune the converted checkpoint to 2:4 (SparseGPT) before calibration; on a GPU target the "
+              "engine is built with --weight_sparsity (no speedup assumed: docs/sparsity.md).")
+@click.option("--distill-tokens", type=int, default=None,
+              help="With --sparsity: distill the sparse checkpoint from the dense one on this many tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
-          device, backend, k8s_manifests, input_len, output_len, max_context, as_json):
-    """Run every stage: convert, calibrate, plan, compile, deploy, validate.
+          device, backend, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens, as_json):
+    """Run every stage: convert, [sparsify, distill,] calibrate, plan, compile, deploy, validate.
 
     \b
     Each stage is skipped when its manifest shows unchanged inputs. Exit 0 only when validation passed
@@ -102,6 +107,7 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
       trtpipe build smollm2-135m --target cpu --precision fp8 -o out/smollm2
       trtpipe build llama-3-8b --target rtx4090 --precision fp8 --dry-run
       trtpipe build llama-3-8b --target rtx4090 --precision fp8 --backend pytorch
+      trtpipe build smollm2-135m --target cpu --precision fp8 --sparsity 2:4 --distill-tokens 100000
       trtpipe build --matrix trtpipe.toml --only smollm2-cpu-fp8
     """
     from ..build import BuildOptions, build as run_build
@@ -112,6 +118,9 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
             raise UserError("--k8s writes one build's manifests: run `trtpipe k8s BUILD` for each matrix build")
         if backend is not None:
             raise UserError("--backend chooses one build's backend; a matrix build takes its matrix's settings")
+        if (sparsity, distill_tokens) != (None, None):
+            raise UserError("--sparsity and --distill-tokens compress one build; a matrix build takes its matrix's "
+                            "settings")
         if (input_len, output_len, max_context) != (None, None, None):
             raise UserError("--input-len, --output-len and --max-context plan one build; a matrix build takes its "
                             "matrix's settings")
@@ -122,13 +131,15 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
     if only:
         raise UserError("--only selects builds of a matrix: give --matrix FILE with it")
     safe_name = Path(model).name.replace(".gguf", "")
-    out = out or Path("out") / (f"{safe_name}-{target}-{precision}" + (f"-{backend}" if backend else ""))
+    out = out or Path("out") / (f"{safe_name}-{target}-{precision}" + (f"-{backend}" if backend else "")
+                                + ("-sparse" if sparsity else ""))
     lengths = {k: v for k, v in (("input_len", input_len), ("output_len", output_len), ("max_context", max_context))
                if v is not None}
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
                            dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
                            calibration_samples=samples, device=device, progress=not as_json, backend=backend,
-                           workload=Workload(**lengths) if lengths else None)
+                           workload=Workload(**lengths) if lengths else None, sparsity=sparsity,
+                           distill_tokens=distill_tokens)
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:

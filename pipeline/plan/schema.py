@@ -86,6 +86,7 @@ class ModelInfo:
     checkpoint_quantization: dict | None = None   # a checkpoint's config.json `quantization`
     checkpoint_tp_size: int | None = None
     checkpoint_pp_size: int | None = None
+    checkpoint_sparsity: str | None = None        # a checkpoint's 2:4 claim (its pattern), None: dense
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "source": self.source, "path": self.path, **self.arch.to_dict()}
@@ -93,6 +94,7 @@ class ModelInfo:
             d["checkpoint_quantization"] = self.checkpoint_quantization
             d["checkpoint_tp_size"] = self.checkpoint_tp_size
             d["checkpoint_pp_size"] = self.checkpoint_pp_size
+            d["checkpoint_sparsity"] = self.checkpoint_sparsity
         return d
 
     @classmethod
@@ -102,7 +104,8 @@ class ModelInfo:
                    arch=ModelArch(**{k: v for k, v in d.items() if k in arch_keys}),
                    checkpoint_quantization=d.get("checkpoint_quantization"),
                    checkpoint_tp_size=d.get("checkpoint_tp_size"),
-                   checkpoint_pp_size=d.get("checkpoint_pp_size"))
+                   checkpoint_pp_size=d.get("checkpoint_pp_size"),
+                   checkpoint_sparsity=d.get("checkpoint_sparsity"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,7 +393,8 @@ def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
         cfg = CheckpointConfig.read(path)
         return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()), arch=cfg.arch,
                          checkpoint_quantization=cfg.quantization, checkpoint_tp_size=cfg.layout.tp,
-                         checkpoint_pp_size=cfg.layout.pp)
+                         checkpoint_pp_size=cfg.layout.pp,
+                         checkpoint_sparsity=None if cfg.sparsity is None else cfg.sparsity.pattern)
     from ..sources import resolve_model
 
     source = resolve_model(spec, model_dir)

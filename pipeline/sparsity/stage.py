@@ -145,7 +145,7 @@ def check_input(checkpoint: Path, options: SparsifyOptions) -> CheckpointConfig:
     for name, width in sizes_per_rank.items():
         check_width(name, width)
     context = cfg.arch.max_position_embeddings
-    if context and options.recipe.seq_len > context:
+    if options.method == "sparsegpt" and context and options.recipe.seq_len > context:
         raise UserError(f"--seq-len {options.recipe.seq_len} is longer than the model's context "
                         f"(max_position_embeddings={context}); use at most {context}")
     return cfg
