@@ -34,6 +34,7 @@ import json
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
@@ -351,9 +352,7 @@ def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu:
     if plan.build_config.weight_sparsity:
         layers = sparse_layers(log_lines)
         if layers.warning():
-            from rich.console import Console
-
-            Console(stderr=True).print(layers.warning(), style="bold red", markup=False, highlight=False)
+            print(layers.warning(), file=sys.stderr, flush=True)
         built["sparsity"] = {"pattern": plan.model.checkpoint_sparsity, **layers.to_dict(),
                              "warning": layers.warning()}
     return built

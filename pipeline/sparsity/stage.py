@@ -93,10 +93,11 @@ def sparsify_checkpoint(checkpoint: Path, out: Path, options: SparsifyOptions) -
         from ..runtime import LayerStream, perplexity, resolve_device
 
         device = resolve_device(options.device)
-        tokenizer = load_tokenizer(checkpoint)
+        needs_text = options.method == "sparsegpt" or options.eval_samples > 0
+        tokenizer = load_tokenizer(checkpoint) if needs_text else None     # magnitude without eval reads no text
         samples = (tokenize_samples(load_texts(options.recipe), tokenizer, options.recipe)
                    if options.method == "sparsegpt" else [])
-        heldout = heldout_sequences(tokenizer, options.eval_samples)
+        heldout = heldout_sequences(tokenizer, options.eval_samples) if needs_text else []
         stream = LayerStream(checkpoint, device)
         dense = perplexity(stream, heldout, window=EVAL_WINDOW, progress=options.progress,
                            desc="perplexity (dense)") if heldout else None
@@ -111,7 +112,8 @@ def sparsify_checkpoint(checkpoint: Path, out: Path, options: SparsifyOptions) -
         else:                      # magnitude: no statistics, no pass
             pruner.prune_without_data(stream)
         writer.close(cfg.with_sparsity(claim))
-        shutil.copytree(checkpoint / "tokenizer", output.dir / "tokenizer")
+        if (checkpoint / "tokenizer").is_dir():
+            shutil.copytree(checkpoint / "tokenizer", output.dir / "tokenizer")
         ppl = None
         if dense is not None:
             sparse = perplexity(LayerStream(output.dir, device), heldout, window=EVAL_WINDOW,
