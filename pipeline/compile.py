@@ -351,10 +351,10 @@ def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu:
              "versions": {name: installed_version(name) for name in ("tensorrt_llm", "tensorrt")}}
     if plan.build_config.weight_sparsity:
         layers = sparse_layers(log_lines)
-        if layers.warning():
-            print(layers.warning(), file=sys.stderr, flush=True)
-        built["sparsity"] = {"pattern": plan.model.checkpoint_sparsity, **layers.to_dict(),
-                             "warning": layers.warning()}
+        warning = layers.warning()
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        built["sparsity"] = {"pattern": plan.model.checkpoint_sparsity, **layers.to_dict(), "warning": warning}
     return built
 
 
