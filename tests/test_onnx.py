@@ -19,7 +19,7 @@ from pipeline.onnx.export import ExportOptions, export_onnx
 from pipeline.onnx.runner import OrtDecoder
 from pipeline.runtime import ReferenceModel, SamplingConfig, perplexity
 
-from test_calibrate import run_calibrate, text_file, tiny_ckpt, tiny_hf  # noqa: F401  (session fixtures)
+from test_calibrate import run_calibrate
 
 REL = 1e-4
 
