@@ -19,7 +19,10 @@ trtllm-build 1.2.x semantics this relies on (tensorrt_llm/commands/build.py): wh
 is given, the max_* command-line options are ignored and `BuildConfig.from_json_file(path,
 plugin_config=<PluginConfig from the plugin flags>)` is used, the JSON's `plugin_config` updating the
 flag-built one (pydantic `model_copy(update=...)`, so the JSON holds real values: true/false/null).
-The plugin flags are therefore passed too, with the same values, so both routes agree.
+The plugin flags are therefore passed too, with the same values, so both routes agree; so is
+`--profiling_verbosity`, also written into the JSON (`from_dict` takes it from there, default layer_names_only).
+After a real `detailed` build TensorRT's engine inspector summarises each rank's layers in the manifest
+(`pipeline/engine_inspect.py`).
 
 The real-build adapter has only run here against a fake `trtllm-build` (tests/test_compile.py): there is
 no GPU and TensorRT-LLM does not install on this machine. It is unverified until `trtpipe doctor` passes
@@ -40,6 +43,7 @@ from enum import Enum
 from pathlib import Path
 
 from .backends import backend_for
+from .engine_inspect import DEFAULT_PROFILING_VERBOSITY, INSPECTED_VERBOSITY, PROFILING_VERBOSITIES, inspect_engines
 from .errors import UserError
 from .onnx.trtexec import TRTEXEC_FILE, trtexec_for_export
 from .outputs import fingerprint_inputs, read_manifest, stage_output
@@ -125,9 +129,11 @@ class CompileResult:
                 "skipped": self.skipped, "reason": self.reason, "output_tail": self.output_tail}
 
 
-def build_config_json(plan: Plan) -> dict:
-    """The `--build_config` file: BuildConfig fields with the PluginConfig under `plugin_config`."""
+def build_config_json(plan: Plan, profiling_verbosity: str = DEFAULT_PROFILING_VERBOSITY) -> dict:
+    """The `--build_config` file: BuildConfig fields with the PluginConfig under `plugin_config`. With
+    `--build_config` trtllm-build ignores its --profiling_verbosity flag, so the JSON carries it too."""
     config = asdict(plan.build_config)
+    config["profiling_verbosity"] = profiling_verbosity
     config["plugin_config"] = asdict(plan.plugin_config)
     return config
 
@@ -141,9 +147,10 @@ def _flag_value(value) -> str:
 
 
 def trtllm_build_command(plan: Plan, checkpoint_dir: Path, engine_dir: Path, build_config_path: Path,
-                         workers: int = 1) -> list[str]:
+                         workers: int = 1, profiling_verbosity: str = DEFAULT_PROFILING_VERBOSITY) -> list[str]:
     argv = ["trtllm-build", "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(engine_dir),
-            "--build_config", str(build_config_path), "--workers", str(workers), "--log_level", "info"]
+            "--build_config", str(build_config_path), "--workers", str(workers), "--log_level", "info",
+            "--profiling_verbosity", profiling_verbosity]   # in the --build_config JSON too (it wins)
     for name, value in asdict(plan.plugin_config).items():
         if name in CLI_PLUGIN_ARGS:
             argv += [f"--{name}", _flag_value(value)]
@@ -212,9 +219,11 @@ def check_engine_config(engine_dir: Path, plan: Plan) -> None:
 
 
 def compile_engine(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
-                   force: bool = False, onnx: Path | None = None) -> CompileResult:
+                   force: bool = False, onnx: Path | None = None,
+                   profiling_verbosity: str = DEFAULT_PROFILING_VERBOSITY) -> CompileResult:
     """`compile_checkpoint` for the command line: an engine that was not built is an error."""
-    result = compile_checkpoint(checkpoint, plan, out, dry_run=dry_run, workers=workers, force=force, onnx=onnx)
+    result = compile_checkpoint(checkpoint, plan, out, dry_run=dry_run, workers=workers, force=force, onnx=onnx,
+                                profiling_verbosity=profiling_verbosity)
     if result.status is CompileStatus.NOT_BUILT_HERE:
         raise UserError(f"{not_built_here_message(result, plan)}\n{result.shell_command}")
     if result.status is CompileStatus.FAILED:
@@ -230,20 +239,24 @@ def not_built_here_message(result: CompileResult, plan: Plan) -> str:
 
 
 def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool = False, workers: int = 1,
-                       force: bool = False, onnx: Path | None = None) -> CompileResult:
+                       force: bool = False, onnx: Path | None = None,
+                       profiling_verbosity: str = DEFAULT_PROFILING_VERBOSITY) -> CompileResult:
     """Write the command and build config into `out`, and build the engine when this machine can. With
     `onnx` (an `export-onnx` directory) also write the classic TensorRT build of that graph, trtexec.sh:
-    written only, never run (no TensorRT here; unverified)."""
+    written only, never run (no TensorRT here; unverified). `profiling_verbosity` is trtllm-build's; a real
+    `detailed` build is also inspected (`engine_inspect`)."""
     if not backend_for(plan.backend).builds_engine or plan.build_config is None or plan.plugin_config is None:
         raise UserError(f"the plan's backend is {plan.backend} ({plan.target.name} target), which builds no "
                         "engine; deploy the checkpoint directly: trtpipe deploy --checkpoint CHECKPOINT --plan "
                         "PLAN -o REPO")
     if workers < 1:
         raise UserError("--workers must be at least 1")
+    if profiling_verbosity not in PROFILING_VERBOSITIES:
+        raise UserError(f"profiling verbosity {profiling_verbosity!r} is not one of {', '.join(PROFILING_VERBOSITIES)}")
     checkpoint, out = Path(checkpoint).absolute(), Path(out).absolute()
     check_checkpoint_matches_plan(checkpoint, plan)
-    config = build_config_json(plan)
-    command = trtllm_build_command(plan, checkpoint, out, out / BUILD_CONFIG_FILE, workers)
+    config = build_config_json(plan, profiling_verbosity)
+    command = trtllm_build_command(plan, checkpoint, out, out / BUILD_CONFIG_FILE, workers, profiling_verbosity)
     trtexec = None if onnx is None else trtexec_for_export(plan, Path(onnx), str(out / "model.plan"))
     missing = None if dry_run else missing_build_requirements()
     status = (CompileStatus.DRY_RUN if dry_run else
@@ -266,8 +279,8 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
                 (tmp / TRTEXEC_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile --onnx: TensorRT's build of "
                                                 "the exported graph (unverified: never run by trtpipe).\n"
                                                 f"exec {shlex.join(trtexec)}\n")
-            output.extra.update(build_with_trtllm(command, tmp, out, plan, gpu) if gpu is not None
-                                else {"dry_run": True})
+            output.extra.update(build_with_trtllm(command, tmp, out, plan, gpu, profiling_verbosity)
+                                if gpu is not None else {"dry_run": True})
     except EngineBuildFailed as exc:  # the partial output is gone; the result carries why
         return CompileResult(out, command, config, CompileStatus.FAILED, reason=exc.reason,
                              output_tail=exc.output_tail)
@@ -323,11 +336,14 @@ def check_gpu_is_the_target(plan: Plan) -> dict:
     return gpu
 
 
-def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu: dict) -> dict:
+def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu: dict,
+                      profiling_verbosity: str = DEFAULT_PROFILING_VERBOSITY) -> dict:
     """Run trtllm-build into `tmp` (the command names `out`, so it is rewritten) and check what it wrote.
 
     Raises EngineBuildFailed when it cannot be run, exits non-zero, leaves out a rank's engine or writes
-    an engine config that disagrees with the plan (the builder overrides some settings silently).
+    an engine config that disagrees with the plan (the builder overrides some settings silently). After a
+    `detailed` build, each rank's engine is inspected (rankN.layers.json, the manifest's `inspection`); an
+    inspection that cannot run is recorded and warned about, not a failed build.
     """
     argv = [str(tmp) if a == str(out) else str(tmp / Path(a).name) if a == str(out / BUILD_CONFIG_FILE) else a
             for a in command]
@@ -355,6 +371,8 @@ def build_with_trtllm(command: list[str], tmp: Path, out: Path, plan: Plan, gpu:
         if warning:
             print(warning, file=sys.stderr, flush=True)
         built["sparsity"] = {"pattern": plan.model.checkpoint_sparsity, **layers.to_dict(), "warning": warning}
+    if profiling_verbosity == INSPECTED_VERBOSITY:
+        built["inspection"] = inspect_engines(tmp, ranks)
     return built
 
 

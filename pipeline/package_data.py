@@ -6,8 +6,8 @@ the source tree, beside `pipeline/`. The wheel carries them inside the package, 
 checkout (an editable install, the tests) at the top level: one copy in either case.
 
 `copy_model_support` puts the part of the package trtpipe's model.py files import (`MODEL_SUPPORT_FILES`:
-`pipeline/__init__.py`, constants only, and `pipeline/triton_names.py`, standard library only) beside a model.py
-in a repository, so the model imports that copy whatever trtpipe, if any, the server's Python has.
+`pipeline/__init__.py`, constants only, `pipeline/triton_names.py` and `pipeline/spans.py`, standard library only)
+beside a model.py in a repository, so the model imports that copy whatever trtpipe, if any, the server's Python has.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ MODEL_SOURCES = shipped_folder("model_repo")
 #: The calibration recipes (calibration/<name>.json).
 RECIPES = shipped_folder("calibration")
 #: What trtpipe's own model.py files import of the package (each puts its version directory first on sys.path).
-MODEL_SUPPORT_FILES = (PACKAGE_DIR / "__init__.py", PACKAGE_DIR / "triton_names.py")
+MODEL_SUPPORT_FILES = (PACKAGE_DIR / "__init__.py", PACKAGE_DIR / "triton_names.py", PACKAGE_DIR / "spans.py")
 
 
 def copy_model_support(version_dir: Path) -> None:
     """MODEL_SUPPORT_FILES into `version_dir` (a model's version directory, beside its model.py) as
-    `pipeline/__init__.py` and `pipeline/triton_names.py`."""
+    `pipeline/__init__.py`, `pipeline/triton_names.py` and `pipeline/spans.py`."""
     package = Path(version_dir) / PACKAGE_DIR.name
     package.mkdir(parents=True, exist_ok=True)
     for f in MODEL_SUPPORT_FILES:

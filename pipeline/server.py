@@ -301,12 +301,13 @@ def _launch(command: list[str], environment: dict[str, str], ports: tuple[int, i
 @contextmanager
 def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "127.0.0.1",
                     log_path: Path | None = None, ready_timeout: float = 600.0,
-                    model_control: str = "none") -> Iterator[TritonServer]:
+                    model_control: str = "none", environment: dict[str, str] | None = None) -> Iterator[TritonServer]:
     """Run tritonserver on `repo` until the block ends; yields once every model is ready.
 
     `http_port` None picks free ports; otherwise HTTP, gRPC and metrics use http_port, +1 and +2 (Triton's
     8000/8001/8002 convention). The log goes to `log_path` (default: a file in a temporary workspace that
-    is removed when the server stops, unless it stops on an error, whose message may name the log). The
+    is removed when the server stops, unless it stops on an error, whose message may name the log);
+    `environment` is added to the server's (trtpipe profile's capture directory). The
     server gets SIGTERM if the thread that started it dies, so start it from a thread that outlives its use
     (the main thread).
     """
@@ -327,7 +328,7 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
     server, failed = None, True
     try:
         backends = prepare_backends(dist, workspace)
-        environment = server_environment(dist, workspace)
+        environment = {**server_environment(dist, workspace), **(environment or {})}
         shm_prefix = f"trtpipe_{uuid.uuid4().hex[:12]}_"
         for attempt in range(3):
             ports = (http_port, http_port + 1, http_port + 2) if http_port else (free_port(), free_port(), free_port())

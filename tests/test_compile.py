@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -483,3 +484,148 @@ def test_a_real_sparse_build_records_the_layers_that_went_sparse(log, picked, wa
     else:
         assert warning in recorded["warning"] and "WARNING" in result.output and warning in result.output
 
+
+
+# -- engine inspection: trtllm-build --profiling_verbosity and TensorRT's engine inspector -------------------------
+# Unverified here: no TensorRT on this machine; `fake_tensorrt` stands in for NVIDIA's module.
+
+def _detailed_layers() -> dict:
+    """A synthetic `get_engine_information(LayerInformationFormat.JSON)` of a `detailed` engine: 2 + 1 GEMMs with
+    two tactics, 2 plugin layers reporting only a TacticValue, a reformat with none, and 12 Myelin layers each with
+    its own tactic (so the top-10 list is cut)."""
+    gemm = [{"Name": f"gemm{i}", "LayerType": "CaskGemm", "TacticName": name, "TacticValue": "0x1"}
+            for i, name in enumerate(["sm89_xmma_gemm_f16f16_f16f32_a", "sm89_xmma_gemm_f16f16_f16f32_a",
+                                      "sm89_xmma_gemm_f16f16_f16f32_b"])]
+    plugins = [{"Name": f"attn{i}", "LayerType": "PluginV2", "TacticName": "", "TacticValue": "0x0000000000000000"}
+               for i in range(2)]
+    myelin = [{"Name": f"myelin{i}", "LayerType": "Myelin", "TacticName": f"myelin_tactic_{i:02d}"} for i in range(12)]
+    reformat = [{"Name": "reformat0", "LayerType": "Reformat"}]
+    return {"Layers": gemm + plugins + myelin + reformat, "Bindings": ["input_ids", "logits"]}
+
+
+def fake_tensorrt(monkeypatch, info: dict) -> list:
+    """A `tensorrt` module in sys.modules whose engine inspector returns `info` as JSON; returns the list of the
+    engine bytes it was asked to deserialize (with the format asked for)."""
+    calls = []
+    trt = types.ModuleType("tensorrt")
+    trt.LayerInformationFormat = types.SimpleNamespace(JSON="JSON", ONELINE="ONELINE")
+
+    class Inspector:
+        def __init__(self, data):
+            self.data = data
+
+        def get_engine_information(self, fmt):
+            calls.append((self.data, fmt))
+            return json.dumps(info)
+
+    class Engine:
+        def __init__(self, data):
+            self.data = data
+
+        def create_engine_inspector(self):
+            return Inspector(self.data)
+
+    class Runtime:
+        def __init__(self, logger):
+            assert isinstance(logger, trt.Logger)
+
+        def deserialize_cuda_engine(self, data):
+            return Engine(data)
+
+    trt.Logger, trt.Runtime = type("Logger", (), {}), Runtime
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # its plugin library: not here either
+    return calls
+
+
+def _compile(checkpoint, plan, tmp_path, *args):
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    out = tmp_path / "engine"
+    return out, CliRunner().invoke(main, ["compile", str(checkpoint), "--plan", str(plan_path), "-o", str(out),
+                                          *args])
+
+
+def test_profiling_verbosity_reaches_the_command_and_the_build_config(fp16_checkpoint, gpu_plan, tmp_path):
+    default = trtllm_build_command(gpu_plan, Path("/ckpt"), tmp_path, tmp_path / BUILD_CONFIG_FILE)
+    assert default[default.index("--profiling_verbosity") + 1] == "layer_names_only"   # trtllm-build's default
+    assert build_config_json(gpu_plan)["profiling_verbosity"] == "layer_names_only"
+    out, result = _compile(fp16_checkpoint, gpu_plan, tmp_path, "--dry-run", "--profiling-verbosity", "detailed")
+    assert result.exit_code == 0, result.output
+    argv = shlex.split(result.output.splitlines()[0])   # the printed command
+    assert_valid_trtllm_build_argv(argv)
+    assert argv[argv.index("--profiling_verbosity") + 1] == "detailed"
+    # with --build_config trtllm-build takes the JSON's value, not the flag's: both say the same
+    assert json.loads((out / BUILD_CONFIG_FILE).read_text())["profiling_verbosity"] == "detailed"
+    assert "--profiling_verbosity detailed" in (out / COMMAND_FILE).read_text()
+
+
+def test_a_bad_profiling_verbosity_is_a_usage_error(fp16_checkpoint, gpu_plan, tmp_path):
+    out, result = _compile(fp16_checkpoint, gpu_plan, tmp_path, "--dry-run", "--profiling-verbosity", "verbose")
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: Invalid value for '--profiling-verbosity': 'verbose' is not one of "
+                      "'layer_names_only', 'detailed', 'none'."]
+    assert "Traceback" not in result.output and not out.exists()
+    with pytest.raises(UserError, match="profiling verbosity 'verbose' is not one of"):
+        compile_checkpoint(fp16_checkpoint, gpu_plan, out, dry_run=True, profiling_verbosity="verbose")
+
+
+def test_a_detailed_build_writes_each_ranks_layers_and_summarises_them(fp16_checkpoint, gpu_plan, tmp_path,
+                                                                       monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin")
+    calls = fake_tensorrt(monkeypatch, _detailed_layers())
+    out, result = _compile(fp16_checkpoint, gpu_plan, tmp_path, "--profiling-verbosity", "detailed")
+    assert result.exit_code == 0, result.output
+    assert calls == [(b"not really an engine", "JSON")]   # rank0.engine's bytes, JSON format
+    assert json.loads((out / "rank0.layers.json").read_text()) == _detailed_layers()
+    inspection = json.loads((out / "manifest.json").read_text())["inspection"]
+    assert inspection["ran"] is True and inspection["verified_here"] is False and "fake" in inspection["note"]
+    rank0 = inspection["ranks"]["rank0"]
+    assert rank0["file"] == "rank0.layers.json" and rank0["layers"] == 18 and rank0["names_only"] == 0
+    assert rank0["profiles"] == 1 and rank0["layers_all_profiles"] == 18
+    assert rank0["layer_types"] == {"Myelin": 12, "CaskGemm": 3, "PluginV2": 2, "Reformat": 1}
+    assert rank0["layers_with_tactic"] == 17   # all but the reformat; the plugins by TacticValue
+    # by count, ties in the engine's layer order, ten at most
+    assert rank0["top_tactics"] == [{"tactic": "sm89_xmma_gemm_f16f16_f16f32_a", "layers": 2},
+                                    {"tactic": "0x0000000000000000", "layers": 2},
+                                    {"tactic": "sm89_xmma_gemm_f16f16_f16f32_b", "layers": 1},
+                                    *({"tactic": f"myelin_tactic_{i:02d}", "layers": 1} for i in range(7))]
+    assert "WARNING" not in result.output
+
+
+def test_without_tensorrt_the_manifest_says_inspection_did_not_run(fp16_checkpoint, gpu_plan, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)   # `import tensorrt` raises ImportError
+    out, result = _compile(fp16_checkpoint, gpu_plan, tmp_path, "--profiling-verbosity", "detailed")
+    assert result.exit_code == 0, result.output   # the engine was built and checked: inspection is a diagnostic
+    inspection = json.loads((out / "manifest.json").read_text())["inspection"]
+    assert inspection["ran"] is False and "ranks" not in inspection and inspection["verified_here"] is False
+    assert inspection["reason"].startswith("the tensorrt Python module is not importable here")
+    assert f"WARNING: engine inspection did not run: {inspection['reason']}" in result.output
+    assert (out / "rank0.engine").is_file() and not list(out.glob("*.layers.json"))
+
+
+def test_layer_names_only_attempts_no_inspection(fp16_checkpoint, gpu_plan, tmp_path, monkeypatch):
+    pretend_gpu_box(monkeypatch, tmp_path / "bin")
+    calls = fake_tensorrt(monkeypatch, {"Layers": ["gemm0"]})
+    out, result = _compile(fp16_checkpoint, gpu_plan, tmp_path)   # the default: layer_names_only
+    assert result.exit_code == 0, result.output
+    assert calls == [] and "inspection" not in json.loads((out / "manifest.json").read_text())
+    assert not list(out.glob("*.layers.json"))
+
+
+def test_the_summary_of_names_only_and_of_several_profiles():
+    from pipeline.engine_inspect import summarise_layers
+
+    assert summarise_layers({"Layers": ["gemm0", "gemm1"], "Bindings": []}) == {
+        "layers": 2, "names_only": 2, "layer_types": {}, "layers_with_tactic": 0, "top_tactics": [],
+        "profiles": 1, "layers_all_profiles": 2}
+    # multiple_profiles: each profile's graph, all but the first suffixed "[profile N]"; the first is counted
+    layers = [{"Name": "gemm" + suffix, "LayerType": "CaskGemm", "TacticName": tactic}
+              for suffix, tactic in (("", "small"), (" [profile 1]", "mid"), (" [profile 12]", "large"))]
+    summary = summarise_layers({"Layers": [*layers, "gemm [profile 1]"]})
+    assert summary["layers"] == 1 and summary["layer_types"] == {"CaskGemm": 1}
+    assert summary["top_tactics"] == [{"tactic": "small", "layers": 1}]
+    assert summary["profiles"] == 3 and summary["layers_all_profiles"] == 4
+    with pytest.raises(ValueError, match="no \"Layers\" list"):
+        summarise_layers({"Bindings": []})

@@ -20,6 +20,7 @@ from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
 from pipeline.k8s import K8sOptions, monitoring as mon, scale_ratio, write_k8s
 from pipeline.k8s.dashboard import dashboard_expressions
+from pipeline import triton_metrics as gpu
 from pipeline.k8s.manifests import GPU_PRODUCTS, LOAD_BYTES_PER_S, SHM_PER_RANK, VOLUME_ROOT
 from pipeline.k8s.source import read_source
 from pipeline.plan import Workload, load_plan, resolve_model_info, save_plan
@@ -262,24 +263,93 @@ def used_expressions(out: Path) -> list[str]:
     return [*mon.rule_expressions(rule), *dashboard_expressions(board), hpa_metric]
 
 
+RECORDED = {mon.QUEUE_COMPUTE_RATIO, mon.QUEUE_AVERAGE, mon.COMPUTE_AVERAGE, mon.REQUEST_AVERAGE}
+KNOWN = (set(mon.TRITON) | set(mon.TRTLLM_BACKEND) | set(gpu.TRITON_GPU) | set(mon.DCGM_EXPORTER) | set(mon.CLUSTER)
+         | RECORDED | {mon.OUTPUT_TOKENS})   # OUTPUT_TOKENS: a series of the OUTPUT_TOKEN_LEN histogram
+
+
+def check_expression(expr: str) -> set[str]:
+    """The series `expr` reads, after checking it parses, names only monitoring's series and stays in this
+    deployment: its scrape job, or (dcgm-exporter's series, scraped under the exporter's job) its namespace and pods."""
+    names = selector_names(expr)
+    assert names <= KNOWN, names - KNOWN
+    if names & set(mon.DCGM_EXPORTER):
+        assert 'namespace="llm", pod=~"' in expr, expr
+    else:
+        assert 'job="llm/' in expr or expr == mon.QUEUE_COMPUTE_RATIO or mon.REPLICAS_UNAVAILABLE in expr, expr
+    return names
+
+
 def test_every_expression_parses_and_reads_only_known_series(written):
     rule = objects(written["cpu"])["PrometheusRule"]
     recorded = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
-    assert recorded == {mon.QUEUE_COMPUTE_RATIO, mon.QUEUE_AVERAGE, mon.COMPUTE_AVERAGE, mon.REQUEST_AVERAGE}
+    assert recorded == RECORDED
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {"TritonRequestFailureRate", "TritonQueueTimeHigh", "TensorRTLLMKVCacheFreeBlocksLow",
                       "TritonPodsNotReady"}
-    known = set(mon.TRITON) | set(mon.TRTLLM_BACKEND) | set(mon.TRITON_GPU) | set(mon.CLUSTER) | recorded | {
-        mon.OUTPUT_TOKENS}   # a series of the OUTPUT_TOKEN_LEN histogram
     used: set[str] = set()
     for out in written.values():
         for expr in used_expressions(out):
-            used |= selector_names(expr)
-            assert 'job="llm/' in expr or expr == mon.QUEUE_COMPUTE_RATIO or mon.REPLICAS_UNAVAILABLE in expr
-    assert used <= known, used - known
+            used |= check_expression(expr)
     # the dashboard shows each kind the issue lists
     assert {mon.REQUEST_FAILURE, mon.QUEUE_COMPUTE_RATIO, mon.TRTLLM_INFLIGHT, mon.TRTLLM_KV_BLOCKS,
-            mon.GPU_UTILIZATION, mon.GPU_MEMORY_USED, mon.GPU_POWER, mon.OUTPUT_TOKENS} <= used
+            gpu.GPU_UTILIZATION, gpu.GPU_MEMORY_USED, gpu.GPU_POWER, mon.OUTPUT_TOKENS, gpu.GPU_ENERGY,
+            mon.CPU_MEMORY_USED, *mon.DCGM_EXPORTER} <= used
+
+
+def board_panels(out: Path) -> dict[str, dict]:
+    """Title -> panel of the dashboard written in `out` (rows left out)."""
+    board = json.loads((out / "grafana-dashboard.json").read_text())
+    return {p["title"]: p for p in board["panels"] if p.get("type") != "row"}
+
+
+def targets(panel: dict) -> list[tuple[str, str]]:
+    return [(t["expr"], t["legendFormat"]) for t in panel["targets"]]
+
+
+def test_the_energy_row_shows_joules_per_token_from_triton_and_a_dcgm_exporter(written):
+    found = board_panels(written["rtx4090"])
+    joules = found["Joules per output token"]
+    assert joules["fieldConfig"]["defaults"]["unit"] == "joule"
+    (triton, _), (dcgm, legend) = targets(joules)
+    assert selector_names(triton) == {gpu.GPU_ENERGY, mon.OUTPUT_TOKENS}
+    assert f"rate({gpu.GPU_ENERGY}{{" in triton and f"rate({mon.OUTPUT_TOKENS}{{" in triton
+    assert selector_names(dcgm) == {mon.DCGM_ENERGY, mon.OUTPUT_TOKENS}
+    assert f"/ {mon.MILLIJOULES_PER_JOULE} /" in dcgm and legend.endswith("(DCGM exporter)")   # mJ -> J
+    power = dict((legend, expr) for expr, legend in targets(found["GPU power (DCGM) and its limit"]))
+    assert selector_names(power["{{pod}} power (DCGM exporter)"]) == {mon.DCGM_POWER}
+    per_joule = [legend for _, legend in targets(found["Output tokens per joule"])]
+    assert per_joule == ["{{pod}}", "{{pod}} (DCGM exporter)"]
+    # only the deployment's own pods: a canary named <name>-fp8 has one more '-' part and is not matched
+    pods = re.search(r'pod=~"([^"]+)"', dcgm).group(1)
+    name = objects(written["rtx4090"])["Deployment"]["metadata"]["name"]
+    assert re.fullmatch(pods, f"{name}-7d9f8b6c5d-x2k4p") and not re.fullmatch(pods, f"{name}-fp8-7d9f8b6c5d-x2k4p")
+
+
+def test_peak_memory_is_shown_for_the_gpus_and_the_host(written):
+    for out in written.values():
+        peak = targets(board_panels(out)[f"Peak memory (over {mon.PEAK_WINDOW})"])
+        exprs = [expr for expr, _ in peak]
+        assert any(f"max_over_time({gpu.GPU_MEMORY_USED}{{" in e and f"[{mon.PEAK_WINDOW}]" in e for e in exprs)
+        assert any(f"max_over_time({mon.CPU_MEMORY_USED}{{" in e for e in exprs)
+        assert all(e.startswith("max by (pod) ") for e in exprs)
+
+
+def test_the_cost_panel_appears_only_with_a_price(builds, written, tmp_path):
+    assert not [t for t in board_panels(written["cpu"]) if "Cost" in t]
+    priced = write_k8s(builds["cpu"], tmp_path / "k8s", K8sOptions(image="registry.example/trtpipe:0.1.0",
+                                                                    namespace="llm", price_per_hour=0.69)).out
+    found = board_panels(priced)
+    (cost,) = [p for t, p in found.items() if t.startswith("Cost per million output tokens")]
+    assert cost["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
+    ((expr, _),) = targets(cost)
+    assert "0.69 / 3600 / (" in expr and expr.endswith(" * 1e6")
+    assert check_expression(expr) == {mon.OUTPUT_TOKENS}
+    # nothing else changes: the same files, the same panels but the one
+    assert sorted(p.name for p in priced.iterdir()) == sorted(p.name for p in written["cpu"].iterdir())
+    assert set(found) - set(board_panels(written["cpu"])) == {cost["title"]}
+    for f in ("deployment.yaml", "prometheusrule.yaml", "hpa.yaml"):
+        assert (priced / f).read_text() == (written["cpu"] / f).read_text()
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +367,8 @@ def live_metrics(triton_pool) -> set[str]:
 def test_triton_names_are_served_by_a_live_triton(live_metrics):
     assert set(mon.TRITON) <= live_metrics, set(mon.TRITON) - live_metrics
     # the other lists are what this GPU-less Triton cannot serve: they rest on the documented sources
-    assert not (set(mon.TRTLLM_BACKEND) | set(mon.TRITON_GPU) | set(mon.CLUSTER)) & live_metrics
+    unserved = set(mon.TRTLLM_BACKEND) | set(gpu.TRITON_GPU) | set(mon.DCGM_EXPORTER) | set(mon.CLUSTER)
+    assert not unserved & live_metrics
 
 
 # ---------------------------------------------------------------------------------------- the command line
@@ -314,6 +385,11 @@ def test_triton_names_are_served_by_a_live_triton(live_metrics):
     (["--repo-source", "artifact:https://a.example/m.tar#sha256=12ab"], "pin the archive"),
     (["--namespace", "Bad_NS"], "--namespace"),
     (["--name", "-x"], "--name"),
+    (["--price-per-hour", "0"], "--price-per-hour must be a positive number"),
+    (["--price-per-hour", "-1.5"], "--price-per-hour must be a positive number"),
+    (["--price-per-hour", "two dollars"], "--price-per-hour must be a positive number"),
+    (["--price-per-hour", "nan"], "--price-per-hour must be a positive number"),
+    (["--price-per-hour", "inf"], "--price-per-hour must be a positive number"),
 ])
 def test_bad_flags_exit_2_with_one_message_and_write_nothing(builds, tmp_path, flags, message):
     out = tmp_path / "k8s"

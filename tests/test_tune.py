@@ -20,6 +20,7 @@ from pipeline.cli import main
 from pipeline.convert import convert_model
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
+from pipeline.server import Endpoints
 from pipeline.outputs import describe_outputs, read_manifest
 from pipeline.plan import Workload, load_plan, resolve_model_info, save_plan
 from pipeline.planner import make_plan
@@ -80,6 +81,7 @@ class FakeLoad:
         self.repos: list[Path] = []
         self.levels: list[list[int]] = []
         self.break_first, self.fail = break_first, fail
+        self.meters = []
 
     @contextmanager
     def serving(self, repo: Path, url, log_path: Path, ready_timeout: float):
@@ -88,10 +90,12 @@ class FakeLoad:
         if len(self.repos) - 1 in self.fail:
             raise UserError("the Triton server exited (status 1) before it was ready")
         batch = parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text()).max_batch_size
-        server = type("Server", (), {"http_url": f"http://fake/{len(self.repos)}"})()
+        url = f"http://fake/{len(self.repos)}"
+        server = type("Server", (), {"http_url": url, "endpoints": Endpoints(url), "process": None})()
         yield type("Client", (), {"batch": batch, "server": server, "generate": lambda self, prompt, tokens: ""})()
 
-    def run_load_level(self, client, load, concurrency: int, tokenizer: Path, workdir: Path) -> dict:
+    def run_load_level(self, client, load, concurrency: int, tokenizer: Path, workdir: Path, meter) -> dict:
+        self.meters.append(meter)
         self.levels[-1].append(concurrency)
         if len(self.repos) - 1 in self.break_first:
             return level(concurrency, 10_000.0, 10.0, 1.0)
@@ -135,8 +139,38 @@ def test_slo_clauses_are_read_in_milliseconds_and_judge_levels():
     assert not floor.latency_broken(level(1, 9e9, 9e9, 1)) and floor.meets(slow_ttft)
 
 
+def test_an_energy_clause_judges_a_level_by_its_joules_per_output_token():
+    slo = parse_slo("ttft_p99<=1s,joules_per_token<=250mj")
+    assert slo.clause("joules_per_token").limit == pytest.approx(0.25) and slo.text().endswith("<=0.25j")
+    frugal, hungry = level(4, 400, 40, 30), level(4, 400, 40, 30)
+    frugal["energy"], hungry["energy"] = {"joules_per_output_token": 0.2}, {"joules_per_output_token": 0.5}
+    assert slo.meets(frugal) and not slo.meets(hungry) and slo.violation(hungry) == pytest.approx(1.0)
+    unmeasured = {**frugal, "energy": {"joules_per_output_token": None, "reason": "no counter"}}
+    assert not slo.meets(unmeasured) and not slo.meets(level(4, 400, 40, 30))   # never judged as met unmeasured
+
+
+def test_an_energy_slo_without_a_readable_counter_is_refused(build, fake_load, tmp_path):
+    fake_load()
+    result = tune_cli(build, tmp_path / "study", "--slo", "ttft_p99<=1s,joules_per_token<=1j", "--trials", "1")
+    assert result.exit_code == 2, result.output
+    assert "bounds joules_per_token but no energy counter is readable" in result.output
+
+
+def test_the_price_reaches_every_level_and_a_bad_one_exits_2(build, fake_load, tmp_path):
+    fake = fake_load()
+    result = tune_cli(build, tmp_path / "study", "--slo", "ttft_p99<=1s", "--trials", "1", "--price-per-hour", "0.7")
+    assert result.exit_code == 0, result.output
+    assert fake.meters and all(m.price == 0.7 and m.counter is None for m in fake.meters)
+    for bad in ("0", "-1", "abc", "inf"):
+        result = tune_cli(build, tmp_path / f"bad{bad}", "--slo", "ttft_p99<=1s", "--price-per-hour", bad)
+        assert result.exit_code == 2 and "--price-per-hour must be a positive number" in result.output
+        assert not (tmp_path / f"bad{bad}").exists()
+
+
 @pytest.mark.parametrize("slo, message", [
     ("ttft_p99 500ms", "is not METRIC<=VALUE"),
+    ("joules_per_token>=1j", "bound it from above"),
+    ("joules_per_token<=1", "give the energy a unit"),
     ("ttft_p99<=500", "give the latency a unit"),
     ("ttft_p99>=500ms", "bound it from above"),
     ("output_tokens_per_s<=5", "bound it from below"),

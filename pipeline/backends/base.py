@@ -41,6 +41,9 @@ class Backend(Protocol):
     batching: str                    # STATIC_BATCHING | INFLIGHT_BATCHING
     request_priorities: bool         # its scheduler starts a request by its `priority` (Triton's priority levels)
     sparse_kernels: bool             # can run 2:4 weights on sparse kernels (TensorRT's SPARSE_WEIGHTS tactics)
+    #: the environment variable naming the iterations its runtime brackets with cudaProfilerStart/Stop (nsys
+    #: --capture-range=cudaProfilerApi; trtpipe profile); None: no CUDA runtime to profile (the cpu target)
+    profile_start_stop_env: str | None
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

@@ -95,6 +95,7 @@ class EngineBackend:
     batching = INFLIGHT_BATCHING
     request_priorities = False   # tensorrtllm builds executor::Request without one (docs/upstream-facts.md)
     sparse_kernels = True        # trtllm-build --weight_sparsity: TensorRT times sparse tactics per layer
+    profile_start_stop_env = "TLLM_GPTM_PROFILE_START_STOP"   # the C++ executor (docs/upstream-facts.md I)
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
 

@@ -74,6 +74,7 @@ class ReferenceBackend:
     batching = INFLIGHT_BATCHING
     request_priorities = True    # pipeline/runtime/scheduler.py
     sparse_kernels = False       # torch / ONNX Runtime dense matmuls: a 2:4 checkpoint runs as its zeros
+    profile_start_stop_env = None   # no CUDA: trtpipe profile records torch's profiler instead
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
 

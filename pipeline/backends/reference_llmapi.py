@@ -33,6 +33,7 @@ class ReferenceLlmapiBackend:
     batching = STATIC_BATCHING
     request_priorities = False   # its cpu model generates each batch to its end, in arrival order
     sparse_kernels = False       # the reference runtime's dense matmuls
+    profile_start_stop_env = None
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
 

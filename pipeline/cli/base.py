@@ -29,7 +29,8 @@ COMMAND_MODULES = {
     **dict.fromkeys(("setup", "convert", "calibrate", "eval", "export-onnx", "targets", "plan", "compile", "deploy",
                      "build"), "stages"),
     **dict.fromkeys(("sparsify", "distill"), "compress"),
-    **dict.fromkeys(("check", "validate", "serve", "probe", "compare", "tune", "doctor"), "serving"),
+    **dict.fromkeys(("check", "validate", "serve", "probe", "compare", "tune", "doctor", "profile"),
+                     "serving"),
     **dict.fromkeys(("k8s", "versions", "matrix", "ci", "package", "verify", "unpack"), "shipping"),
 }
 
@@ -88,6 +89,18 @@ class TrtpipeGroup(click.Group):
                 raise
             click.echo(f"error: {type(exc).__name__}: {exc} (set TRTPIPE_DEBUG=1 for the traceback)", err=True)
             sys.exit(1)
+
+
+def price_option(help_text: str = "What an hour of this deployment costs, in US dollars: the load figures then "
+                 "include the cost per million output tokens."):
+    """--price-per-hour, checked while the options are parsed (`pipeline.k8s.monitoring.check_price`: one line,
+    exit 2)."""
+    def check(ctx, param, value):
+        from ..k8s.monitoring import check_price
+
+        return check_price(value)
+
+    return click.option("--price-per-hour", default=None, metavar="USD", callback=check, help=help_text)
 
 
 def device_option(what: str):

@@ -10,7 +10,7 @@ import click
 
 from ..errors import UserError
 from ..server import MODEL_CONTROL_MODES
-from .base import MODEL_HELP, device_option, main, report_verification
+from .base import MODEL_HELP, device_option, main, price_option, report_verification
 
 
 @main.command()
@@ -61,10 +61,11 @@ def check(repo, engine, as_json):
               help="Report directory (default: validation/ beside REPO).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the server to be ready.")
+@price_option()
 @device_option("the golden reference runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, golden, load_test, concurrency,
-             max_tokens, out, timeout, device, as_json):
+             max_tokens, out, timeout, price_per_hour, device, as_json):
     """Serve REPO with Triton and verify it: readiness, configs, golden outputs, streaming, HTTP, bad requests,
     metrics.
 
@@ -82,6 +83,8 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
         levels = tuple(int(c) for c in concurrency.split(","))
     except ValueError:
         raise UserError(f"--concurrency must be comma-separated integers, got {concurrency!r}") from None
+    if price_per_hour is not None and not load_test:
+        raise UserError("--price-per-hour prices the load test's tokens: pass it with --load-test")
     if metrics_url and not url:
         raise UserError("--metrics-url is for a server given by --url (the embedded server's metrics port is known)")
     if metrics_url and skip_metrics:
@@ -98,7 +101,7 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
         raise UserError("give a model repository to serve, or --url of a running server")
     out = out or (Path(repo).absolute().parent if repo else Path.cwd()) / "validation"
     options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test, concurrencies=levels,
-                              max_tokens=max_tokens, metrics=not skip_metrics)
+                              max_tokens=max_tokens, metrics=not skip_metrics, price_per_hour=price_per_hour)
     progress = lambda step: click.echo(f"... {step}", err=True)  # noqa: E731
     report = (validate_openai(url, out, options, model=served_model, progress=progress) if api == "openai" else
               validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
@@ -200,13 +203,15 @@ def _percent(ctx, param, value):
               help="With --load-test: fail when B's P99 request latency is more than PCT above A's.")
 @click.option("--allow-different-tokenizer", is_flag=True,
               help="Compare builds of different models or tokenizers (refused otherwise: exit 2).")
+@price_option()
 @device_option("perplexity is computed")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Report directory (default: compare-<A>-vs-<B>).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, load_test, concurrency,
-            requests_per_client, url_a, url_b, allow_different_tokenizer, device, out, force, as_json, **limits):
+            requests_per_client, url_a, url_b, allow_different_tokenizer, price_per_hour, device, out, force, as_json,
+            **limits):
     """Compare two builds of one model on the same prompts and load; exit 1 when B fails a threshold.
 
     Reports held-out perplexity, B's token agreement, ROUGE-L, BLEU and exact match against A's greedy
@@ -221,13 +226,15 @@ def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, loa
     from ..compare import CompareOptions, Thresholds, compare_builds
     from ..compare.serving import ServeOptions
 
+    if price_per_hour is not None and not load_test:
+        raise UserError("--price-per-hour prices the load test's tokens: pass it with --load-test")
     out = out or Path(f"compare-{Path(build_a).name}-vs-{Path(build_b).name}")
     if out.exists() and any(out.iterdir()) and not force:
         raise UserError(f"{out} exists and is not empty; pass --force to replace it, or another -o")
     options = CompareOptions(
         build_a, build_b, out, thresholds=Thresholds(**limits),
         serve=ServeOptions(max_tokens=max_tokens, load_test=load_test, concurrency=concurrency,
-                           requests_per_client=requests_per_client),
+                           requests_per_client=requests_per_client, price_per_hour=price_per_hour),
         prompts=prompts, num_prompts=num_prompts, ppl_samples=ppl_samples, url_a=url_a, url_b=url_b,
         allow_different_tokenizer=allow_different_tokenizer, device=device)
     report = compare_builds(options, say=lambda m: click.echo(m, err=True))
@@ -243,7 +250,8 @@ def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, loa
 @click.argument("build_or_repo", metavar="BUILD_OR_REPO", type=click.Path(path_type=Path))
 @click.option("--slo", required=True, metavar="CLAUSES",
               help='Bounds every trial is judged by, e.g. "ttft_p99<=500ms,itl_p99<=50ms": ttft/itl/latency at '
-                   "p50/p90/p99 (<=, with us/ms/s), output_tokens_per_s (>=).")
+                   "p50/p90/p99 (<=, with us/ms/s), output_tokens_per_s (>=), joules_per_token (<=, with j or mj; "
+                   "needs a readable energy counter).")
 @click.option("--trials", type=click.IntRange(1), default=8, show_default=True,
               help="Trials to serve in the study (a resumed study runs up to this many in all).")
 @click.option("--concurrency", default="1,4,8", show_default=True, help="The load's concurrency sweep.")
@@ -259,6 +267,7 @@ def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, loa
 @click.option("--rebuild", is_flag=True, help="GPU: also search the build's max_batch_size, max_num_tokens and "
               "multiple_profiles, compiling each trial's engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler.")
+@price_option()
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for each server.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Study directory (default: BUILD/tune, or tune/ beside REPO); study.db resumes there.")
@@ -285,6 +294,43 @@ def tune(build_or_repo, out, as_json, trials, url, rebuild, seed, timeout, **loa
     result = run_tune(build_or_repo, options, say=lambda message: click.echo(message, err=as_json))
     click.echo(result_json(result) if as_json else result.render())
     sys.exit(0 if result.met else 1)
+
+
+@main.command()
+@click.argument("repo", type=click.Path(path_type=Path))
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds of load captured.")
+@click.option("--concurrency", type=click.IntRange(1), default=1, show_default=True, help="Concurrent clients.")
+@click.option("--max-tokens", type=click.IntRange(2, 4096), default=16, show_default=True,
+              help="Tokens generated per request.")
+@click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Operators in the table.")
+@click.option("--capture-iterations", default="100-300", show_default=True, metavar="FIRST-LAST",
+              help="GPU: the runtime iterations Nsight Systems captures (TensorRT-LLM's start/stop variable).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Trace directory (default: profile/ beside REPO).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the server to be ready.")
+def profile(repo, duration, concurrency, max_tokens, top, capture_iterations, out, timeout):
+    """Serve REPO, drive validate's load for --duration seconds and leave a trace of where the time went.
+
+    \b
+    The cpu target: trace.json (Chrome trace format: https://ui.perfetto.dev) with the stage ranges of every
+    model (tokenize, schedule, forward, sample, detokenize) and torch's operators, top_operators.md and
+    profile.json. A GPU repository: an Nsight Systems report (nsys profile -t cuda,nvtx,osrt, captured around
+    the iterations --capture-iterations names) and nsys stats summaries; needs nsys on PATH.
+    Examples:
+      trtpipe profile out/smollm2-cpu-fp8/model_repo --duration 10
+      trtpipe profile out/smollm2-cpu-fp8/model_repo --concurrency 4 -o prof
+    """
+    from ..profile import ProfileOptions, profile_repository
+    from ..validate.report import DEFAULT_PROMPTS
+
+    out = out or Path(repo).absolute().parent / "profile"
+    options = ProfileOptions(duration_s=duration, concurrency=concurrency, max_tokens=max_tokens,
+                             prompts=DEFAULT_PROMPTS, top=top, ready_timeout=timeout,
+                             capture_iterations=capture_iterations)
+    result = profile_repository(repo, out, options, say=lambda m: click.echo(f"... {m}", err=True))
+    click.echo(result.render())
 
 
 @main.command()

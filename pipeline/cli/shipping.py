@@ -9,7 +9,7 @@ import click
 
 from ..versions.commands import versions
 from ..errors import UserError
-from .base import DEFAULT_IMAGE, main, report_verification
+from .base import DEFAULT_IMAGE, main, price_option, report_verification
 
 
 @main.command()
@@ -39,8 +39,10 @@ from .base import DEFAULT_IMAGE, main, report_verification
               help="With --canary-of: % of requests to this build.")
 @click.option("--gateway", default="trtpipe", show_default=True, metavar="[NAMESPACE/]NAME",
               help="With --canary-of: the Gateway the HTTPRoute attaches to.")
+@price_option("What an hour of one pod (its GPUs) costs, in US dollars: the dashboard then shows the cost per "
+              "million output tokens.")
 def k8s(build_or_repo, out, image, replicas, namespace, repo_source, scale_ratio, name, force, canary_of, weight,
-        gateway):
+        gateway, price_per_hour):
     """Kubernetes manifests for a built model repository: Triton, autoscaling, alerts, a Grafana dashboard.
 
     \b
@@ -59,7 +61,7 @@ def k8s(build_or_repo, out, image, replicas, namespace, repo_source, scale_ratio
 
     options = K8sOptions(image=image, replicas=replicas, namespace=namespace, repo_source=repo_source,
                          scale_ratio=scale_ratio, name=name, force=force, canary_of=canary_of, weight=weight,
-                         gateway=gateway)
+                         gateway=gateway, price_per_hour=price_per_hour)
     click.echo(write_k8s(build_or_repo, out, options).summary())
 
 

@@ -11,6 +11,7 @@ import click
 
 from .. import NVIDIA_MODEL_FILES
 from ..backends.names import NAMES, RUNTIMES
+from ..engine_inspect import DEFAULT_PROFILING_VERBOSITY, PROFILING_VERBOSITIES
 from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
 from ..precisions import CALIBRATION_FORMATS, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
@@ -447,9 +448,14 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
 @click.option("--onnx", "onnx_dir", type=click.Path(path_type=Path), default=None,
               help="An `export-onnx` directory: also write ENGINE/trtexec.sh, TensorRT's build of that graph with "
                    "the plan's shapes (unverified: never run here).")
+@click.option("--profiling-verbosity", type=click.Choice(PROFILING_VERBOSITIES),
+              default=DEFAULT_PROFILING_VERBOSITY, show_default=True,
+              help="trtllm-build --profiling_verbosity: what the engine keeps about its layers. With detailed, a "
+                   "real build also writes ENGINE/rankN.layers.json (TensorRT's engine inspector) and the layer "
+                   "types and tactics into the manifest (unverified here: tested with a fake tensorrt module).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, force, as_json):
+def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, profiling_verbosity, force, as_json):
     """Build a TensorRT-LLM 1.2.1 engine from CHECKPOINT as PLAN says (GPU and TensorRT-LLM required).
 
     \b
@@ -466,7 +472,7 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, force, as_j
     from ..plan import load_plan
 
     result = compile_engine(checkpoint, load_plan(plan_path), out, dry_run=dry_run, workers=workers, force=force,
-                            onnx=onnx_dir)
+                            onnx=onnx_dir, profiling_verbosity=profiling_verbosity)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return

@@ -73,6 +73,7 @@ class CompareReport:
             lines.append(f"| output tokens/s (concurrency {a['load']['concurrency']}) | "
                          f"{a['load']['output_tokens_per_s']:.2f} | {b['load']['output_tokens_per_s']:.2f} | "
                          f"x{self.changes['throughput_speedup']:.3f} |")
+            lines += energy_rows(a["load"], b["load"], self.changes)
         g = self.generation
         lines += ["", "B's completions against A's:", "", "| token agreement | ROUGE-L | BLEU | exact match |",
                   "|---|---|---|---|", f"| {g['token_agreement']:.4f} | {g['rouge_l']:.4f} | {g['bleu']:.2f} | "
@@ -86,6 +87,33 @@ class CompareReport:
         for c in self.completions:
             lines += [f"- prompt: `{_md(c['prompt'])}`", f"  - A: `{_md(c['a'])}`", f"  - B: `{_md(c['b'])}`"]
         return "\n".join(lines) + "\n"
+
+
+#: (energy record key, row label, its format, the saving in `changes`: A's over B's, above 1 is better)
+ENERGY_ROWS = (("joules_per_output_token", "energy per output token (J)", "{:.4g}", "energy_per_token_saving"),
+               ("peak_memory_bytes", "peak memory during the load (GiB)", "{:.2f}", "peak_memory_saving"),
+               ("cost_per_million_output_tokens", "cost per million output tokens", "{:.4g}", "cost_saving"))
+
+
+def energy_value(load: dict, key: str) -> float | None:
+    value = (load.get("energy") or {}).get(key)
+    return value / 2**30 if value is not None and key == "peak_memory_bytes" else value
+
+
+def energy_rows(a: dict, b: dict, changed: dict) -> list[str]:
+    """The load's energy, peak memory and cost rows; a figure not measured is n/a with its reason."""
+    rows = []
+    for key, label, fmt, saving in ENERGY_ROWS:
+        va, vb = energy_value(a, key), energy_value(b, key)
+        if key == "cost_per_million_output_tokens" and va is None and vb is None:
+            continue     # no --price-per-hour
+        cells = [fmt.format(v) if v is not None else "n/a" for v in (va, vb)]
+        change = changed.get(saving)
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} | {'n/a' if change is None else f'x{change:.3f}'} |")
+    reasons = sorted({load["energy"]["reason"] for load in (a, b) if (load.get("energy") or {}).get("reason")})
+    if reasons:
+        rows.append(f"| energy not measured | {'; '.join(reasons)} | | |")
+    return rows
 
 
 def _num(value: float | None) -> str:
@@ -114,6 +142,8 @@ def changes(a: dict, b: dict, generation: dict) -> dict[str, float | None]:
         out["throughput_speedup"] = ratio(b["load"]["output_tokens_per_s"], a["load"]["output_tokens_per_s"])
         p99_a, p99_b = a["load"]["latency_ms"]["p99"], b["load"]["latency_ms"]["p99"]
         out["latency_p99_increase_pct"] = (p99_b / p99_a - 1) * 100 if p99_a and p99_b is not None else None
+        for key, _, _, saving in ENERGY_ROWS:
+            out[saving] = ratio(energy_value(a["load"], key), energy_value(b["load"], key))
     return out
 
 

@@ -10,6 +10,7 @@ from ..errors import UserError
 from ..evaluate import corpus_split
 from ..server import connect, embedded_server
 from ..validate import DEFAULT_PROMPTS, EnsembleClient, run_level
+from ..validate.energy import meter_for
 from ..validate.client import RequestFailed
 
 #: --prompts recipes: the held-out news corpus (never calibrated on), or validate's four prompts.
@@ -24,6 +25,7 @@ class ServeOptions:
     concurrency: int = 4
     requests_per_client: int = 4
     ready_timeout: float = 600.0
+    price_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,5 +71,5 @@ def serve_and_measure(repo: Path, url: str | None, prompts: list[str], options: 
         if options.load_test:
             say(f"load test: {options.concurrency} clients x {options.requests_per_client} requests")
             load = run_level(client, tuple(prompts), options.max_tokens, options.concurrency,
-                             options.requests_per_client)
+                             options.requests_per_client, meter_for(server, options.price_per_hour))
         return ServedFigures(server.http_url, completions, load)

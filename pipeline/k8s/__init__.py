@@ -20,7 +20,7 @@ import yaml
 
 from ..outputs import atomic_output_dir, check_output_free
 from . import manifests as k
-from .monitoring import QUEUE_COMPUTE_RATIO, Monitoring, pod_monitor, prometheus_rule
+from .monitoring import QUEUE_COMPUTE_RATIO, Monitoring, check_price, pod_monitor, prometheus_rule
 from .source import (DeploymentSource, Replicas, RepoSource, check_name, parse_replicas, parse_repo_source,
                      read_source)
 
@@ -48,6 +48,7 @@ class K8sOptions:
     canary_of: Path | None = None        # A: its manifests directory, build or repository: write B as its canary
     weight: int = 10                     # % of requests to the canary
     gateway: str = "trtpipe"             # the Gateway the canary's HTTPRoute attaches to
+    price_per_hour: float | None = None  # USD for an hour of one pod: the dashboard's cost panel (None: no panel)
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,12 @@ def scale_ratio(src: DeploymentSource, flag: float | None) -> float:
     return round(min(10.0, max(0.1, (budget - compute) / compute)), 3)
 
 
-def monitoring_for(src: DeploymentSource, namespace: str, ratio: float) -> Monitoring:
+def monitoring_for(src: DeploymentSource, namespace: str, ratio: float,
+                   price_per_hour: float | None = None) -> Monitoring:
     """The queue-time alert fires at twice the queueing the autoscaler aims for (at least a second)."""
     queue_alert_us = round(2 * ratio * src.plan.request_latency_s * 1e6)
-    return Monitoring(name=src.name, namespace=namespace, queue_alert_us=max(queue_alert_us, 1_000_000))
+    return Monitoring(name=src.name, namespace=namespace, queue_alert_us=max(queue_alert_us, 1_000_000),
+                      price_per_hour=price_per_hour)
 
 
 def render(src: DeploymentSource, options: K8sOptions, replicas: Replicas, source: RepoSource, ratio: float,
@@ -111,10 +114,11 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
 
     replicas = parse_replicas(options.replicas)
     check_name(options.namespace, "--namespace")
+    price = check_price(options.price_per_hour)
     src = read_source(path, options.name)
     source = parse_repo_source(options.repo_source, src.name)
     ratio = scale_ratio(src, options.scale_ratio)
-    m = monitoring_for(src, options.namespace, ratio)
+    m = monitoring_for(src, options.namespace, ratio, price)
     objects = render(src, options, replicas, source, ratio, m)
     loader = k.loader_pod(src.name, source) if source.claim else None
     board = dashboard(m)

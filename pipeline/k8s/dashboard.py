@@ -2,10 +2,11 @@
 
 Rows follow NVIDIA's "Inference Metrics" dashboard (tutorials, TensorRT-LLM_Autoscaling_and_Load_Balancing):
 requests and failures, the queue:compute ratio, request/queue/compute durations, the TensorRT-LLM
-in-flight batcher and KV cache, energy (DCGM's power beside output tokens/s, the plan's tokens-per-joule KPI), GPU
-utilisation and memory. Unlike that dashboard, the TensorRT-LLM
-gauges are shown as they are (it applies rate() to gauges), and GPU panels read Triton's own GPU
-families instead of a separate DCGM exporter.
+in-flight batcher and KV cache, energy (DCGM's power beside output tokens/s, the plan's tokens-per-joule KPI,
+joules per output token and, given `--price-per-hour`, the cost per million output tokens), GPU utilisation and
+memory with its peaks. Unlike that dashboard, the TensorRT-LLM gauges are shown as they are (it applies rate() to
+gauges), and GPU panels read Triton's own GPU families; the power and energy panels also read a DCGM exporter's
+fields, for clusters that scrape one instead (legend "(DCGM exporter)").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .. import triton_metrics as gpu
 from . import monitoring as mon
 from .monitoring import Monitoring
 
@@ -26,7 +28,9 @@ class Panel:
 
 def panels(m: Monitoring) -> dict[str, list[Panel]]:
     """Row title -> its panels; every expression reads names from `pipeline.k8s.monitoring`."""
-    sel, entry = m.select(), m.select(f'model=~"{mon.ENTRY_MODELS}"')
+    sel, entry, dcgm = m.select(), m.select(f'model=~"{mon.ENTRY_MODELS}"'), m.select_dcgm()
+    tokens = f"sum by (pod) (rate({mon.OUTPUT_TOKENS}{sel}[1m]))"
+    producing = f"({tokens} > 0)"   # output tokens/s, no point while a pod produces none (idle: no ratio)
 
     def by_pod(metric: str, extra: str = "") -> str:
         return f"sum by (pod) ({metric}{m.select(extra)})"
@@ -35,6 +39,12 @@ def panels(m: Monitoring) -> dict[str, list[Panel]]:
         matcher = f'{label}=~"{values}"'
         return ((f"sum by (pod, {label}) ({metric}{m.select(matcher)})", "{{pod}} {{" + label + "}}"),)
 
+    def peak(metric: str) -> str:
+        return f"max by (pod) (max_over_time({metric}{sel}[{mon.PEAK_WINDOW}]))"
+
+    cost = [] if m.price_per_hour is None else [
+        Panel(f"Cost per million output tokens (at {m.price_per_hour:g} USD per pod-hour)", "currencyUSD",
+              ((f"{m.price_per_hour!r} / 3600 / {producing} * 1e6", "{{pod}}"),))]
     return {
         "Requests": [
             Panel("Requests / second", "reqps", (
@@ -60,20 +70,29 @@ def panels(m: Monitoring) -> dict[str, list[Panel]]:
             Panel("KV cache blocks", "short", trtllm(mon.TRTLLM_KV_BLOCKS, "kv_cache_block_type", "max|free|used")),
         ],
         "Energy": [
-            Panel("GPU power (DCGM) and its limit", "watt", ((by_pod(mon.GPU_POWER), "{{pod}} power"),
-                                                             (by_pod(mon.GPU_POWER_LIMIT), "{{pod}} limit"))),
-            Panel("Output tokens / second", "short",
-                  ((f"sum by (pod) (rate({mon.OUTPUT_TOKENS}{sel}[1m]))", "{{pod}}"),)),
-            Panel("Output tokens per joule", "short",
-                  ((f"sum by (pod) (rate({mon.OUTPUT_TOKENS}{sel}[1m])) / "
-                    f"clamp_min({by_pod(mon.GPU_POWER)}, 1)", "{{pod}}"),)),
+            Panel("GPU power (DCGM) and its limit", "watt", (
+                (by_pod(gpu.GPU_POWER), "{{pod}} power"), (by_pod(gpu.GPU_POWER_LIMIT), "{{pod}} limit"),
+                (f"sum by (pod) ({mon.DCGM_POWER}{dcgm})", "{{pod}} power (DCGM exporter)"))),
+            Panel("Output tokens / second", "short", ((tokens, "{{pod}}"),)),
+            Panel("Output tokens per joule", "short", (
+                (f"{tokens} / clamp_min({by_pod(gpu.GPU_POWER)}, 1)", "{{pod}}"),
+                (f"{tokens} / clamp_min(sum by (pod) ({mon.DCGM_POWER}{dcgm}), 1)", "{{pod}} (DCGM exporter)"))),
+            Panel("Joules per output token", "joule", (
+                (f"sum by (pod) (rate({gpu.GPU_ENERGY}{sel}[1m])) / {producing}", "{{pod}}"),
+                (f"sum by (pod) (rate({mon.DCGM_ENERGY}{dcgm}[1m])) / {mon.MILLIJOULES_PER_JOULE} / {producing}",
+                 "{{pod}} (DCGM exporter)"))),
+            *cost,
         ],
         "GPU and host": [
-            Panel("GPU utilisation", "percentunit", ((f"avg by (pod) ({mon.GPU_UTILIZATION}{sel})", "{{pod}}"),)),
-            Panel("GPU memory used", "bytes", ((by_pod(mon.GPU_MEMORY_USED), "{{pod}} used"),
-                                               (by_pod(mon.GPU_MEMORY_TOTAL), "{{pod}} total"))),
+            Panel("GPU utilisation", "percentunit", ((f"avg by (pod) ({gpu.GPU_UTILIZATION}{sel})", "{{pod}}"),)),
+            Panel("GPU memory used", "bytes", ((by_pod(gpu.GPU_MEMORY_USED), "{{pod}} used"),
+                                               (by_pod(gpu.GPU_MEMORY_TOTAL), "{{pod}} total"))),
             Panel("Host CPU and memory", "short", ((f"avg by (pod) ({mon.CPU_UTILIZATION}{sel})", "{{pod}} CPU"),
                                                    (by_pod(mon.CPU_MEMORY_USED), "{{pod}} memory bytes"))),
+            Panel(f"Peak memory (over {mon.PEAK_WINDOW})", "bytes", (
+                (peak(gpu.GPU_MEMORY_USED), "{{pod}} GPU (the fullest)"),
+                (f"max by (pod) ({gpu.GPU_MEMORY_TOTAL}{sel})", "{{pod}} GPU total"),
+                (peak(mon.CPU_MEMORY_USED), "{{pod}} host"))),
         ],
     }
 

@@ -1,13 +1,15 @@
 """The metric names, the recording rules and alerts, the PodMonitor and the PrometheusRule.
 
-Every series the rules, the autoscaler and the dashboard read is named once here, in one of four lists
-whose source is stated (docs/kubernetes.md; facts in serving-scaling-facts §2 and §3):
+Every series the rules, the autoscaler and the dashboard read is named once here, in one of five lists
+whose source is stated (docs/kubernetes.md; facts in serving-scaling-facts §2 and §3, docs/upstream-facts.md §I):
 
 - `TRITON`: Triton's own families, served by the embedded Triton of the tests after real requests
   (tests/test_k8s.py reads /metrics and checks each one);
 - `TRTLLM_BACKEND`: the TensorRT-LLM backend's families (custom_metrics_reporter.cc, tensorrtllm_backend
   README "Triton Metrics"), served only by the tensorrtllm backend, so never on this GPU-less machine;
-- `TRITON_GPU`: Triton's per-GPU families (Triton metrics.md), served only where a GPU is;
+- `TRITON_GPU` (pipeline/triton_metrics.py): Triton's per-GPU families (Triton metrics.md), served only where a GPU is;
+- `DCGM_EXPORTER`: NVIDIA's dcgm-exporter fields (its etc/default-counters.csv), the dashboard's alternative
+  source of power and energy where a DCGM exporter is scraped instead of Triton's GPU families;
 - `CLUSTER`: kube-state-metrics (part of kube-prometheus-stack), for pods that are not ready.
 
 The queue:compute ratio and its companions are NVIDIA's recording rules (tutorials,
@@ -18,7 +20,10 @@ restricted to this deployment's scrape job.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from ..errors import UserError
 
 #: Triton core families (counters unless named; latencies are cumulative microseconds).
 REQUEST_SUCCESS = "nv_inference_request_success"
@@ -49,12 +54,15 @@ OUTPUT_TOKENS = f"{OUTPUT_TOKEN_LEN}_sum"                        # the histogram
 TRTLLM_BACKEND = (TRTLLM_REQUESTS, TRTLLM_MEMORY, TRTLLM_KV_BLOCKS, TRTLLM_INFLIGHT, TRTLLM_V1, TRTLLM_GENERAL,
                   TRTLLM_DISAGGREGATED, OUTPUT_TOKEN_LEN, INPUT_TOKEN_LEN)
 
-GPU_UTILIZATION = "nv_gpu_utilization"                    # 0-1, label gpu_uuid
-GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
-GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
-GPU_POWER = "nv_gpu_power_usage"                          # watts, DCGM's reading (Triton collects GPU metrics via DCGM)
-GPU_POWER_LIMIT = "nv_gpu_power_limit"                    # watts
-TRITON_GPU = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_POWER_LIMIT)
+# Triton's per-GPU families (`TRITON_GPU`) are named in pipeline/triton_metrics.py, a leaf the validate stage's
+# energy meter reads too.
+
+#: dcgm-exporter's fields (etc/default-counters.csv), one series per GPU; with its Kubernetes mapping on (the GPU
+#: operator's default) each carries the `namespace` and `pod` of the pod using the GPU (`Monitoring.select_dcgm`).
+DCGM_POWER = "DCGM_FI_DEV_POWER_USAGE"                    # gauge, watts
+DCGM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"      # counter, millijoules since boot
+MILLIJOULES_PER_JOULE = 1000
+DCGM_EXPORTER = (DCGM_POWER, DCGM_ENERGY)
 
 REPLICAS_UNAVAILABLE = "kube_deployment_status_replicas_unavailable"
 CLUSTER = (REPLICAS_UNAVAILABLE,)
@@ -74,6 +82,8 @@ FAILURE_RATIO_ALERT = 0.05
 KV_FREE_ALERT = 0.1
 RULE_INTERVAL = "15s"
 SCRAPE_INTERVAL = "15s"
+#: The window the dashboard's peak-memory panel takes its maximum over (the dashboard's default time range).
+PEAK_WINDOW = "1h"
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class Monitoring:
     name: str
     namespace: str
     queue_alert_us: int     # average queue time above which requests wait too long (TritonQueueTimeHigh)
+    price_per_hour: float | None = None   # USD for an hour of one pod (`--price-per-hour`): the cost panel
 
     @property
     def job(self) -> str:
@@ -91,6 +102,27 @@ class Monitoring:
 
     def select(self, extra: str = "") -> str:
         return "{" + ", ".join(filter(None, [f'job="{self.job}"', extra])) + "}"
+
+    def select_dcgm(self) -> str:
+        """dcgm-exporter's series of this deployment's GPUs: scraped under the exporter's own job, they are found by
+        the pod its Kubernetes mapping names (<name>-<replica set hash>-<suffix>, so a canary named <name>-... is
+        not matched). The exporter's ServiceMonitor needs `honorLabels: true`, or Prometheus renames the label to
+        `exported_pod` (docs/kubernetes.md)."""
+        return f'{{namespace="{self.namespace}", pod=~"{self.name}-[a-z0-9]+-[a-z0-9]+"}}'
+
+
+def check_price(value: object) -> float | None:
+    """`--price-per-hour` as a float: None stays None, anything but a finite positive number is refused."""
+    if value is None:
+        return None
+    try:
+        price = float(value)   # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        price = math.nan
+    if isinstance(value, bool) or not (math.isfinite(price) and price > 0):
+        raise UserError(f"--price-per-hour must be a positive number (US dollars for an hour of the deployment), "
+                        f"got {value!r}")
+    return price
 
 
 def per_pod_rate(metric: str, m: Monitoring, extra: str = "") -> str:

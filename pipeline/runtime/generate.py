@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import torch
 
 from ..errors import UserError
+from ..spans import span
 from .sampling import Choice, SamplingConfig, TokenSelector
 from .scheduler import Scheduler
 from .scheduler import Sequence as ScheduledSequence
@@ -223,8 +224,9 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
         return False
 
     while True:
-        poll()
-        started = scheduler.admit()
+        with span("schedule", running=len(fed)):
+            poll()
+            started = scheduler.admit()
         if not started and not scheduler.running:
             if scheduler.waiting:
                 raise RuntimeError("the scheduler starts nothing on an empty batch: a sequence was submitted that "
@@ -240,21 +242,27 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
                 continue
-            logits = prefill(decoder, [row], {row: config}, {row: s.result})
+            with span("forward", phase="prefill", rows=1, tokens=len(s.context())):
+                logits = prefill(decoder, [row], {row: config}, {row: s.result})
             if not config.max_new_tokens:
                 _end(decoder, scheduler, rows, row, on_end)
-            elif chosen(row, logits[0]):
-                fed.append(row)
-        paused = scheduler.make_room([rows[row] for row in fed])
-        if paused:
-            gone = [row for row in fed if rows[row] in paused]
-            decoder.release(gone)
-            for row in gone:
-                del rows[row]
-            fed = [row for row in fed if row not in gone]
+                continue
+            with span("sample", rows=1):
+                if chosen(row, logits[0]):
+                    fed.append(row)
+        with span("schedule", running=len(fed)):
+            paused = scheduler.make_room([rows[row] for row in fed])
+            if paused:
+                gone = [row for row in fed if rows[row] in paused]
+                decoder.release(gone)
+                for row in gone:
+                    del rows[row]
+                fed = [row for row in fed if row not in gone]
         if fed:
-            logits = decoder.decode(fed, [rows[row].result.tokens[-1] for row in fed])
-            fed = [row for i, row in enumerate(fed) if chosen(row, logits[i])]
+            with span("forward", phase="decode", rows=len(fed)):
+                logits = decoder.decode(fed, [rows[row].result.tokens[-1] for row in fed])
+            with span("sample", rows=len(fed)):
+                fed = [row for i, row in enumerate(fed) if chosen(row, logits[i])]
 
 
 def start_config(s: ScheduledSequence) -> SamplingConfig:

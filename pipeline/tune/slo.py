@@ -4,7 +4,9 @@
 
 - latency metrics (`ttft`, `itl`, `latency`, each at `p50`, `p90` or `p99`), bounded from above (`<=`, `<`),
   with a unit (`us`, `ms` or `s`);
-- `output_tokens_per_s`, bounded from below (`>=`, `>`), without a unit (or `tok/s`).
+- `output_tokens_per_s`, bounded from below (`>=`, `>`), without a unit (or `tok/s`);
+- `joules_per_token` (the level's energy per output token, `pipeline/validate/energy.py`), bounded from above,
+  in `j` or `mj` (or `j/token`); a level whose energy was not measured does not meet it.
 
 A load level (validate's `run_level` record) meets the SLO when every clause holds and every request of the
 level completed: a failed or shed request has no latency to judge, so a level with one does not meet it.
@@ -24,7 +26,12 @@ from ..errors import UserError
 LATENCY_METRICS = {f"{name}_{q}": (f"{name}_ms", q) for name in ("ttft", "itl", "latency")
                    for q in ("p50", "p90", "p99")}
 RATE_METRICS = {"output_tokens_per_s": ("output_tokens_per_s", None)}
-METRICS = {**LATENCY_METRICS, **RATE_METRICS}
+#: energy per output token, in joules (run_level's `energy` record)
+ENERGY_METRIC = "joules_per_token"
+ENERGY_METRICS = {ENERGY_METRIC: ("energy", "joules_per_output_token")}
+METRICS = {**LATENCY_METRICS, **RATE_METRICS, **ENERGY_METRICS}
+#: energy units -> joules
+UNITS_J = {"j": 1.0, "mj": 1e-3, "j/token": 1.0}
 #: latency units -> milliseconds (run_level reports milliseconds)
 UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 CLAUSE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>|=)\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]*)\s*$")
@@ -34,21 +41,21 @@ EXAMPLE = '"ttft_p99<=500ms,itl_p99<=50ms"'
 @dataclass(frozen=True)
 class Clause:
     metric: str        # a key of METRICS
-    op: str            # "<=", "<" (latencies) or ">=", ">" (output_tokens_per_s)
-    limit: float       # milliseconds for latencies, tokens/s for the rate
+    op: str            # "<=", "<" (latencies, energy) or ">=", ">" (output_tokens_per_s)
+    limit: float       # milliseconds for latencies, tokens/s for the rate, joules for energy
 
     @property
     def upper(self) -> bool:
         return self.op in ("<=", "<")
 
     def text(self) -> str:
-        unit = "ms" if self.metric in LATENCY_METRICS else ""
+        unit = "ms" if self.metric in LATENCY_METRICS else "j" if self.metric in ENERGY_METRICS else ""
         return f"{self.metric}{self.op}{self.limit:g}{unit}"
 
     def value(self, level: dict) -> float | None:
         key, q = METRICS[self.metric]
         value = level.get(key)
-        return value.get(q) if isinstance(value, dict) else value
+        return value.get(q) if isinstance(value, dict) else None if q else value
 
     def holds(self, level: dict) -> bool:
         value = self.value(level)
@@ -126,6 +133,12 @@ def parse_clause(part: str) -> Clause:
         if unit not in UNITS_MS:
             raise UserError(f"--slo {part.strip()!r}: give the latency a unit ({', '.join(UNITS_MS)}), e.g. 500ms")
         limit *= UNITS_MS[unit]
+    elif metric in ENERGY_METRICS:
+        if op not in ("<=", "<"):
+            raise UserError(f"--slo {part.strip()!r}: {metric} is a cost, bound it from above (<= or <)")
+        if unit not in UNITS_J:
+            raise UserError(f"--slo {part.strip()!r}: give the energy a unit ({', '.join(UNITS_J)}), e.g. 0.5j")
+        limit *= UNITS_J[unit]
     else:
         if op not in (">=", ">"):
             raise UserError(f"--slo {part.strip()!r}: {metric} is a rate, bound it from below (>= or >)")

@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..compare.serving import load_prompts
 from .report import RESULT_DIR, StudyOutcome, write_result
-from .slo import Slo, parse_slo
+from .slo import ENERGY_METRIC, Slo, parse_slo
 from .source import TuneSource, read_source
 from .space import Candidate, build_space
 from .study import STUDY_FILE, TrialRecord, open_study, records, run_study, study_key
@@ -30,13 +30,15 @@ class TuneOptions:
 
 
 def tune_options(*, slo: str, concurrency: str, prompts: str | None, num_prompts: int, max_tokens: int,
-                 requests_per_client: int, load_generator: str, **rest) -> TuneOptions:
+                 requests_per_client: int, load_generator: str, price_per_hour: float | None = None,
+                 **rest) -> TuneOptions:
     """TuneOptions from the command line's strings (each checked: UserError, exit 2)."""
     parsed = parse_slo(slo)
     levels = parse_concurrencies(concurrency)
     check_load_generator(load_generator)
     described, texts = load_prompts(prompts, num_prompts)
-    load = LoadSpec(tuple(texts), described, max_tokens, levels, requests_per_client, load_generator)
+    load = LoadSpec(tuple(texts), described, max_tokens, levels, requests_per_client, load_generator, price_per_hour,
+                    needs_energy=parsed.clause(ENERGY_METRIC) is not None)
     return TuneOptions(slo=parsed, load=load, **rest)
 
 

@@ -33,6 +33,7 @@ from ..server import connect, embedded_server, wait_until_ready
 from ..triton_names import ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
 from ..tritonconfig import to_pbtxt
 from ..validate import EnsembleClient, run_level
+from ..validate.energy import LoadMeter, meter_for
 from ..validate.load_test import with_predictions
 from ..validate.checks import check_config_matches
 from .source import TuneSource
@@ -54,6 +55,10 @@ class LoadSpec:
     concurrencies: tuple[int, ...]
     requests_per_client: int
     generator: str = "builtin"
+    #: the deployment's price per hour: each level's cost per million output tokens
+    price_per_hour: float | None = None
+    #: the SLO bounds energy per token: a trial without a readable energy counter is refused, not judged
+    needs_energy: bool = False
 
     def identity(self) -> dict:
         """What makes two studies' measurements comparable (the prompts themselves, not where they came from)."""
@@ -170,25 +175,37 @@ def reload_models(http_url: str, repo: Path) -> None:
 # The load
 
 
-def run_load_level(client: EnsembleClient, load: LoadSpec, concurrency: int, tokenizer: Path, workdir: Path) -> dict:
-    """One concurrency level with the chosen generator: a record with run_level's keys (aiperf counts tokens with
-    `tokenizer` and keeps its files in `workdir`)."""
+def run_load_level(client: EnsembleClient, load: LoadSpec, concurrency: int, tokenizer: Path, workdir: Path,
+                   meter: LoadMeter) -> dict:
+    """One concurrency level with the chosen generator: a record with run_level's keys and its energy (aiperf counts
+    tokens with `tokenizer` and keeps its files in `workdir`; the meter reads the same counters around it)."""
     if load.generator == "aiperf":
         from ..validate.aiperf import run_aiperf
 
-        return run_aiperf(client.server.http_url, tokenizer, load.prompts, load.max_tokens, concurrency,
-                          concurrency * load.requests_per_client, workdir / f"aiperf-c{concurrency}")
-    return run_level(client, load.prompts, load.max_tokens, concurrency, load.requests_per_client)
+        with meter.window() as reading:
+            level = run_aiperf(client.server.http_url, tokenizer, load.prompts, load.max_tokens, concurrency,
+                               concurrency * load.requests_per_client, workdir / f"aiperf-c{concurrency}")
+        return {**level, "energy": meter.kpis(reading, level["output_tokens"])}
+    return run_level(client, load.prompts, load.max_tokens, concurrency, load.requests_per_client, meter)
+
+
+def load_meter(client: EnsembleClient, load: LoadSpec) -> LoadMeter:
+    """The trial server's meter; UserError when the SLO bounds energy and no counter is readable."""
+    meter = meter_for(client.server, load.price_per_hour)
+    if load.needs_energy and meter.counter is None:
+        raise UserError(f"the SLO bounds joules_per_token but no energy counter is readable: {meter.energy_reason}")
+    return meter
 
 
 def measure(client: EnsembleClient, load: LoadSpec, should_stop: Callable[[dict], bool], tokenizer: Path,
             workdir: Path, plan: Plan | None = None) -> list[dict]:
     """The sweep, ascending, until a level makes `should_stop` true (that level is kept); each level with what
     the candidate's `plan` predicted for it."""
+    meter = load_meter(client, load)
     client.generate(load.prompts[0], 2)   # warm-up: the first request's costs are not the configuration's
     levels = []
     for concurrency in load.concurrencies:
-        levels.append(run_load_level(client, load, concurrency, tokenizer, workdir))
+        levels.append(run_load_level(client, load, concurrency, tokenizer, workdir, meter))
         if should_stop(levels[-1]):
             break
     return with_predictions(levels, plan, tokenizer, load.prompts)

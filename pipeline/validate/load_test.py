@@ -14,13 +14,14 @@ import functools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from typing import Protocol
-
 from .client import StreamResult
+from .energy import LoadMeter
 from .report import CheckResult, ValidateOptions
 from ..plan.feedback import annotate, measured_on
 
@@ -40,18 +41,20 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 def run_level(client: StreamingClient, prompts: tuple[str, ...], max_tokens: int, concurrency: int,
-              requests_per_client: int) -> dict:
-    """`concurrency` clients each sending `requests_per_client` streamed requests back to back."""
+              requests_per_client: int, meter: LoadMeter | None = None) -> dict:
+    """`concurrency` clients each sending `requests_per_client` streamed requests back to back; with a `meter`, the
+    level's energy, peak memory and cost over exactly its window (`energy`)."""
     total = concurrency * requests_per_client
     jobs = [prompts[i % len(prompts)] for i in range(total)]
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        results = list(pool.map(lambda p: client.generate_stream(p, max_tokens), jobs))
-    wall = time.perf_counter() - start
+    with meter.window() if meter else nullcontext() as reading:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            results = list(pool.map(lambda p: client.generate_stream(p, max_tokens), jobs))
+        wall = time.perf_counter() - start
     done = [r for r in results if not r.error and r.arrival]
     shed = sum(r.overloaded for r in results)
     tokens = sum(len(r.pieces) for r in done)
-    return {
+    record = {
         "concurrency": concurrency, "requests": total, "completed": len(done), "shed": shed,
         "failed": total - len(done) - shed,
         "errors": sorted({r.error for r in results if r.error and not r.overloaded})[:5], "wall_s": wall,
@@ -60,6 +63,27 @@ def run_level(client: StreamingClient, prompts: tuple[str, ...], max_tokens: int
         "itl_ms": percentiles([d for r in done for d in r.inter_token]),
         "latency_ms": percentiles([r.latency for r in done]),
     }
+    if meter:
+        record["energy"] = meter.kpis(reading, tokens)
+    return record
+
+
+def energy_summary(level: dict) -> str:
+    """One clause for a level's energy and memory: the figures, or why there are none."""
+    energy = level.get("energy")
+    if not energy:
+        return ""
+    if energy["joules_per_output_token"] is not None:
+        text = (f"{energy['joules_per_output_token']:.3g} J per output token at {energy['mean_power_w']:.0f} W "
+                f"({energy['source']}"
+                + (f"; idle {energy['idle_power_w']:.0f} W" if energy["idle_power_w"] is not None else "") + ")")
+    else:
+        text = f"energy not measured: {energy['reason']}"
+    if energy["peak_memory_bytes"]:
+        text += f"; peak memory {energy['peak_memory_bytes'] / 2**30:.2f} GiB"
+    if energy.get("cost_per_million_output_tokens") is not None:
+        text += f"; {energy['cost_per_million_output_tokens']:.3g} per million output tokens"
+    return text
 
 
 @functools.lru_cache(maxsize=8)
@@ -115,7 +139,7 @@ def plot_load_test(levels: list[dict], path: Path) -> None:
 
 
 def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: Path, plan=None,
-                    tokenizer_dir: Path | None = None) -> CheckResult:
+                    tokenizer_dir: Path | None = None, meter: LoadMeter | None = None) -> CheckResult:
     """The sweep; with the deployment's `plan` (and its tokenizer) each level also records what the plan predicted
     for it, so that `trtpipe plan --measured load_test.json` can correct the model for this machine."""
     from rich.progress import Progress
@@ -125,7 +149,7 @@ def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: 
         task = progress.add_task("load test", total=len(options.concurrencies))
         for concurrency in options.concurrencies:
             levels.append(run_level(client, options.prompts, options.max_tokens, concurrency,
-                                    options.requests_per_client))
+                                    options.requests_per_client, meter))
             progress.advance(task)
     levels = with_predictions(levels, plan, tokenizer_dir, options.prompts)
     record = {"measured_on": measured_on(plan) if plan else None, "levels": levels}
@@ -142,6 +166,8 @@ def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: 
     if best["completed"] and "ttft_ms" in predicted:
         detail += (f"; the plan predicted {predicted['output_tokens_per_s']:.1f} tokens/s, TTFT "
                    f"{predicted['ttft_ms']:.0f} ms, TPOT {predicted['tpot_ms']:.1f} ms there ({predicted['source']})")
+    if best["completed"] and best.get("energy"):
+        detail += f"; {energy_summary(best)}"
     if shed:
         detail += (" — shedding is the queue bound at work (see the plan's max_queue_size_reason); clients should "
                    "retry later")

@@ -76,6 +76,8 @@ class ValidateOptions:
     request_timeout: float = REQUEST_TIMEOUT_S
     #: compare the server's request counters (Prometheus /metrics) with the requests validate sent
     metrics: bool = True
+    #: the deployment's price per hour (any currency): the load test reports its cost per million output tokens
+    price_per_hour: float | None = None
 
 
 def render_report(report: ValidationReport, out: Path) -> str:

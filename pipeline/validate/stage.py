@@ -30,6 +30,7 @@ from .checks import (
 from .client import ENSEMBLE, EnsembleClient
 from .llmapi import MODEL as LLMAPI_MODEL
 from .llmapi import LlmapiClient, llmapi_bad_requests
+from .energy import meter_for
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
 from .report import CheckResult, GreedyReference, ValidateOptions, ValidationReport
@@ -56,7 +57,8 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if options.load_test:
         progress("load_test")
         plan, tokenizer = load_test_context(repo)
-        checks.append(check_load_test(client, options, out_dir, plan, tokenizer))
+        meter = meter_for(server, options.price_per_hour)
+        checks.append(check_load_test(client, options, out_dir, plan, tokenizer, meter))
     if options.metrics:
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied pipeline/triton_names.py wins over any installed trtpipe
+from pipeline.spans import span  # noqa: E402
 from pipeline.triton_names import POST_OUTPUT, POST_SEQUENCE_LENGTH, POST_TOKENS_BATCH, parameter  # noqa: E402
 
 #: relative paths in the config are relative to the repository's root, as NVIDIA's models read them when
@@ -39,8 +40,9 @@ class TritonPythonModel:
             if tokens.ndim == 2:  # [batch, tokens]: one beam
                 tokens = tokens[:, None, :]
             lengths = lengths.reshape(tokens.shape[0], tokens.shape[1])
-            texts = [[self.decode(beam[:length]) for beam, length in zip(row, row_lengths)]
-                     for row, row_lengths in zip(tokens, lengths)]
+            with span("detokenize", request=request.request_id(), rows=tokens.shape[0]):
+                texts = [[self.decode(beam[:length]) for beam, length in zip(row, row_lengths)]
+                         for row, row_lengths in zip(tokens, lengths)]
             output = np.array([[t.encode("utf-8") for t in row] for row in texts], dtype=np.object_)
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(POST_OUTPUT, output)]))
         return responses

@@ -28,6 +28,7 @@ from pipeline.triton_names import (  # noqa: E402
     PRE_REQUEST_DECODER_INPUT_LEN, PRE_REQUEST_INPUT_LEN, PRE_REQUEST_OUTPUT_LEN, PRE_STOP_WORDS_DICT,
     PRE_STOP_WORDS_IDS, parameter,
 )
+from pipeline.spans import span  # noqa: E402
 
 #: relative paths in the config are relative to the repository's root, as NVIDIA's models read them when
 #: tritonserver runs there (trtpipe.deploy.tokenizer_parameter), whatever the working directory
@@ -87,7 +88,8 @@ class TritonPythonModel:
         pad_id = optional(request, PRE_PAD_ID)
         end_id = np.full((batch, 1), self.end_id, np.int32) if end_id is None else end_id.astype(np.int32)
         pad_id = np.full((batch, 1), self.pad_id, np.int32) if pad_id is None else pad_id.astype(np.int32)
-        ids = [self.encode(text(q.reshape(-1)[0])) for q in queries]
+        with span("tokenize", request=request.request_id(), rows=batch):
+            ids = [self.encode(text(q.reshape(-1)[0])) for q in queries]
         longest = max(len(i) for i in ids)
         input_ids = np.array([i + [int(end_id[r, 0])] * (longest - len(i)) for r, i in enumerate(ids)], np.int32)
         return [

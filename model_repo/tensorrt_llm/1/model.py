@@ -44,6 +44,7 @@ from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC, onnx
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.generate import check_requests  # noqa: E402
+from pipeline.runtime.profiling import TorchCapture  # noqa: E402
 from pipeline.runtime.scheduler import (  # noqa: E402
     GUARANTEED_NO_EVICT, Scheduler, SchedulerLimits, Sequence,
 )
@@ -519,6 +520,7 @@ class TritonPythonModel:
         bound = config.get("dynamic_batching", {}).get("default_queue_policy", {}).get("max_queue_size")
         self.queue_limit = int(bound) if bound and int(bound) > 0 and self.max_rows < sys.maxsize else None
         self.closing, self.taken = False, 0
+        self.capture = TorchCapture()    # torch's profiler while `trtpipe profile` captures
         if self.decoupled:   # execute returns at once; one worker generates, so a `stop` is read while it runs
             self.worker = threading.Thread(target=self.serve, daemon=True)
             self.worker.start()
@@ -597,7 +599,7 @@ class TritonPythonModel:
         starts them as its limits allow; a request queued while others generate joins them at the next step."""
         while True:
             if not self.scheduler.waiting:   # (after a failed run, the requests still waiting go on without a new one)
-                item = self.queue.get()
+                item = self.next_queued()
                 self.taken += 1
                 if item is None:
                     self.queue.task_done()
@@ -623,6 +625,17 @@ class TritonPythonModel:
             if self.closing:
                 return
 
+    def next_queued(self):
+        """The next queued item, waiting as long as it takes; while profiled, the capture is polled meanwhile (its
+        end writes the profile even when no request follows)."""
+        if self.capture.directory is None:
+            return self.queue.get()
+        while True:
+            try:
+                return self.queue.get(timeout=0.1)
+            except queue.Empty:
+                self.capture.poll()
+
     def submit(self, jobs: list) -> None:
         """Hand queued jobs to the scheduler, each request's rows to start together at its priority."""
         for job in jobs:
@@ -639,6 +652,7 @@ class TritonPythonModel:
         """Before every step: submit what was queued meanwhile, and take out of the queue what is no longer
         wanted: a request stopped (answered with what it has: nothing yet), cancelled by its client, or waiting when
         the server cancels (both checked at most every 0.1 s: each check asks Triton)."""
+        self.capture.poll()
         while not self.closing:
             try:
                 item = self.queue.get_nowait()
