@@ -228,3 +228,17 @@ def test_on_this_kind_of_machine_the_load_record_says_why_energy_is_null(tiny_cp
     assert level["energy"]["joules"] is None
     assert "no nv_energy_consumption" in level["energy"]["reason"] and "no-powercap" in level["energy"]["reason"]
     assert level["energy"]["peak_memory_bytes"] > 0      # memory is still measured
+
+
+@pytest.mark.parametrize("command", [["validate", "repo"], ["compare", "a", "b"]])
+def test_a_price_needs_the_load_it_prices_and_must_be_positive(command, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    result = CliRunner().invoke(main, [*command, "--price-per-hour", "1.5"])
+    assert result.exit_code == 2 and "pass it with --load-test" in result.output
+    for bad in ("0", "-2", "nan", "free"):
+        result = CliRunner().invoke(main, [*command, "--load-test", "--price-per-hour", bad])
+        assert result.exit_code == 2 and "--price-per-hour must be a positive number" in result.output
+        assert len(result.output.strip().splitlines()) == 1

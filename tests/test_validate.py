@@ -118,6 +118,9 @@ def test_report_files_and_load_test_numbers(good_report):
     assert "Started HTTPService" in (out / "server.log").read_text()
     recorded = json.loads((out / "load_test.json").read_text())
     assert recorded["measured_on"] is None   # the fixture repository was not written by deploy: no plan predicts
+    for lv in recorded["levels"]:            # energy measured, or null with the reason (this VM: no counter)
+        assert (lv["energy"]["joules"] is None) == bool(lv["energy"]["reason"])
+        assert lv["energy"]["peak_memory_bytes"] > 0
     levels = recorded["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 4]
     assert all("predicted" not in lv for lv in levels)

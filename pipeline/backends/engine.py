@@ -95,7 +95,8 @@ class EngineBackend:
     batching = INFLIGHT_BATCHING
     request_priorities = False   # tensorrtllm builds executor::Request without one (docs/upstream-facts.md)
     sparse_kernels = True        # trtllm-build --weight_sparsity: TensorRT times sparse tactics per layer
-    profile_start_stop_env = "TLLM_GPTM_PROFILE_START_STOP"   # the C++ executor (docs/upstream-facts.md I)
+    # the C++ executor reads it first, then its legacy name TLLM_GPTM_PROFILE_START_STOP (docs/upstream-facts.md K)
+    profile_start_stop_env = "TLLM_PROFILE_START_STOP"
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
 

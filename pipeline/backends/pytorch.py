@@ -100,7 +100,7 @@ class PytorchBackend:
     batching = INFLIGHT_BATCHING
     request_priorities = False   # the llmapi model.py passes none; 1.2.1's LLM API priority is not established
     sparse_kernels = False       # no 2:4 kernels on TensorRT-LLM's PyTorch backend (docs/sparsity.md)
-    profile_start_stop_env = "TLLM_PROFILE_START_STOP"        # the PyTorch workflow (docs/upstream-facts.md I)
+    profile_start_stop_env = "TLLM_PROFILE_START_STOP"        # the PyTorch executor (docs/upstream-facts.md K)
     checkpoint_format = HF_CHECKPOINT
     summary = (f"no engine: TensorRT-LLM {TRTLLM_VERSION}'s LLM API (PyTorch backend) serves the Hugging Face "
                "model (Triton llmapi model, or trtllm-serve)")

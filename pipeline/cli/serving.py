@@ -314,7 +314,7 @@ def profile(repo, duration, concurrency, max_tokens, top, capture_iterations, ou
     """Serve REPO, drive validate's load for --duration seconds and leave a trace of where the time went.
 
     \b
-    The cpu target: trace.json (Chrome trace format: https://ui.perfetto.dev) with the stage ranges of every
+    The cpu target: trace.json.gz (Chrome trace format: https://ui.perfetto.dev) with the stage ranges of every
     model (tokenize, schedule, forward, sample, detokenize) and torch's operators, top_operators.md and
     profile.json. A GPU repository: an Nsight Systems report (nsys profile -t cuda,nvtx,osrt, captured around
     the iterations --capture-iterations names) and nsys stats summaries; needs nsys on PATH.
