@@ -18,8 +18,8 @@ from support.marks import mark_what_runs  # noqa: E402
 from support.models import (  # noqa: E402
     QWEN_VARIANTS,
     TINY_VARIANTS,
+    deploy_tiny_cpu_repo,
     make_tiny_model,
-    tiny_cpu_checkpoint,
     variant_factory,
 )
 
@@ -75,16 +75,7 @@ def triton_pool():
 @pytest.fixture(scope="session")
 def tiny_cpu_server(tiny_llama, tmp_path_factory, triton_pool):
     """A tiny cpu repository (word tokenizer " w0".." w100") deployed by the CLI, in the embedded Triton server."""
-    from click.testing import CliRunner
-
-    from pipeline.cli import main
-
-    root = tmp_path_factory.mktemp("tiny-cpu-server")
-    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
-                                       "-o", str(root / "repo")])
-    assert result.exit_code == 0, result.output
-    return triton_pool.get(root / "repo")
+    return triton_pool.get(deploy_tiny_cpu_repo(tiny_llama("gqa"), tmp_path_factory.mktemp("tiny-cpu-server")))
 
 
 @pytest.fixture(scope="session")

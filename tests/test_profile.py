@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support.models import tiny_cpu_checkpoint
+from support.models import deploy_tiny_cpu_repo
 
 from pipeline import profile as profile_module
 from pipeline import spans
@@ -28,12 +28,7 @@ from pipeline.targets import get_target
 
 @pytest.fixture(scope="module")
 def cpu_repo(tiny_llama, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("profile-cpu")
-    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
-                                       "-o", str(root / "repo")])
-    assert result.exit_code == 0, result.output
-    return root / "repo"
+    return deploy_tiny_cpu_repo(tiny_llama("gqa"), tmp_path_factory.mktemp("profile-cpu"))
 
 
 @pytest.fixture(scope="module")

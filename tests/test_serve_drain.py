@@ -15,22 +15,15 @@ from pathlib import Path
 
 import pytest
 import requests
-from click.testing import CliRunner
 
-from support.models import tiny_cpu_checkpoint
-from pipeline.cli import main
+from support.models import deploy_tiny_cpu_repo
 
 TOKENS = 1200
 
 
 @pytest.fixture(scope="module")
 def repo(tiny_llama, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("drain")
-    ckpt, plan = tiny_cpu_checkpoint(tiny_llama("gqa"), root)
-    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
-                                       "-o", str(root / "repo")])
-    assert result.exit_code == 0, result.output
-    return root / "repo"
+    return deploy_tiny_cpu_repo(tiny_llama("gqa"), tmp_path_factory.mktemp("drain"))
 
 
 def stream(url: str, out: list) -> None:

@@ -34,6 +34,9 @@ METRICS = {**LATENCY_METRICS, **RATE_METRICS, **ENERGY_METRICS}
 UNITS_J = {"j": 1.0, "mj": 1e-3, "j/token": 1.0}
 #: latency units -> milliseconds (run_level reports milliseconds)
 UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+#: metrics bounded from above -> (what it is, what its unit measures, its units, an example)
+BOUNDED_ABOVE = {**{metric: ("a latency", "latency", UNITS_MS, "500ms") for metric in LATENCY_METRICS},
+                 ENERGY_METRIC: ("a cost", "energy", UNITS_J, "0.5j")}
 CLAUSE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>|=)\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z/]*)\s*$")
 EXAMPLE = '"ttft_p99<=500ms,itl_p99<=50ms"'
 
@@ -127,18 +130,13 @@ def parse_clause(part: str) -> Clause:
     if metric not in METRICS:
         raise UserError(f"--slo: unknown metric {metric!r}; known: {', '.join(METRICS)}")
     limit = float(number)
-    if metric in LATENCY_METRICS:
+    if metric in BOUNDED_ABOVE:
+        kind, quantity, units, example = BOUNDED_ABOVE[metric]
         if op not in ("<=", "<"):
-            raise UserError(f"--slo {part.strip()!r}: {metric} is a latency, bound it from above (<= or <)")
-        if unit not in UNITS_MS:
-            raise UserError(f"--slo {part.strip()!r}: give the latency a unit ({', '.join(UNITS_MS)}), e.g. 500ms")
-        limit *= UNITS_MS[unit]
-    elif metric in ENERGY_METRICS:
-        if op not in ("<=", "<"):
-            raise UserError(f"--slo {part.strip()!r}: {metric} is a cost, bound it from above (<= or <)")
-        if unit not in UNITS_J:
-            raise UserError(f"--slo {part.strip()!r}: give the energy a unit ({', '.join(UNITS_J)}), e.g. 0.5j")
-        limit *= UNITS_J[unit]
+            raise UserError(f"--slo {part.strip()!r}: {metric} is {kind}, bound it from above (<= or <)")
+        if unit not in units:
+            raise UserError(f"--slo {part.strip()!r}: give the {quantity} a unit ({', '.join(units)}), e.g. {example}")
+        limit *= units[unit]
     else:
         if op not in (">=", ">"):
             raise UserError(f"--slo {part.strip()!r}: {metric} is a rate, bound it from below (>= or >)")

@@ -137,6 +137,19 @@ def tiny_cpu_checkpoint(hf_dir: Path, root: Path) -> tuple[Path, Path]:
     return ckpt, root / "plan.json"
 
 
+def deploy_tiny_cpu_repo(hf_dir: Path, root: Path) -> Path:
+    """`tiny_cpu_checkpoint` deployed by the CLI into ROOT/repo (the word tokenizer " w0".." w100")."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    ckpt, plan = tiny_cpu_checkpoint(hf_dir, root)
+    result = CliRunner().invoke(main, ["deploy", "--checkpoint", str(ckpt), "--plan", str(plan),
+                                       "-o", str(root / "repo")])
+    assert result.exit_code == 0, result.output
+    return root / "repo"
+
+
 def tiny_model_with_tokenizer(hf_dir: Path, out: Path) -> Path:
     """Copy the tiny Llama HF_DIR to OUT with a 2048-token context and a word-level tokenizer of its 101-word
     vocabulary (byte-level like SmolLM2's, so decoding a token stream piece by piece gives the same text as
