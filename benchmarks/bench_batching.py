@@ -26,6 +26,7 @@ from pipeline.server import embedded_server
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient, run_level
+from pipeline.validate.energy import meter_for
 
 CONCURRENCY = 8
 
@@ -56,6 +57,12 @@ def merge_rounds(rounds: list[dict]) -> dict:
     merged["output_tokens_per_s"] = merged["output_tokens"] / merged["wall_s"]
     for key in ("ttft_ms", "itl_ms", "latency_ms"):
         merged[key] = {q: max(r[key][q] or 0 for r in rounds) for q in ("p50", "p90", "p99")}
+    energies = [r.get("energy") for r in rounds]
+    if all(e and e["joules"] is not None for e in energies):
+        joules = sum(e["joules"] for e in energies)
+        merged["energy"] = {**energies[-1], "joules": joules,
+                            "joules_per_output_token": joules / merged["output_tokens"] if merged["output_tokens"]
+                            else None}
     merged["rounds"] = rounds
     return merged
 
@@ -65,16 +72,17 @@ def measure_side_by_side(repos: dict, rounds: int, requests_per_client: int, max
     """Both repositories served at once and loaded in alternation, so machine noise hits both alike
     (benchmarks/bench_cpu_runtime.py uses it too; `label` + a key of `repos` names each in the progress)."""
     with ExitStack() as stack:
-        clients = {}
+        clients, meters = {}, {}
         for batch_size, repo in repos.items():
             server = stack.enter_context(embedded_server(repo, ready_timeout=900))
             clients[batch_size] = EnsembleClient(server, timeout=1800)
+            meters[batch_size] = meter_for(server)   # the machine's energy while this variant's window runs
             clients[batch_size].generate(DEFAULT_PROMPTS[0], 2)  # warm-up: first-request costs are not batching
         measured: dict[int, list[dict]] = {b: [] for b in repos}
         for i in range(rounds):
             for batch_size, client in clients.items():
                 measured[batch_size].append(run_level(client, DEFAULT_PROMPTS, max_tokens, CONCURRENCY,
-                                                      requests_per_client))
+                                                      requests_per_client, meters[batch_size]))
                 print(f"round {i + 1}/{rounds} {label}{batch_size}: "
                       f"{measured[batch_size][-1]['output_tokens_per_s']:.2f} tokens/s", flush=True)
     return {b: merge_rounds(r) for b, r in measured.items()}
@@ -92,6 +100,12 @@ def print_side_by_side(results: dict, variants: dict, width: int) -> None:
         values = [lookup(results[v], key) for v in (a, b)]
         ratio = f"{values[0] / values[1]:.2f}x" if key == "output_tokens_per_s" and values[1] else ""
         print(f"{label:24}{fmt.format(values[0]):>{width}}{fmt.format(values[1]):>{width}}{ratio:>8}")
+    energy = [(results[v].get("energy") or {}).get("joules_per_output_token") for v in (a, b)]
+    cells = [f"{e:.4g}" if e is not None else "n/a" for e in energy]
+    print(f"{'J per output token':24}{cells[0]:>{width}}{cells[1]:>{width}}")
+    if None in energy:
+        reason = (results[a].get("energy") or results[a]["rounds"][-1].get("energy") or {}).get("reason")
+        print(f"  energy not measured: {reason}")
 
 
 def side_by_side_arguments(description: str, workdir: str,
