@@ -40,8 +40,10 @@ def profiled(cpu_repo, tmp_path_factory):
     return out, result.output
 
 
-def no_server_left() -> bool:
-    found = subprocess.run(["pgrep", "-f", "tritonserver --model-repository"], capture_output=True, text=True)
+def no_server_left(repo: Path) -> bool:
+    """No tritonserver of REPO runs (the session's pool serves other repositories meanwhile)."""
+    found = subprocess.run(["pgrep", "-f", "--", f"--model-repository={Path(repo).resolve()}"], capture_output=True,
+                           text=True)
     return not any(pid != str(os.getpid()) for pid in found.stdout.split())
 
 
@@ -71,7 +73,7 @@ def test_the_trace_holds_every_stage_of_one_request_in_order(profiled):
     assert len(inside) > 0.5 * len([op for op in ops if op["ts"] <= forward[-1]["ts"] + forward[-1]["dur"]])
 
 
-def test_the_summary_files_and_the_top_operators(profiled):
+def test_the_summary_files_and_the_top_operators(profiled, cpu_repo):
     out, output = profiled
     summary = json.loads((out / "profile.json").read_text())
     assert summary["kind"] == "torch" and summary["load"]["completed"] == summary["load"]["requests"] > 0
@@ -84,7 +86,7 @@ def test_the_summary_files_and_the_top_operators(profiled):
     assert "| operator | calls |" in (out / "top_operators.md").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["profile.json", "server.log", "top_operators.md", "trace.json.gz"]
     assert "output tokens/s" in output and "trace.json.gz" in output
-    assert no_server_left()
+    assert no_server_left(cpu_repo)
 
 
 def test_a_repository_that_does_not_load_exits_2_with_nothing_written(cpu_repo, tmp_path):
@@ -96,7 +98,7 @@ def test_a_repository_that_does_not_load_exits_2_with_nothing_written(cpu_repo, 
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
-    assert no_server_left()
+    assert no_server_left(broken)
 
 
 @pytest.mark.parametrize("args, message", [
