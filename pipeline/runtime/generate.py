@@ -234,15 +234,15 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             return
         for s in started:
             row, next_row = next_row, next_row + 1
-            config = start_config(s)
-            decoder.add([row], [s.context()], [config])
+            config, context = start_config(s), s.context()
+            decoder.add([row], [context], [config])
             rows[row] = s
             if s.result is None:
                 s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
             if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
                 continue
-            with span("forward", phase="prefill", rows=1, tokens=len(s.context())):
+            with span("forward", phase="prefill", rows=1, tokens=len(context)):
                 logits = prefill(decoder, [row], {row: config}, {row: s.result})
             if not config.max_new_tokens:
                 _end(decoder, scheduler, rows, row, on_end)

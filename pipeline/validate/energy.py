@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -301,13 +301,11 @@ class LoadMeter:
             except EnergyUnavailable as exc:
                 reading.reason = str(exc)
         t0 = time.monotonic()
-        if sampler:
-            sampler.__enter__()
         try:
-            yield reading
+            with sampler or nullcontext():
+                yield reading
         finally:
             if sampler:
-                sampler.__exit__(None, None, None)
                 reading.peak_memory_bytes, reading.memory_source = sampler.peak, self.memory.source
             reading.seconds = time.monotonic() - t0
             if start is not None:
