@@ -178,3 +178,65 @@ def test_a_failed_run_fails_its_requests_and_the_waiting_ones_still_run(checkpoi
     model.queue.join()
     assert answers["r0"] == ["generation failed: RuntimeError: out of memory"]
     assert answers["r1"] == answers["r2"] == [FINAL] and len(calls) == 2 and model.live == 0
+
+
+def decoupled_model(module, ckpt):
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({"model_transaction_policy": {"decoupled": True},
+                                                  "parameters": {"checkpoint_dir": {"string_value": str(ckpt)}}})})
+    return model
+
+
+def test_responses_and_cancellation_checks_leave_the_worker_thread_in_order(checkpoint, monkeypatch):
+    """Each send and each is_cancelled is a round trip to Triton: the worker hands both to the outbox thread and goes
+    on (a request still waiting to start is checked by the worker, every 0.1 s); a request's responses still arrive
+    in order, and `queue.join()` returns once all were sent."""
+    import threading
+
+    module = load_cpu_model(monkeypatch)
+    model = decoupled_model(module, checkpoint("gqa"))
+    threads, log = set(), []
+
+    class Watched(Request):
+        def send(self, response, flags=0):
+            threads.add(threading.current_thread().name)
+            super().send(response, flags)
+
+        def is_cancelled(self):
+            if any(n == self.name for n, *_ in self.log):    # it is generating
+                threads.add(threading.current_thread().name)
+            return False
+
+    model.execute([Watched("a", log, [3, 14, 15], 8, streaming=True), Watched("b", log, [9, 2], 5, streaming=True)])
+    model.queue.join()
+    assert threads == {model.outbox._thread.name} and model.worker.name not in threads
+    for name, count in (("a", 8), ("b", 5)):
+        mine = [(ids, final) for n, ids, final in log if n == name]
+        assert len(mine) == count and [f for _, f in mine] == [False] * (count - 1) + [True]
+    model.finalize()
+    assert not model.outbox._thread.is_alive()
+
+
+def test_a_request_whose_client_went_away_stops_soon_after(checkpoint, monkeypatch):
+    """The outbox's cancellation check (at most every CANCEL_CHECK_S) ends a request whose client is gone: it gets
+    the CANCELLED error, not its remaining tokens."""
+    module = load_cpu_model(monkeypatch)
+    monkeypatch.setattr(module, "CANCEL_CHECK_S", 0.0)
+    model = decoupled_model(module, checkpoint("gqa"))
+    log = []
+
+    class Leaving(Request):
+        def send(self, response, flags=0):
+            if response.error is not None:
+                self.log.append(("error", response.error.code, flags == FINAL))
+            else:
+                super().send(response, flags)
+
+        def is_cancelled(self):
+            return len(self.log) >= 2     # the client leaves after its second token
+
+    model.execute([Leaving("a", log, [3, 14, 15], 200, streaming=True)])
+    model.queue.join()
+    assert log[-1] == ("error", "CANCELLED", True)
+    assert 2 <= len(log) - 1 < 20
+    model.finalize()

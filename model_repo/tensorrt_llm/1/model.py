@@ -44,6 +44,7 @@ from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC, onnx
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.generate import check_requests  # noqa: E402
+from pipeline.runtime.outbox import Outbox  # noqa: E402
 from pipeline.runtime.profiling import TorchCapture  # noqa: E402
 from pipeline.runtime.scheduler import (  # noqa: E402
     GUARANTEED_NO_EVICT, Scheduler, SchedulerLimits, Sequence,
@@ -62,6 +63,8 @@ from pipeline.triton_names import (  # noqa: E402
 )
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+#: how often a decoupled request asks whether its client went away, in seconds (Job.cancelled)
+CANCEL_CHECK_S = 0.05
 
 #: What this model does with each input of NVIDIA's tensorrt_llm contract it does not simply compute with (the
 #: ones it computes with are read in Job.parse). Beam-search-only inputs have no effect at beam width 1, in
@@ -233,6 +236,9 @@ class Job:
     def __init__(self, request, decoupled: bool):
         self.request = request
         self.sender = request.get_response_sender() if decoupled else None
+        self.outbox: Outbox | None = None   # decoupled, once the worker owns it: where its responses and checks go
+        self.client_gone = False    # decoupled: the outbox found the request cancelled
+        self.cancel_checked = 0.0
         self.response = None        # non-decoupled mode: the one response
         self.finished = False
         self.stopped = False        # a `stop` request for this request's id arrived: end at the next token
@@ -332,7 +338,7 @@ class Job:
         row.seq.result = result     # serve_rows set it already; generate_rows (not decoupled) does not
         self.last_token_ns = time.monotonic_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
-        if self.finished or self.request.is_cancelled():
+        if self.finished or self.cancelled():
             self.fail("the request was cancelled", pb_utils.TritonError.CANCELLED)
             return False
         if self.model.shutdown_state() == CANCELLING:
@@ -342,6 +348,21 @@ class Job:
         if self.stream:   # final when this token ends the job's last running row (on_row_end sends nothing then)
             self.send([row], final=(row.is_done() or self.stopped) and self.rows_running == 1)
         return not self.stopped
+
+    def cancelled(self) -> bool:
+        """Whether the client went away. Decoupled, the check runs on the outbox (each is a round trip to Triton),
+        at most every CANCEL_CHECK_S per request: a cancelled request stops within that and the steps in between."""
+        if self.outbox is None:   # not decoupled: generated in execute, which may ask Triton itself
+            return self.request.is_cancelled()
+        now = time.monotonic()
+        if now - self.cancel_checked >= CANCEL_CHECK_S:
+            self.cancel_checked = now
+            self.outbox.put(self.check_cancelled)
+        return self.client_gone
+
+    def check_cancelled(self) -> None:
+        if self.request.is_cancelled():
+            self.client_gone = True
 
     def on_row_end(self, row: Row) -> None:
         """One of the job's rows left the batch: once all have, the job is answered now, while the other
@@ -370,17 +391,25 @@ class Job:
         error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
         response = pb_utils.InferenceResponse(output_tensors=[], error=error)
         if self.sender is not None:
-            self.sender.send(response, flags=FINAL)
+            self.deliver(response, FINAL)
         self.response = response
         self.finished = True
 
     def send(self, rows: list, final: bool, empty: bool = False) -> None:
         response = pb_utils.InferenceResponse(output_tensors=self.tensors(rows, empty))
         if self.sender is not None:
-            self.sender.send(response, flags=FINAL if final else 0)
+            self.deliver(response, FINAL if final else 0)
         else:
             self.response = response
         self.finished = self.finished or final
+
+    def deliver(self, response, flags: int) -> None:
+        """Decoupled: the response goes out from the outbox, after every response of this request put before it (a
+        request refused before the worker took it is answered at once)."""
+        if self.outbox is None:
+            self.sender.send(response, flags=flags)
+        else:
+            self.outbox.put(lambda: self.sender.send(response, flags=flags))
 
     def tensors(self, rows: list, empty: bool) -> list:
         """The outputs of one response: NVIDIA's shapes ([rows, beam 1, ...]) for the tokens this response carries
@@ -521,7 +550,10 @@ class TritonPythonModel:
         self.queue_limit = int(bound) if bound and int(bound) > 0 and self.max_rows < sys.maxsize else None
         self.closing, self.taken = False, 0
         self.capture = TorchCapture()    # torch's profiler while `trtpipe profile` captures
-        if self.decoupled:   # execute returns at once; one worker generates, so a `stop` is read while it runs
+        # decoupled: execute returns at once; one worker generates, so a `stop` is read while it runs, and one outbox
+        # thread sends the responses, so the worker does not wait on Triton for each token
+        self.outbox = Outbox(f"{args.get('model_name', TENSORRT_LLM)}-responses") if self.decoupled else None
+        if self.decoupled:
             self.worker = threading.Thread(target=self.serve, daemon=True)
             self.worker.start()
 
@@ -619,6 +651,7 @@ class TritonPythonModel:
             if self.closing:
                 self.withdraw(lambda row: True, STOPPED_BEFORE_START)
             if not self.scheduler.waiting:   # every request taken from the queue so far is answered
+                self.outbox.wait()
                 for _ in range(self.taken):
                     self.queue.task_done()
                 self.taken = 0
@@ -647,6 +680,7 @@ class TritonPythonModel:
         with self.lock:
             self.running.setdefault(job.request.request_id(), []).append(job)
         self.admitted.add(job)
+        job.outbox = self.outbox
 
     def poll(self) -> None:
         """Before every step: submit what was queued meanwhile, and take out of the queue what is no longer
@@ -748,3 +782,4 @@ class TritonPythonModel:
         if self.decoupled:
             self.queue.put(None)
             self.worker.join(timeout=60)
+            self.outbox.close(timeout=60)
