@@ -27,6 +27,7 @@ from pipeline.validate.energy import (
 from pipeline.validate.load_test import energy_summary, run_level
 
 MAX_RANGE = 262_143_328_850   # a real package's max_energy_range_uj
+STALE_S = 0.02               # how far behind a synthetic counter written every 5 ms by a thread may be read
 
 
 def powercap_tree(root: Path, packages: dict[str, int], subzones: bool = True) -> Path:
@@ -193,7 +194,9 @@ def test_the_server_process_groups_resident_memory_is_its_peak(tiny_cpu_server):
 def test_a_served_load_level_agrees_with_an_independent_reading_of_the_same_counter(tiny_cpu_server, tmp_path,
                                                                                     monkeypatch):
     """A synthetic RAPL package burning 40 W, advanced by a thread: the level's joules per output token agree within
-    5% with the counter read around the same call, and its peak memory is the server's."""
+    5% with the counter read around the same call, and its peak memory is the server's. The thread writes the counter
+    every 5 ms and a busy 2-core machine can hold it back further, so each reading may be stale by up to STALE_S: the
+    agreement allows 2 such readings on top of the 5% (CI saw 8 ms on a 0.1 s window)."""
     root = powercap_tree(tmp_path / "powercap", {"package-0": 0}, subzones=False)
     monkeypatch.setattr(energy, "POWERCAP_ROOT", root)
     stop, t0 = threading.Event(), time.monotonic()
@@ -209,14 +212,17 @@ def test_a_served_load_level_agrees_with_an_independent_reading_of_the_same_coun
         meter.measure_idle()        # the quiet window comes before the level's (the first window measures it)
         client = EnsembleClient(tiny_cpu_server, 30)
         before = int((root / "intel-rapl:0" / "energy_uj").read_text())
-        level = run_level(client, (" w1 w2 w3", " w4 w5"), 8, 2, 2, meter)
+        level = run_level(client, (" w1 w2 w3", " w4 w5"), 16, 2, 4, meter)
         after = int((root / "intel-rapl:0" / "energy_uj").read_text())
     finally:
         stop.set()
     e = level["energy"]
-    independent = (after - before) / 1e6 / level["output_tokens"]
-    assert level["output_tokens"] > 0 and e["joules_per_output_token"] == pytest.approx(independent, rel=0.05)
-    assert e["mean_power_w"] == pytest.approx(40.0, rel=0.05) and e["idle_power_w"] == pytest.approx(40.0, rel=0.05)
+    tokens, stale_j = level["output_tokens"], 2 * STALE_S * 40.0
+    independent = (after - before) / 1e6 / tokens
+    assert tokens > 0 and e["joules_per_output_token"] == pytest.approx(independent, rel=0.05, abs=stale_j / tokens)
+    assert e["joules_per_output_token"] <= independent + stale_j / tokens     # the window lies inside the call
+    assert e["mean_power_w"] == pytest.approx(40.0, rel=0.05, abs=stale_j / e["window_s"])
+    assert e["idle_power_w"] == pytest.approx(40.0, rel=0.05, abs=stale_j / energy.IDLE_WINDOW_S)
     assert e["peak_memory_bytes"] > 50 * 2**20 and "server's processes" in e["memory_source"]
     assert e["cost_per_million_output_tokens"] == pytest.approx(2.0 * e["window_s"] / 3600 / level["output_tokens"]
                                                                 * 1e6)
