@@ -68,7 +68,7 @@ def test_float_export_equals_runtime_through_kv_cache_and_in_greedy_generation(f
     onnx.checker.check_model(model, full_check=True)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     assert [d.dim_param or d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == \
-        ["batch_size", "sequence_length", 101]
+        ["batch_size", "kept_sequence_length", 101]      # the last logits_to_keep positions (default: all)
     decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(ckpt)
     assert_matches_through_cache(decoder, ref, random_ids(101, 2, 14), prefill=9)
     prompt = random_ids(101, 1, 7, seed=3)[0].tolist()
@@ -101,7 +101,8 @@ def test_io_names_and_genai_config_follow_onnxruntime_genai(checkpoint, tmp_path
     inputs = [i.name for i in model.graph.input]
     outputs = [o.name for o in model.graph.output]
     assert inputs[:3] == ["input_ids", "attention_mask", "position_ids"]
-    assert inputs[3:5] == ["past_key_values.0.key", "past_key_values.0.value"] and len(inputs) == 3 + 2 * 4
+    assert inputs[3:5] == ["past_key_values.0.key", "past_key_values.0.value"] and len(inputs) == 3 + 2 * 4 + 1
+    assert inputs[-1] == "logits_to_keep" and "logits_to_keep" in {t.name for t in model.graph.initializer}
     assert outputs[:3] == ["logits", "present.0.key", "present.0.value"] and len(outputs) == 1 + 2 * 4
     past = [d.dim_param or d.dim_value for d in model.graph.input[3].type.tensor_type.shape.dim]
     assert past == ["batch_size", 2, "past_sequence_length", 6]
@@ -124,6 +125,26 @@ def test_padded_batch_attends_only_to_unmasked_keys(checkpoint, tmp_path):
              **decoder.empty_cache(1).tensors}
     logits = decoder.session.run(["logits"], feeds)[0]
     assert rel_err(logits[:, 3:], ref.forward(ids)) <= REL
+
+
+def test_a_prefill_keeps_only_its_last_logits_and_an_older_export_still_serves(checkpoint, tmp_path, monkeypatch):
+    """logits_to_keep N gives the last N positions' logits of the full computation, and its default (the input not
+    fed) every position; a runner on an export without the input slices the full logits instead."""
+    export_onnx(checkpoint("gqa"), tmp_path / "onnx")
+    decoder = OrtDecoder(tmp_path / "onnx")
+    ids, cache = random_ids(101, 2, 7, seed=3).numpy(), decoder.empty_cache(2)
+    full, _ = decoder.step(ids, cache)
+    assert decoder.keeps_logits and full.shape[1] == 7
+    feeds = {"input_ids": ids, "attention_mask": np.ones((2, 7), np.int64),
+             "position_ids": np.tile(np.arange(7), (2, 1)), **cache.tensors}
+    for keep, width in ((3, 3), (1, 1), (0, 7), (9, 7)):
+        kept = decoder.session.run(["logits"], {**feeds, "logits_to_keep": np.array(keep, np.int64)})[0]
+        assert kept.shape[1] == width and np.allclose(kept, full[:, 7 - width:], rtol=1e-5, atol=1e-5)
+    last, grown = decoder.step(ids, cache, last_only=True)
+    assert last.shape[1] == 1 and np.allclose(last, full[:, -1:], rtol=1e-5, atol=1e-5) and grown.length == 7
+    monkeypatch.setattr(decoder, "keeps_logits", False)
+    old, _ = decoder.step(ids, cache, last_only=True)
+    assert old.shape[1] == 1 and np.allclose(old, full[:, -1:], rtol=1e-5, atol=1e-5)
 
 
 def test_tp_pp_checkpoint_exports_the_same_model(checkpoint, tmp_path):

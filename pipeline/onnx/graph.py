@@ -7,7 +7,8 @@ cos/sin gathered at `position_ids` -> K/V appended to `past_key_values.N.*` (the
 (and within the sliding window, if any) -> attention.dense -> residual -> RMSNorm -> proj(silu(fc) * gate)
 -> residual] -> ln_f -> lm_head -> `logits`. Names follow optimum / onnxruntime-genai
 (docs/onnx.md): inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.N.key/value`
-[batch, kv_heads, past, head_size]; outputs `logits`, `present.N.key/value`.
+[batch, kv_heads, past, head_size], and the optional `logits_to_keep` (an int64 scalar, default 0 = every
+position; N > 0: only the last N positions' logits are computed); outputs `logits`, `present.N.key/value`.
 
 The tensor each linear reads (after SmoothQuant's smoothing, where the checkpoint has it) is named
 exactly like the activation calibrate measures, `transformer.layers.N.attention.qkv` ... `mlp.proj`,
@@ -28,9 +29,11 @@ from ..checkpoint import CheckpointConfig
 from ..runtime.trtllm_reader import Layer, Linear
 from ..runtime.quant import TensorQuant
 from ..runtime.rope import RotaryTable
+from . import LOGITS_TO_KEEP
 from .quantize import QuantizedWeight, activation_scale, weight_tensor, zero_point
 
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+KEPT = "kept_sequence_length"     # logits' positions: the last logits_to_keep of SEQ
 LOWEST = np.float32(np.finfo(np.float32).min)
 
 
@@ -259,10 +262,11 @@ def graph_io(cfg: CheckpointConfig) -> tuple[list, list]:
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [BATCH, SEQ]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [BATCH, TOTAL]),
               helper.make_tensor_value_info("position_ids", TensorProto.INT64, [BATCH, SEQ])]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, SEQ, arch.vocab_size])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, KEPT, arch.vocab_size])]
     for i in range(arch.num_hidden_layers):
         inputs += [kv(n, True) for n in past_names(i)]
         outputs += [kv(n, False) for n in present_names(i)]
+    inputs.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, []))
     return inputs, outputs
 
 
@@ -272,6 +276,19 @@ def start_graph(g: GraphBuilder, cfg: CheckpointConfig, embedding: torch.Tensor)
     g.const("axes.2", np.array([2], np.int64))
     table = g.float_weight("transformer.vocab_embedding.weight", embedding)
     return g.op("Gather", [table, "input_ids"]), build_shared(g, cfg)
+
+
+def kept_positions(g: GraphBuilder, x: str) -> str:
+    """x [B, T, H] from position T - logits_to_keep on (every position when logits_to_keep is 0 or exceeds T).
+    `logits_to_keep` is a graph input with a default (an initializer of the same name), so feeds without it work.
+    int.0, int.1 and axes.1 are build_shared's."""
+    keep = g.const(LOGITS_TO_KEEP, np.array(0, np.int64))
+    length = g.op("Gather", [g.op("Shape", [x]), "int.1"])
+    start = g.op("Max", [g.op("Sub", [length, keep]), "int.0"])
+    start = g.op("Where", [g.op("Greater", [keep, "int.0"]), start, "int.0"])
+    starts = g.op("Unsqueeze", [start, g.const("axes.0", np.array([0], np.int64))])
+    ends = g.const("ends.max", np.array([np.iinfo(np.int64).max], np.int64))
+    return g.op("Slice", [x, starts, ends, "axes.1"])
 
 
 def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: torch.Tensor,
@@ -285,6 +302,6 @@ def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: tor
         head = g.op("Transpose", [table], perm=[1, 0])
     else:
         head = g.float_weight("lm_head.weight", lm_head.t().contiguous())
-    g.op("MatMul", [x, head], out="logits")
+    g.op("MatMul", [kept_positions(g, x), head], out="logits")
     inputs, outputs = graph_io(cfg)
     return helper.make_graph(g.nodes, "trtpipe_decoder", inputs, outputs, g.initializers)

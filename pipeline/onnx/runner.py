@@ -26,7 +26,7 @@ from ..runtime.generate import (
 )
 from ..runtime.sampling import SamplingConfig
 from ..runtime.scheduler import Scheduler
-from . import CONFIG_FILE
+from . import CONFIG_FILE, LOGITS_TO_KEEP
 
 
 @dataclass
@@ -63,6 +63,9 @@ class OrtDecoder:
         self.session = ort.InferenceSession(str(directory / decoder["filename"]), opts,
                                             providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
+        #: whether the export has the input (an input with a default: ONNX Runtime lists it with the overridable
+        #: initializers); older exports compute every position's logits
+        self.keeps_logits = any(i.name == LOGITS_TO_KEEP for i in self.session.get_overridable_initializers())
 
     def empty_cache(self, batch: int) -> Cache:
         shape = (batch, self.kv_heads, 0, self.head_size)
@@ -70,8 +73,9 @@ class OrtDecoder:
         return Cache(tensors, np.zeros((batch, 0), np.int64))
 
     def step(self, input_ids: np.ndarray, cache: Cache, positions: np.ndarray | None = None,
-             mask: np.ndarray | None = None) -> tuple[np.ndarray, Cache]:
-        """Logits [B, T, vocab] of T new tokens per sequence after the cache, and the grown cache. `positions`
+             mask: np.ndarray | None = None, last_only: bool = False) -> tuple[np.ndarray, Cache]:
+        """Logits [B, T, vocab] of T new tokens per sequence after the cache (last_only: [B, 1, vocab] of the last
+        one, the lm_head skipped for the others where the export allows), and the grown cache. `positions`
         (default: right after the cache) and `mask` (default: all ones) describe the new tokens."""
         b, t = input_ids.shape
         if positions is None:
@@ -79,8 +83,11 @@ class OrtDecoder:
         mask = np.concatenate([cache.mask, np.ones((b, t), np.int64) if mask is None else mask], axis=1)
         feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": mask,
                  "position_ids": np.ascontiguousarray(np.broadcast_to(positions, (b, t)), np.int64), **cache.tensors}
+        if last_only and self.keeps_logits:
+            feeds[LOGITS_TO_KEEP] = np.array(1, np.int64)
         results = dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
-        return results["logits"], Cache({past: results[now] for past, now in self.cache_names}, mask)
+        logits = results["logits"][:, -1:] if last_only else results["logits"]
+        return logits, Cache({past: results[now] for past, now in self.cache_names}, mask)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = np.asarray(torch.as_tensor(input_ids))
@@ -147,22 +154,22 @@ class OrtBatch:
             self.prompts.pop(row, None)
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
-        return torch.from_numpy(self._prefill(rows)[:, -1])
+        return torch.from_numpy(self._prefill(rows, last_only=True)[:, -1])
 
     def prefill_context(self, rows: list[int]) -> list[torch.Tensor]:
-        """Each row's logits at every prompt position: the graph computes them all anyway, left-padded."""
+        """Each row's logits at every prompt position (left-padded: each row's last len(prompt) positions)."""
         logits = self._prefill(rows)
         return [torch.from_numpy(logits[i, logits.shape[1] - len(self.prompts[r]):].copy()) for i, r in enumerate(rows)]
 
-    def _prefill(self, rows: list[int]) -> np.ndarray:
+    def _prefill(self, rows: list[int], last_only: bool = False) -> np.ndarray:
         """The rows' prompts, left-padded, into a cache joined to the running rows': logits [len(rows), longest
-        prompt, vocab]."""
+        prompt (last_only: 1), vocab]."""
         width = max(len(self.prompts[r]) for r in rows)
         ids, positions, mask = (np.zeros((len(rows), width), np.int64) for _ in range(3))
         for i, r in enumerate(rows):
             n = len(self.prompts[r])
             ids[i, width - n:], positions[i, width - n:], mask[i, width - n:] = self.prompts[r], np.arange(n), 1
-        logits, cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask)
+        logits, cache = self.decoder.step(ids, self.decoder.empty_cache(len(rows)), positions, mask, last_only)
         self.fresh.append((rows, cache, positions[:, -1:] + 1))
         return logits
 
