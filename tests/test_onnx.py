@@ -147,6 +147,22 @@ def test_a_prefill_keeps_only_its_last_logits_and_an_older_export_still_serves(c
     assert old.shape[1] == 1 and np.allclose(old, full[:, -1:], rtol=1e-5, atol=1e-5)
 
 
+def test_onnxruntime_fuses_every_rms_norm_into_one_kernel(checkpoint, tmp_path):
+    """x^2 written as Pow(x, 2) is the pattern ONNX Runtime's SimplifiedLayerNormalization fusion matches (Mul(x, x)
+    is not): each of the 2 norms per layer and ln_f is one kernel in the optimized graph, no ReduceMean left."""
+    import onnxruntime as ort
+
+    from pipeline.onnx.runner import session_options
+
+    export_onnx(checkpoint("gqa"), tmp_path / "onnx")
+    options = session_options(ort, "fp32", threads=None)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+    assert ops.count("SimplifiedLayerNormalization") + ops.count("SkipSimplifiedLayerNormalization") == 2 * 4 + 1
+    assert "ReduceMean" not in ops
+
+
 def test_tp_pp_checkpoint_exports_the_same_model(checkpoint, tmp_path):
     export_onnx(checkpoint("gqa"), tmp_path / "one")
     export_onnx(checkpoint("gqa", tp=2, pp=2), tmp_path / "sharded")

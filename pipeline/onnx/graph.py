@@ -72,6 +72,12 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
+    def shared_const(self, name: str, value) -> str:
+        """A constant every use of `name` shares (added on the first use)."""
+        if not any(t.name == name for t in self.initializers):
+            self.const(name, value)
+        return name
+
     def tensor(self, proto: TensorProto) -> str:
         self.initializers.append(proto)
         return proto.name
@@ -114,7 +120,8 @@ def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: str, eps: float, axes: str) -> str:
-    mean_sq = g.op("ReduceMean", [g.op("Mul", [x, x]), axes], keepdims=1)
+    square = g.op("Pow", [x, g.shared_const("float.2", np.array(2.0, np.float32))])
+    mean_sq = g.op("ReduceMean", [square, axes], keepdims=1)
     rms = g.op("Sqrt", [g.op("Add", [mean_sq, g.const(g.fresh("eps")[1:], np.array(eps, np.float32))])])
     return g.op("Mul", [g.op("Div", [x, rms]), weight])
 
