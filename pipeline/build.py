@@ -198,7 +198,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
 
     started = time.monotonic()
     repo = out / "model_repo"
-    deployed = deploy_repository(plan, repo, engine=engine, checkpoint=served, force=True)
+    deployed = deploy_repository(plan, repo, engine=engine, checkpoint=served, force=True,
+                                 model=served_model(source, made, out))
     record("deploy", repo, started, deployed.skipped, f"{deployed.target} target, {backend.name} backend")
 
     if options.dry_run or (not backend.serves_embedded and options.url is None):
@@ -305,6 +306,19 @@ def compress(checkpoint: Path, out: Path, options: BuildOptions, record) -> Path
     record("distill", distilled.path, started, distilled.skipped, f"{distilled.tokens_seen} tokens" + (
         f", perplexity {ppl['before']:.2f} -> {ppl['after']:.2f} (dense {ppl['teacher']:.2f})" if ppl else ""))
     return distilled.path
+
+
+def served_model(source, made: Checkpoints, out: Path) -> str | None:
+    """The model the build's repository serves, as its deployment records it for `trtpipe validate REPO`'s golden
+    check (the comparison the build's own validate makes): a sparse build's own float model, else the source as
+    named (a preset or hub id) or its local directory or GGUF file. None for a path the manifest could only record
+    as this machine's (outside the build and the home directory): validate then asks for --golden."""
+    if made.golden is not None:
+        return str(made.golden)
+    if source.path is None or not Path(source.spec).expanduser().exists():
+        return source.spec
+    recorded = portable(str(source.path), out)
+    return None if Path(recorded).is_absolute() else str(source.path)
 
 
 def plan_model(hf: bool, checkpoint: Path, options: BuildOptions):

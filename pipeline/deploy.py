@@ -108,11 +108,12 @@ class DeployResult:
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
                       tokenizer: Path | None = None, force: bool = False, runtime: str | None = None,
-                      python_models: Path | None = None) -> DeployResult:
+                      python_models: Path | None = None, model: str | None = None) -> DeployResult:
     """Write the model repository for `plan` at `out` (a no-op when `out` is up to date); `runtime` (cpu target:
     torch or onnxruntime, `backends.base.RUNTIMES`) overrides the plan's; `python_models`: a directory of
     NVIDIA's inflight_batcher_llm models whose pre/postprocessing and BLS model files are shipped instead of
-    trtpipe's (`nvidia_python_models`)."""
+    trtpipe's (`nvidia_python_models`); `model`: the model the repository serves, recorded for validate's golden
+    check, when the plan names none (a plan made from a converted checkpoint: `build` passes its source)."""
     out = Path(out)
     if runtime is not None:
         plan = with_runtime(plan, runtime)
@@ -123,7 +124,7 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     models = LLMAPI_MODELS if llmapi else INFLIGHT_BATCHER_MODELS
     # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
     tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
-    deployment = describe_deployment(plan, checkpoint)
+    deployment = describe_deployment(plan, checkpoint, model)
     # trtpipe's model files with the package files they import (package_data.MODEL_SUPPORT_FILES), or NVIDIA's
     sources = nvidia_python_models(python_models, llmapi) if python_models else [*model_source_files(),
                                                                                  *MODEL_SUPPORT_FILES]
@@ -144,11 +145,13 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     return DeployResult(out, settings.target, False, models, engine, deployment)
 
 
-def describe_deployment(plan: Plan, checkpoint: Path | None) -> Deployment:
+def describe_deployment(plan: Plan, checkpoint: Path | None, model: str | None = None) -> Deployment:
     """The record of what the repository serves: the served checkpoint's dtype is its config.json's when
-    deploy was given it, else the plan's (an engine is built in the plan's dtype)."""
-    model = plan.model
-    spec = None if model.source in ("checkpoint", "arch") else (model.path or model.name)
+    deploy was given it, else the plan's (an engine is built in the plan's dtype); the model is the plan's, else
+    `model`."""
+    planned = plan.model
+    spec = None if planned.source in ("checkpoint", "arch") else (planned.path or planned.name)
+    spec = spec or model
     dtype, config = plan.dtype, checkpoint / "config.json" if checkpoint else None
     if config is not None and config.is_file():
         dtype = json.loads(config.read_text()).get("dtype", dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +14,7 @@ from test_compile import pretend_gpu_box, pretend_no_gpu
 
 import pipeline.compile as compile_module
 from pipeline.cli import main
+from pipeline.model_repository import read_deployment
 
 
 def build(*args):
@@ -71,6 +73,8 @@ def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
     assert quant["quant_algo"] == "FP8"
     assert json.loads((out / "build.json").read_text())["passed"] is True
     assert (report["repo"], report["server_log"]) == ("model_repo", "validation/server.log")
+    # `trtpipe validate out/model_repo` compares with the model the build was made from, as the build's own validate
+    assert read_deployment(out / "model_repo").model == "smollm2-135m"
     named = [p.relative_to(out) for p in out.rglob("*.json") if str(tmp_path) in p.read_text()]
     assert not named, f"files naming the build machine's paths (issue 25): {named}"
 
@@ -78,6 +82,27 @@ def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
     assert again.exit_code == 0, again.output
     rerun = {s["stage"]: s for s in json.loads(again.stdout[again.stdout.index("{"):])["stages"]}
     assert all(rerun[name]["skipped"] for name in ("convert", "calibrate", "plan", "deploy"))
+
+
+def test_the_deployment_records_the_model_the_build_serves(tmp_path, monkeypatch):
+    """What `trtpipe validate BUILD/model_repo` takes as its golden reference: a preset or hub id as named, a local
+    model by a path the manifest can record without naming the machine (under the build or the home directory), a
+    sparse build's own float model; nothing for a path only this machine has (validate then asks for --golden)."""
+    from pipeline.build import Checkpoints, served_model
+    from pipeline.sources import ModelSource
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out, ckpt = tmp_path / "home" / "builds" / "b", Path("ckpt")
+    made = Checkpoints(ckpt, ckpt)
+    gguf = ModelSource("smollm2-135m", "gguf", None, tmp_path / "elsewhere" / "x.gguf")
+    assert served_model(gguf, made, out) == "smollm2-135m"
+    for where, recorded in ((tmp_path / "home" / "models" / "m", True), (out / "m", True),
+                            (tmp_path / "elsewhere" / "m", False)):
+        where.mkdir(parents=True)
+        local = ModelSource(str(where), "hf-dir", None, where)
+        assert served_model(local, made, out) == (str(where) if recorded else None)
+    sparse = Checkpoints(ckpt, ckpt, golden=out / "sparse-hf")
+    assert served_model(local, sparse, out) == str(out / "sparse-hf")
 
 
 @pytest.fixture(scope="module")
