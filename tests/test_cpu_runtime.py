@@ -48,6 +48,27 @@ def test_deploy_runtime_onnxruntime_exports_into_the_repository_with_the_same_co
     assert manifest["deployment"]["backend"] == "reference-onnx"
 
 
+def test_a_repository_is_exported_anew_when_the_graph_code_changes(tiny, tmp_path):
+    """The export's code is an input of an onnxruntime repository (not copied into it): a trtpipe whose graph changed
+    does not leave an older graph in a repository it would otherwise call up to date. graph.py's mtime stands in for
+    an upgrade, and is put back."""
+    import os
+
+    from pipeline.onnx import graph
+
+    assert deploy(tiny, tmp_path / "ort", "--runtime", "onnxruntime").exit_code == 0
+    assert "up to date" in deploy(tiny, tmp_path / "ort", "--runtime", "onnxruntime").output
+    source = Path(graph.__file__)
+    before = source.stat()
+    try:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        again = deploy(tiny, tmp_path / "ort", "--runtime", "onnxruntime", "--force")
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert again.exit_code == 0 and "up to date" not in again.output, again.output
+    assert not (tmp_path / "ort" / "tensorrt_llm" / "1" / "pipeline" / "onnx" / "graph.py").exists()
+
+
 def test_runtime_is_refused_for_a_gpu_plan(tiny, tmp_path):
     gpu = make_plan(resolve_model_info("smollm2-135m"), get_target("l40s"), "fp16")
     (tmp_path / "gpu.json").write_text(json.dumps(gpu.to_dict()))

@@ -60,6 +60,9 @@ CHECKPOINT_DIR = "checkpoint"
 ONNX_DIR = "onnx"
 #: What the onnxruntime runtime imports besides pipeline/runtime (copied into the repository).
 ORT_RUNNER = PACKAGE_DIR / "onnx" / "runner.py"
+#: What writes the repository's ONNX export (not copied: the served model needs onnxruntime, not onnx). Inputs of the
+#: repository all the same, so a trtpipe whose graph changed exports anew instead of keeping an older graph.
+ONNX_EXPORT = PACKAGE_DIR / "onnx" / "export.py"
 
 
 class ReferenceBackend:
@@ -135,7 +138,7 @@ class ReferenceOnnxBackend(ReferenceBackend):
         return with_runtime(plan_reference(request), "onnxruntime")
 
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
-        return [MODEL_SOURCE, *runtime_closure((ORT_RUNNER,), model=MODEL_SOURCE), checkpoint]
+        return [MODEL_SOURCE, *runtime_closure((ORT_RUNNER, ONNX_EXPORT), model=MODEL_SOURCE), checkpoint]
 
     def model_parameters(self, plan: Plan, engine: Path | None) -> dict[str, str]:
         parameters = {key: value for key, value in super().model_parameters(plan, engine).items()
