@@ -72,12 +72,6 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    def shared_const(self, name: str, value) -> str:
-        """A constant every use of `name` shares (added on the first use)."""
-        if not any(t.name == name for t in self.initializers):
-            self.const(name, value)
-        return name
-
     def tensor(self, proto: TensorProto) -> str:
         self.initializers.append(proto)
         return proto.name
@@ -120,7 +114,9 @@ def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: str, eps: float, axes: str) -> str:
-    square = g.op("Pow", [x, g.shared_const("float.2", np.array(2.0, np.float32))])
+    """x / sqrt(mean(x^2) + eps) * weight, the square as Pow(x, 2) (start_graph's float.2): the pattern ONNX Runtime
+    fuses into one SimplifiedLayerNormalization kernel (docs/upstream-facts.md §L)."""
+    square = g.op("Pow", [x, "float.2"])
     mean_sq = g.op("ReduceMean", [square, axes], keepdims=1)
     rms = g.op("Sqrt", [g.op("Add", [mean_sq, g.const(g.fresh("eps")[1:], np.array(eps, np.float32))])])
     return g.op("Mul", [g.op("Div", [x, rms]), weight])
@@ -281,6 +277,7 @@ def start_graph(g: GraphBuilder, cfg: CheckpointConfig, embedding: torch.Tensor)
     """The embedded input_ids and what the layers share."""
     g.const("axes.-1", np.array([-1], np.int64))
     g.const("axes.2", np.array([2], np.int64))
+    g.const("float.2", np.array(2.0, np.float32))
     table = g.float_weight("transformer.vocab_embedding.weight", embedding)
     return g.op("Gather", [table, "input_ids"]), build_shared(g, cfg)
 
