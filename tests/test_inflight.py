@@ -164,7 +164,12 @@ def prioritised_server(tiny_llama, tmp_path_factory, triton_pool):
 
 def test_a_high_priority_request_overtakes_the_queue_of_low_ones(prioritised_server):
     """Through the ensemble's generate_stream: while A runs alone (max_batch_size 1), three requests without a
-    priority queue up, then one with priority 1. It starts next, ahead of the three, which keep their order."""
+    priority queue up, then one with priority 1. It starts next, ahead of the three, which keep their order.
+
+    Each of the four streams SHORT tokens: the order is read from the client's threads, and a tiny model's few
+    tokens come out within a millisecond, which those threads do not keep; SHORT steps put tens of ms between
+    one request's first token and the next one's."""
+    short = 64
     url = f"{prioritised_server.http_url}/v2/models/ensemble/generate_stream"
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -184,11 +189,11 @@ def test_a_high_priority_request_overtakes_the_queue_of_low_ones(prioritised_ser
     threads[0].start()
     assert begun.wait(120)
     for name in ("low-1", "low-2", "low-3"):
-        threads.append(threading.Thread(target=stream, args=(name, 4)))
+        threads.append(threading.Thread(target=stream, args=(name, short)))
         threads[-1].start()
         time.sleep(0.15)
     sent_high = time.perf_counter()
-    threads.append(threading.Thread(target=stream, args=("high", 4), kwargs={"priority": 1}))
+    threads.append(threading.Thread(target=stream, args=("high", short), kwargs={"priority": 1}))
     threads[-1].start()
     for thread in threads:
         thread.join(300)
