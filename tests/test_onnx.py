@@ -49,6 +49,23 @@ def assert_matches_through_cache(decoder: OrtDecoder, ref: ReferenceModel, ids: 
     assert cache.length == ids.shape[1]
 
 
+def assert_prompt_group_equals_its_own_run(decoder: OrtDecoder, ids: torch.Tensor, prompt: list[int],
+                                           rel: float = 1e-5) -> None:
+    """A decode step of the rows `ids` (all but the last token cached) with `prompt` as the graph's prompt group: the
+    rows' logits and cache are the step's alone, the prompt's last logits and cache its own prefill's."""
+    ids = ids.numpy()
+    _, cache = decoder.step(ids[:, :-1], decoder.empty_cache(ids.shape[0]))
+    want, want_cache = decoder.step(ids[:, -1:], cache)
+    alone, alone_cache = decoder.step(np.array([prompt]), decoder.empty_cache(1))
+    logits, grown, prompt_logits, prompt_cache = decoder.step_with_prompt(ids[:, -1:], cache, prompt)
+    assert decoder.mixes_prompts and logits.shape == want.shape and prompt_logits.shape == alone.shape[2:]
+    assert rel_err(logits, want) <= rel and rel_err(prompt_logits, alone[0, -1]) <= rel
+    assert np.array_equal(grown.mask, want_cache.mask) and prompt_cache.mask.tolist() == [[1] * len(prompt)]
+    for name, tensor in want_cache.tensors.items():
+        assert rel_err(grown.tensors[name], tensor) <= rel
+        assert rel_err(prompt_cache.tensors[name], alone_cache.tensors[name]) <= rel
+
+
 def random_ids(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -71,6 +88,8 @@ def test_float_export_equals_runtime_through_kv_cache_and_in_greedy_generation(f
         ["batch_size", "kept_sequence_length", 101]      # the last logits_to_keep positions (default: all)
     decoder, ref = OrtDecoder(tmp_path / "onnx"), ReferenceModel.load(ckpt)
     assert_matches_through_cache(decoder, ref, random_ids(101, 2, 14), prefill=9)
+    assert_prompt_group_equals_its_own_run(decoder, random_ids(101, 3, 12, seed=1),
+                                           random_ids(101, 1, 9, seed=2)[0].tolist())
     prompt = random_ids(101, 1, 7, seed=3)[0].tolist()
     greedy = SamplingConfig(max_new_tokens=12)
     assert decoder.generate([prompt], greedy) == ref.generate([prompt], greedy)
@@ -101,9 +120,11 @@ def test_io_names_and_genai_config_follow_onnxruntime_genai(checkpoint, tmp_path
     inputs = [i.name for i in model.graph.input]
     outputs = [o.name for o in model.graph.output]
     assert inputs[:3] == ["input_ids", "attention_mask", "position_ids"]
-    assert inputs[3:5] == ["past_key_values.0.key", "past_key_values.0.value"] and len(inputs) == 3 + 2 * 4 + 1
-    assert inputs[-1] == "logits_to_keep" and "logits_to_keep" in {t.name for t in model.graph.initializer}
-    assert outputs[:3] == ["logits", "present.0.key", "present.0.value"] and len(outputs) == 1 + 2 * 4
+    assert inputs[3:5] == ["past_key_values.0.key", "past_key_values.0.value"] and len(inputs) == 3 + 2 * 4 + 2
+    assert inputs[-2:] == ["logits_to_keep", "prompt_ids"]          # the optional inputs, with their defaults
+    assert {"logits_to_keep", "prompt_ids"} <= {t.name for t in model.graph.initializer}
+    assert outputs[:3] == ["logits", "present.0.key", "present.0.value"] and len(outputs) == 2 * (1 + 2 * 4)
+    assert outputs[9:12] == ["prompt_logits", "prompt_present.0.key", "prompt_present.0.value"]
     past = [d.dim_param or d.dim_value for d in model.graph.input[3].type.tensor_type.shape.dim]
     assert past == ["batch_size", 2, "past_sequence_length", 6]
     cfg = json.loads((tmp_path / "onnx" / "genai_config.json").read_text())["model"]["decoder"]
@@ -221,6 +242,8 @@ def test_quantized_export_has_qdq_and_equals_the_runtime_simulation(precision, f
     assert ("transformer.layers.0.mlp.fc.prequant_scaling_factor" in weights) == (precision == "int8-sq")
     ref, decoder = ReferenceModel.load(ckpt), OrtDecoder(onnx_dir)
     assert_matches_through_cache(decoder, ref, random_ids(49152, 2, 12), prefill=8)
+    assert_prompt_group_equals_its_own_run(decoder, random_ids(49152, 2, 10, seed=1),
+                                           random_ids(49152, 1, 6, seed=2)[0].tolist())
     seqs = held_out(tiny_hf)
     ppl_ref, ppl_ort = perplexity(ref, seqs, window=48), perplexity(decoder, seqs, window=48)
     assert ppl_ort.tokens == ppl_ref.tokens > 200

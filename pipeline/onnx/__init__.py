@@ -4,3 +4,7 @@ MODEL_FILE, DATA_FILE, CONFIG_FILE = "model.onnx", "model.onnx.data", "genai_con
 #: the graph's optional input that limits logits to the last N positions (0, its default: all), as transformers'
 #: `logits_to_keep`: a prefill that needs only its last token's logits skips the lm_head over the rest of the prompt
 LOGITS_TO_KEEP = "logits_to_keep"
+#: the graph's optional prompt group (default: none): one more sequence's prompt, computed in the same step as the
+#: rows of `input_ids` (through the same linears), with its own causal attention and no cache; its last token's
+#: logits and its K/V come out as `prompt_logits` and `prompt_present.N.key/value`
+PROMPT_IDS, PROMPT_LOGITS = "prompt_ids", "prompt_logits"

@@ -79,7 +79,7 @@ def build_model(reader: CheckpointReader, precision: str, opset: int) -> onnx.Mo
         layer = reader.layer(i)
         quantized = quantized_weights(reader, i, layer.linears) if cfg.quant_algo else {}
         h = decoder_layer(g, cfg, i, layer, quantized, h, shared)
-    graph = finish_graph(g, cfg, h, reader.final_norm(), None if reader.tied_lm_head else reader.lm_head())
+    graph = finish_graph(g, cfg, h, reader.final_norm(), None if reader.tied_lm_head else reader.lm_head(), shared)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="trtpipe",
                              ir_version=min(onnx.IR_VERSION, 10))
 

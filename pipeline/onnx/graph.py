@@ -10,6 +10,13 @@ cos/sin gathered at `position_ids` -> K/V appended to `past_key_values.N.*` (the
 [batch, kv_heads, past, head_size], and the optional `logits_to_keep` (an int64 scalar, default 0 = every
 position; N > 0: only the last N positions' logits are computed); outputs `logits`, `present.N.key/value`.
 
+The optional prompt group: `prompt_ids` [prompt_length] (default: empty) is one more sequence's prompt from position
+0, without a cache. Its tokens go through every linear, norm and the rope together with the rows' tokens (the
+layers work on the flat [B * T + prompt_length, hidden] tokens), and apart only in attention, where the prompt sees
+its own earlier tokens. Outputs `prompt_logits` [1, vocab] (its last token's; [0, vocab] without a prompt) and
+`prompt_present.N.key/value` [1, kv_heads, prompt_length, head_size]. A server thus computes a joining prompt in
+the step that decodes the running rows, reading the weights once for both.
+
 The tensor each linear reads (after SmoothQuant's smoothing, where the checkpoint has it) is named
 exactly like the activation calibrate measures, `transformer.layers.N.attention.qkv` ... `mlp.proj`,
 and K/V after rope `transformer.layers.N.attention.k` / `.v`: the TensorRT calibration cache names
@@ -29,11 +36,12 @@ from ..checkpoint import CheckpointConfig
 from ..runtime.trtllm_reader import Layer, Linear
 from ..runtime.quant import TensorQuant
 from ..runtime.rope import RotaryTable
-from . import LOGITS_TO_KEEP
+from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS
 from .quantize import QuantizedWeight, activation_scale, weight_tensor, zero_point
 
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
 KEPT = "kept_sequence_length"     # logits' positions: the last logits_to_keep of SEQ
+PROMPT, PROMPT_KEPT = "prompt_length", "prompt_kept"   # the prompt group's tokens; 1, or 0 without a prompt
 LOWEST = np.float32(np.finfo(np.float32).min)
 
 
@@ -43,6 +51,10 @@ def past_names(i: int) -> tuple[str, str]:
 
 def present_names(i: int) -> tuple[str, str]:
     return f"present.{i}.key", f"present.{i}.value"
+
+
+def prompt_present_names(i: int) -> tuple[str, str]:
+    return f"prompt_present.{i}.key", f"prompt_present.{i}.value"
 
 
 @dataclass
@@ -86,31 +98,49 @@ class GraphBuilder:
 
 @dataclass
 class Shared:
-    """What every layer of the step reads: rope tables at the positions and the visibility mask."""
+    """What every layer of the step reads. The layers work on the flat tokens [N, ...]: the rows' B * T, then the
+    prompt group's."""
 
-    cos: str        # [B, T, 1, d]
+    cos: str            # [N, 1, d] rope tables at each token's position
     sin: str
-    visible: str    # bool [B, 1, 1, T, S]
+    visible: str        # bool [B, 1, 1, T, S]: the rows' keys each of their queries sees
+    prompt_visible: str  # bool [P, P]: the prompt's (causal)
+    groups: str         # int64 [2]: B * T and P, the flat tokens of each group
+    rows_shape: str     # int64 [2]: B, T
 
 
 def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
     rotary = RotaryTable(cfg.arch)
+    zero, one = g.const("int.0", np.array(0, np.int64)), g.const("int.1", np.array(1, np.int64))
+    axes0, axes1 = g.const("axes.0", np.array([0], np.int64)), g.const("axes.1", np.array([1], np.int64))
+    prompt_length = g.op("Shape", [PROMPT_IDS])                                     # [1]
+    prompt_positions = g.op("Range", [zero, g.op("Gather", [prompt_length, zero]), one])
+    positions = g.op("Concat", [g.op("Reshape", ["position_ids", g.const("shape.flat", np.array([-1], np.int64))]),
+                                prompt_positions], axis=0)                          # [N]
     table = {n: g.const(f"rope.{n}", t[:cfg.arch.max_position_embeddings].numpy())
              for n, t in (("cos", rotary.cos), ("sin", rotary.sin))}
-    cos, sin = (g.op("Unsqueeze", [g.op("Gather", [table[n], "position_ids"]), "axes.2"]) for n in ("cos", "sin"))
-    zero, one = g.const("int.0", np.array(0, np.int64)), g.const("int.1", np.array(1, np.int64))
+    cos, sin = (g.op("Unsqueeze", [g.op("Gather", [table[n], positions]), axes1]) for n in ("cos", "sin"))
+    rows_shape = g.op("Shape", ["input_ids"])
+    groups = g.op("Concat", [g.op("Unsqueeze", [g.op("Size", ["input_ids"]), axes0]), prompt_length], axis=0)
     total = g.op("Gather", [g.op("Shape", ["attention_mask"]), one])
-    new = g.op("Gather", [g.op("Shape", ["input_ids"]), one])
+    new = g.op("Gather", [rows_shape, one])
     keys = g.op("Range", [zero, total, one])                                         # [S]
-    queries = g.op("Unsqueeze", [g.op("Range", [g.op("Sub", [total, new]), total, one]),
-                                 g.const("axes.1", np.array([1], np.int64))])      # [T, 1] absolute positions
-    visible = g.op("LessOrEqual", [keys, queries])                                  # [T, S]
-    if cfg.arch.sliding_window:
-        window = g.const("sliding_window", np.array(int(cfg.arch.sliding_window), np.int64))
-        visible = g.op("And", [visible, g.op("Greater", [keys, g.op("Sub", [queries, window])])])
+    queries = g.op("Range", [g.op("Sub", [total, new]), total, one])               # [T] absolute positions
     mask = g.op("Unsqueeze", [g.op("Cast", ["attention_mask"], to=TensorProto.BOOL),
                               g.const("axes.1.2.3", np.array([1, 2, 3], np.int64))])  # [B, 1, 1, 1, S]
-    return Shared(cos, sin, g.op("And", [mask, visible]))
+    window = g.const("sliding_window", np.array(int(cfg.arch.sliding_window), np.int64)) \
+        if cfg.arch.sliding_window else None
+    return Shared(cos, sin, g.op("And", [mask, causal(g, keys, queries, window)]),
+                  causal(g, prompt_positions, prompt_positions, window), groups, rows_shape)
+
+
+def causal(g: GraphBuilder, keys: str, queries: str, window: str | None) -> str:
+    """bool [T, S]: key j visible to the query at position p iff j <= p (and p - j < window, with one)."""
+    queries = g.op("Unsqueeze", [queries, "axes.1"])
+    visible = g.op("LessOrEqual", [keys, queries])
+    if window is not None:
+        visible = g.op("And", [visible, g.op("Greater", [keys, g.op("Sub", [queries, window])])])
+    return visible
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: str, eps: float, axes: str) -> str:
@@ -123,7 +153,7 @@ def rms_norm(g: GraphBuilder, x: str, weight: str, eps: float, axes: str) -> str
 
 
 def rotate(g: GraphBuilder, x: str, shared: Shared, half: int) -> str:
-    """x * cos + cat(-x2, x1) * sin on [B, T, heads, d]."""
+    """x * cos + cat(-x2, x1) * sin on [N, heads, d]."""
     x1, x2 = g.ops("Split", [x, g.const(g.fresh("halves")[1:], np.array([half, half], np.int64))], 2, axis=-1)
     turned = g.op("Concat", [g.op("Neg", [x2]), x1], axis=-1)
     return g.op("Add", [g.op("Mul", [x, shared.cos]), g.op("Mul", [turned, shared.sin])])
@@ -186,13 +216,14 @@ def rank_blocked_matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeigh
 
 def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quantized: dict, x: str,
               shared: Shared) -> str:
+    """The rows' queries attend to their cache and new keys (present = past + new), the prompt's to its own."""
     arch, p = cfg.arch, f"transformer.layers.{i}."
     hd, nq, nkv = arch.head_size, arch.num_attention_heads, arch.num_key_value_heads
     qkv = linear(g, x, layer.linears["attention.qkv"], quantized.get("attention.qkv"), p + "attention.qkv")
     split = g.const(p + "attention.split", np.array([nq * hd, nkv * hd, nkv * hd], np.int64))
     q, k, v = g.ops("Split", [qkv, split], 3, axis=-1)
-    heads = {n: g.const(f"{p}attention.heads.{n}", np.array([0, 0, n, hd], np.int64)) for n in {nq, nkv}}
-    q, k, v = (g.op("Reshape", [t, heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
+    heads = {n: g.const(f"{p}attention.heads.{n}", np.array([0, n, hd], np.int64)) for n in {nq, nkv}}
+    q, k, v = (g.op("Reshape", [t, heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [N, h, d]
     if "attention.q_layernorm" in layer.norms:
         last = "axes.-1"
         q = rms_norm(g, q, g.float_weight(p + "attention.q_layernorm.weight", layer.norms["attention.q_layernorm"]),
@@ -200,28 +231,37 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
         k = rms_norm(g, k, g.float_weight(p + "attention.k_layernorm.weight", layer.norms["attention.k_layernorm"]),
                      arch.norm_epsilon, last)
     q, k = rotate(g, q, shared, hd // 2), rotate(g, k, shared, hd // 2)
-    to_heads_first = dict(perm=[0, 2, 1, 3])
-    k, v = (g.op("Transpose", [g.op("Identity", [t], out=p + f"attention.{n}")], **to_heads_first)
-            for t, n in ((k, "k"), (v, "v")))                                             # [B, kv, T, d]
-    if layer.kv_quant is not None:
+    k, v = (g.op("Identity", [t], out=p + f"attention.{n}") for t, n in ((k, "k"), (v, "v")))
+    if layer.kv_quant is not None:      # the cache's Q/DQ, elementwise: on the flat tokens of both groups at once
         k, v = qdq(g, k, layer.kv_quant, p + "attention.k.cache"), qdq(g, v, layer.kv_quant, p + "attention.v.cache")
+    (q, prompt_q), (k, prompt_k), (v, prompt_v) = (g.ops("Split", [t, shared.groups], 2, axis=0) for t in (q, k, v))
+    as_rows = {n: g.op("Concat", [shared.rows_shape, g.const(f"{p}attention.row_heads.{n}", np.array([n, hd]))],
+                       axis=0) for n in {nq, nkv}}
+    q, k, v = (g.op("Reshape", [t, as_rows[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
+    prompt_q, prompt_k, prompt_v = (g.op("Unsqueeze", [t, "axes.0"]) for t in (prompt_q, prompt_k, prompt_v))
+    to_heads_first = dict(perm=[0, 2, 1, 3])
+    k, v, prompt_k, prompt_v = (g.op("Transpose", [t], **to_heads_first) for t in (k, v, prompt_k, prompt_v))
     past_k, past_v = past_names(i)
     keys = g.op("Concat", [past_k, k], present_names(i)[0], axis=2)
     values = g.op("Concat", [past_v, v], present_names(i)[1], axis=2)
-    rep = nq // nkv
-    groups = g.const(p + "attention.groups", np.array([0, nkv, rep, -1, hd], np.int64))
-    q5 = g.op("Reshape", [g.op("Transpose", [q], **to_heads_first), groups])             # [B, kv, rep, T, d]
-    axis2 = "axes.2"
-    k5 = g.op("Transpose", [g.op("Unsqueeze", [keys, axis2])], perm=[0, 1, 2, 4, 3])      # [B, kv, 1, d, S]
-    scores = g.op("Mul", [g.op("MatMul", [q5, k5]),
-                          g.const(p + "attention.scale", np.array(1.0 / math.sqrt(hd), np.float32))])
-    scores = g.op("Where", [shared.visible, scores, g.const(p + "attention.masked", LOWEST)])
-    probs = g.op("Softmax", [scores], axis=-1)
-    out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, axis2])])                    # [B, kv, rep, T, d]
-    out = g.op("Reshape", [out, g.const(p + "attention.merge", np.array([0, nq, -1, hd], np.int64))])
-    out = g.op("Reshape", [g.op("Transpose", [out], **to_heads_first),
-                           g.const(p + "attention.flat", np.array([0, 0, nq * hd], np.int64))])
+    prompt_keys, prompt_values = (g.op("Identity", [t], out=name)
+                                  for t, name in zip((prompt_k, prompt_v), prompt_present_names(i)))
+    out = g.op("Concat", [attend(g, q, keys, values, shared.visible),
+                          attend(g, prompt_q, prompt_keys, prompt_values, shared.prompt_visible)], axis=0)
     return linear(g, out, layer.linears["attention.dense"], quantized.get("attention.dense"), p + "attention.dense")
+
+
+def attend(g: GraphBuilder, q: str, keys: str, values: str, visible: str) -> str:
+    """GQA attention of queries q [b, t, heads, d] over keys/values [b, kv, s, d] where `visible` (broadcast to
+    [b, kv, rep, t, s]) lets them see: the output [b * t, heads * d]. The attention.* shapes are start_graph's."""
+    to_heads_first = dict(perm=[0, 2, 1, 3])
+    q5 = g.op("Reshape", [g.op("Transpose", [q], **to_heads_first), "attention.groups"])            # [b, kv, rep, t, d]
+    k5 = g.op("Transpose", [g.op("Unsqueeze", [keys, "axes.2"])], perm=[0, 1, 2, 4, 3])   # [b, kv, 1, d, s]
+    scores = g.op("Mul", [g.op("MatMul", [q5, k5]), "attention.scale"])
+    probs = g.op("Softmax", [g.op("Where", [visible, scores, "attention.masked"])], axis=-1)
+    out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, "axes.2"])])                 # [b, kv, rep, t, d]
+    out = g.op("Reshape", [out, "attention.merge"])                                       # [b, heads, t, d]
+    return g.op("Reshape", [g.op("Transpose", [out], **to_heads_first), "attention.flat"])
 
 
 def mlp(g: GraphBuilder, i: int, layer: Layer, quantized: dict, x: str) -> str:
@@ -269,36 +309,61 @@ def graph_io(cfg: CheckpointConfig) -> tuple[list, list]:
     for i in range(arch.num_hidden_layers):
         inputs += [kv(n, True) for n in past_names(i)]
         outputs += [kv(n, False) for n in present_names(i)]
-    inputs.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, []))
+    inputs += [helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, []),
+               helper.make_tensor_value_info(PROMPT_IDS, TensorProto.INT64, [PROMPT])]
+    outputs.append(helper.make_tensor_value_info(PROMPT_LOGITS, TensorProto.FLOAT, [PROMPT_KEPT, arch.vocab_size]))
+    for i in range(arch.num_hidden_layers):
+        outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT,
+                                                  [1, arch.num_key_value_heads, PROMPT, arch.head_size])
+                    for n in prompt_present_names(i)]
     return inputs, outputs
 
 
 def start_graph(g: GraphBuilder, cfg: CheckpointConfig, embedding: torch.Tensor) -> tuple[str, Shared]:
-    """The embedded input_ids and what the layers share."""
+    """The embedded tokens, flat [N, hidden] (the rows' input_ids, then prompt_ids), and what the layers share."""
+    arch = cfg.arch
+    hd, nq, nkv = arch.head_size, arch.num_attention_heads, arch.num_key_value_heads
     g.const("axes.-1", np.array([-1], np.int64))
     g.const("axes.2", np.array([2], np.int64))
     g.const("float.2", np.array(2.0, np.float32))
+    g.const("attention.groups", np.array([0, nkv, nq // nkv, -1, hd], np.int64))
+    g.const("attention.merge", np.array([0, nq, -1, hd], np.int64))
+    g.const("attention.flat", np.array([-1, nq * hd], np.int64))
+    g.const("attention.scale", np.array(1.0 / math.sqrt(hd), np.float32))
+    g.const("attention.masked", LOWEST)
+    g.const(PROMPT_IDS, np.zeros(0, np.int64))        # the input's default: no prompt group
+    shared = build_shared(g, cfg)
     table = g.float_weight("transformer.vocab_embedding.weight", embedding)
-    return g.op("Gather", [table, "input_ids"]), build_shared(g, cfg)
+    rows = g.op("Reshape", [g.op("Gather", [table, "input_ids"]),
+                            g.const("shape.tokens", np.array([-1, arch.hidden_size], np.int64))])
+    return g.op("Concat", [rows, g.op("Gather", [table, PROMPT_IDS])], axis=0), shared
 
 
 def kept_positions(g: GraphBuilder, x: str) -> str:
     """x [B, T, H] from position T - logits_to_keep on (every position when logits_to_keep is 0 or exceeds T).
     `logits_to_keep` is a graph input with a default (an initializer of the same name), so feeds without it work.
-    int.0, int.1 and axes.1 are build_shared's."""
+    int.0, int.1, axes.0 and axes.1 are build_shared's."""
     keep = g.const(LOGITS_TO_KEEP, np.array(0, np.int64))
     length = g.op("Gather", [g.op("Shape", [x]), "int.1"])
     start = g.op("Max", [g.op("Sub", [length, keep]), "int.0"])
     start = g.op("Where", [g.op("Greater", [keep, "int.0"]), start, "int.0"])
-    starts = g.op("Unsqueeze", [start, g.const("axes.0", np.array([0], np.int64))])
+    starts = g.op("Unsqueeze", [start, "axes.0"])
     ends = g.const("ends.max", np.array([np.iinfo(np.int64).max], np.int64))
     return g.op("Slice", [x, starts, ends, "axes.1"])
 
 
-def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: torch.Tensor,
-                 lm_head: torch.Tensor | None) -> GraphProto:
-    """ln_f and lm_head (None: tied to the embedding, whose initializer is reused transposed)."""
-    x = rms_norm(g, h, g.float_weight("transformer.ln_f.weight", final_norm), cfg.arch.norm_epsilon, "axes.-1")
+def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: torch.Tensor, lm_head: torch.Tensor | None,
+                 shared: Shared) -> GraphProto:
+    """ln_f and lm_head (None: tied to the embedding, whose initializer is reused transposed), over the rows' kept
+    positions and the prompt's last token in one MatMul."""
+    arch = cfg.arch
+    x = rms_norm(g, h, g.float_weight("transformer.ln_f.weight", final_norm), arch.norm_epsilon, "axes.-1")
+    rows, prompt = g.ops("Split", [x, shared.groups], 2, axis=0)
+    hidden = g.const("shape.hidden", np.array([arch.hidden_size], np.int64))
+    rows = kept_positions(g, g.op("Reshape", [rows, g.op("Concat", [shared.rows_shape, hidden], axis=0)]))
+    last = g.op("Slice", [prompt, g.const("starts.-1", np.array([-1], np.int64)), "ends.max", "axes.0"])
+    flat = g.op("Reshape", [rows, "shape.tokens"])
+    sizes = g.op("Concat", [g.op("Shape", [flat], start=0, end=1), g.op("Shape", [last], start=0, end=1)], axis=0)
     if lm_head is None:
         table = "transformer.vocab_embedding.weight"
         if g.weight_dtype == TensorProto.FLOAT16:
@@ -306,6 +371,11 @@ def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: tor
         head = g.op("Transpose", [table], perm=[1, 0])
     else:
         head = g.float_weight("lm_head.weight", lm_head.t().contiguous())
-    g.op("MatMul", [kept_positions(g, x), head], out="logits")
+    kept = g.op("Concat", [flat, last], axis=0)
+    rows_logits, prompt_logits = g.ops("Split", [g.op("MatMul", [kept, head]), sizes], 2, axis=0)
+    vocab = g.const("shape.vocab", np.array([arch.vocab_size], np.int64))
+    g.op("Reshape", [rows_logits, g.op("Concat", [g.op("Shape", [rows], start=0, end=2), vocab], axis=0)],
+         out="logits")
+    g.op("Identity", [prompt_logits], out=PROMPT_LOGITS)
     inputs, outputs = graph_io(cfg)
     return helper.make_graph(g.nodes, "trtpipe_decoder", inputs, outputs, g.initializers)

@@ -26,7 +26,7 @@ from ..runtime.generate import (
 )
 from ..runtime.sampling import SamplingConfig
 from ..runtime.scheduler import Scheduler
-from . import CONFIG_FILE, LOGITS_TO_KEEP
+from . import CONFIG_FILE, LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS
 
 
 @dataclass
@@ -63,9 +63,15 @@ class OrtDecoder:
         self.session = ort.InferenceSession(str(directory / decoder["filename"]), opts,
                                             providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
-        #: whether the export has the input (an input with a default: ONNX Runtime lists it with the overridable
-        #: initializers); older exports compute every position's logits
-        self.keeps_logits = any(i.name == LOGITS_TO_KEEP for i in self.session.get_overridable_initializers())
+        #: (past, present) of the prompt group's cache, in self.cache_names' order
+        self.prompt_cache_names = [(past, "prompt_" + present) for past, present in self.cache_names]
+        prompt_outputs = {PROMPT_LOGITS, *(present for _, present in self.prompt_cache_names)}
+        self.rows_outputs = [name for name in self.outputs if name not in prompt_outputs]
+        #: the optional inputs the export has (inputs with a default: ONNX Runtime lists them with the overridable
+        #: initializers). Older exports compute every position's logits, and have no prompt group.
+        optional = {i.name for i in self.session.get_overridable_initializers()}
+        self.keeps_logits = LOGITS_TO_KEEP in optional
+        self.mixes_prompts = PROMPT_IDS in optional
 
     def empty_cache(self, batch: int) -> Cache:
         shape = (batch, self.kv_heads, 0, self.head_size)
@@ -77,17 +83,33 @@ class OrtDecoder:
         """Logits [B, T, vocab] of T new tokens per sequence after the cache (last_only: [B, 1, vocab] of the last
         one, the lm_head skipped for the others where the export allows), and the grown cache. `positions`
         (default: right after the cache) and `mask` (default: all ones) describe the new tokens."""
+        feeds = self._feeds(input_ids, cache, positions, mask)
+        if last_only and self.keeps_logits:
+            feeds[LOGITS_TO_KEEP] = np.array(1, np.int64)
+        results = dict(zip(self.rows_outputs, self.session.run(self.rows_outputs, feeds)))
+        logits = results["logits"][:, -1:] if last_only else results["logits"]
+        return logits, Cache({past: results[now] for past, now in self.cache_names}, feeds["attention_mask"])
+
+    def step_with_prompt(self, input_ids: np.ndarray, cache: Cache, prompt: Sequence[int],
+                         positions: np.ndarray | None = None) -> tuple[np.ndarray, Cache, np.ndarray, Cache]:
+        """`step` of the rows (logits [B, T, vocab]) and, in the same run, one more sequence's prompt (the graph's
+        prompt group, `mixes_prompts`): its last token's logits [vocab] and its cache."""
+        feeds = self._feeds(input_ids, cache, positions)
+        feeds[PROMPT_IDS] = np.asarray(prompt, np.int64)
+        results = dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
+        prompt_cache = Cache({past: results[now] for past, now in self.prompt_cache_names},
+                             np.ones((1, len(prompt)), np.int64))
+        return (results["logits"], Cache({past: results[now] for past, now in self.cache_names},
+                                         feeds["attention_mask"]), results[PROMPT_LOGITS][0], prompt_cache)
+
+    def _feeds(self, input_ids: np.ndarray, cache: Cache, positions: np.ndarray | None,
+               mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
         b, t = input_ids.shape
         if positions is None:
             positions = np.arange(cache.length, cache.length + t, dtype=np.int64)
         mask = np.concatenate([cache.mask, np.ones((b, t), np.int64) if mask is None else mask], axis=1)
-        feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": mask,
-                 "position_ids": np.ascontiguousarray(np.broadcast_to(positions, (b, t)), np.int64), **cache.tensors}
-        if last_only and self.keeps_logits:
-            feeds[LOGITS_TO_KEEP] = np.array(1, np.int64)
-        results = dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
-        logits = results["logits"][:, -1:] if last_only else results["logits"]
-        return logits, Cache({past: results[now] for past, now in self.cache_names}, mask)
+        return {"input_ids": input_ids.astype(np.int64), "attention_mask": mask,
+                "position_ids": np.ascontiguousarray(np.broadcast_to(positions, (b, t)), np.int64), **cache.tensors}
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = np.asarray(torch.as_tensor(input_ids))
@@ -190,6 +212,22 @@ class OrtBatch:
         logits, self.cache = self.decoder.step(np.array(tokens, np.int64)[:, None], self.cache, self.next)
         self.next = self.next + 1
         return torch.from_numpy(logits[:, -1])
+
+    @property
+    def mixes_prompts(self) -> bool:
+        return self.decoder.mixes_prompts
+
+    def decode_with_prompt(self, rows: list[int], tokens: list[int], row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode` of the rows, and `row`'s prompt prefilled in the same run: (the rows' logits, the row's last
+        prompt token's logits). The row's cache joins the running one at the next decode."""
+        self._join_fresh()
+        self._keep(rows)
+        prompt = self.prompts[row]
+        logits, self.cache, prompt_logits, prompt_cache = self.decoder.step_with_prompt(
+            np.array(tokens, np.int64)[:, None], self.cache, prompt, self.next)
+        self.next = self.next + 1
+        self.fresh.append(([row], prompt_cache, np.array([[len(prompt)]], np.int64)))
+        return torch.from_numpy(logits[:, -1]), torch.from_numpy(prompt_logits)
 
     def _keep(self, rows: list[int]) -> None:
         """The cache of `rows` only, in that order, without the leading positions none of them uses."""

@@ -204,16 +204,35 @@ class InflightDecoder(Decoder, Protocol):
     def release(self, rows: list[int]) -> None: ...
 
 
+@runtime_checkable
+class MixingDecoder(InflightDecoder, Protocol):
+    """An `InflightDecoder` that can compute one row's prompt in the step that decodes the others (weights read
+    once for both), when `mixes_prompts` (an ONNX export without the prompt group cannot)."""
+
+    @property
+    def mixes_prompts(self) -> bool: ...
+
+    def decode_with_prompt(self, rows: list[int], tokens: list[int], row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`decode(rows, tokens)`, float32 [vocab]: the logits after `row`'s prompt, which it prefills)."""
+
+
 def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallback,
                on_step: Callable[[object, RowResult], "bool | None"], on_end: Callable[[object], None]) -> None:
     """Generate every sequence submitted to `scheduler`, admitting new ones between decode steps, until none runs
-    and none waits. Each step: the sequences the scheduler starts are prefilled one at a time, each choosing (and
-    streaming) its first token as soon as its own prompt is done (a sequence resumed after a pause is prefilled with
-    the tokens it produced); the scheduler finds every running row the KV block for its next token (pausing some
-    under max_utilization); the rows that go on are decoded together and choose their next tokens at once. The
-    callbacks see a sequence's key; its row is freed once it ends (a server answers it then)."""
+    and none waits (a sequence resumed after a pause is prefilled with the tokens it produced).
+
+    Each step: the scheduler starts sequences; the scheduler finds every running row the KV block for its next
+    token (pausing some under max_utilization); the running rows are decoded together and choose their next tokens
+    at once. A decoder that mixes prompts (`MixingDecoder`) computes the prompt of one started sequence in that
+    same step, which then chooses its first token: the running rows go on while a prompt joins, and the weights are
+    read once for both; the others started wait for the next steps, one per step. Otherwise, and for a sequence
+    that wants its context logits or starts on an empty batch, each started sequence is prefilled on its own first,
+    choosing (and streaming) its first token as soon as its prompt is done. The callbacks see a sequence's key; its
+    row is freed once it ends (a server answers it then)."""
     rows: dict[int, ScheduledSequence] = {}
     fed: list[int] = []        # rows whose last chosen token the next decode step feeds
+    joining: list[int] = []    # started rows whose prompt a coming decode step computes
+    mixing = isinstance(decoder, MixingDecoder) and decoder.mixes_prompts
     next_row = 0
 
     def chosen(row: int, logits: torch.Tensor) -> bool:
@@ -222,6 +241,17 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             return True
         _end(decoder, scheduler, rows, row, on_end)
         return False
+
+    def prefill_alone(row: int) -> None:
+        config = start_config(rows[row])
+        with span("forward", phase="prefill", rows=1, tokens=len(rows[row].context())):
+            logits = prefill(decoder, [row], {row: config}, {row: rows[row].result})
+        if not config.max_new_tokens:
+            _end(decoder, scheduler, rows, row, on_end)
+            return
+        with span("sample", rows=1):
+            if chosen(row, logits[0]):
+                fed.append(row)
 
     while True:
         with span("schedule", running=len(fed)):
@@ -241,28 +271,36 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
                 s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
             if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
-                continue
-            with span("forward", phase="prefill", rows=1, tokens=len(context)):
-                logits = prefill(decoder, [row], {row: config}, {row: s.result})
-            if not config.max_new_tokens:
-                _end(decoder, scheduler, rows, row, on_end)
-                continue
-            with span("sample", rows=1):
-                if chosen(row, logits[0]):
-                    fed.append(row)
+            elif mixing and config.max_new_tokens and not config.context_logits:
+                joining.append(row)
+            else:
+                prefill_alone(row)
+        if joining and not fed:
+            prefill_alone(joining.pop(0))
         with span("schedule", running=len(fed)):
             paused = scheduler.make_room([rows[row] for row in fed])
             if paused:
-                gone = [row for row in fed if rows[row] in paused]
+                gone = [row for row in fed + joining if rows[row] in paused]
                 decoder.release(gone)
                 for row in gone:
                     del rows[row]
                 fed = [row for row in fed if row not in gone]
-        if fed:
+                joining = [row for row in joining if row not in gone]
+        if not fed:
+            continue
+        tokens = [rows[row].result.tokens[-1] for row in fed]
+        if joining:
+            row = joining.pop(0)
+            with span("forward", phase="decode", rows=len(fed), prompt_tokens=len(rows[row].context())):
+                logits, first = decoder.decode_with_prompt(fed, tokens, row)
+        else:
+            row = None
             with span("forward", phase="decode", rows=len(fed)):
-                logits = decoder.decode(fed, [rows[row].result.tokens[-1] for row in fed])
-            with span("sample", rows=len(fed)):
-                fed = [row for i, row in enumerate(fed) if chosen(row, logits[i])]
+                logits = decoder.decode(fed, tokens)
+        with span("sample", rows=len(fed) + (row is not None)):
+            fed = [r for i, r in enumerate(fed) if chosen(r, logits[i])]
+            if row is not None and chosen(row, first):
+                fed.append(row)
 
 
 def start_config(s: ScheduledSequence) -> SamplingConfig:
