@@ -1,0 +1,95 @@
+"""ONNX Runtime steps of the cpu target's SmolLM2 export, timed side by side in one run: what a decode step costs at
+batch 1 and 8, what a prompt costs alone, and what it costs computed in the decode step of running rows (the
+graph's prompt group, pipeline/onnx/graph.py), with the ratios the serving goals turn on.
+
+    .venv/bin/python benchmarks/bench_onnx_step.py [--precision fp32 int8-sq] [--cached 87] [--prompt 64]
+        [--threads 2] [--rounds 20] [--workdir DIR]
+
+Each step runs over random cache contents of --cached tokens (timing does not depend on the values), once per
+round, the steps in turn, after a warm-up round; the median per step is printed. Rows:
+- decode b1, decode b8: one token per row;
+- prefill: the prompt alone (its last token's logits, as the server's prefill asks);
+- mixed b1, mixed b8: the decode step with the prompt as its prompt group.
+The saving is (prefill + decode) - mixed: the step a joining prompt no longer costs the running rows. Run it on an
+otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.calibrate.data import resolve_recipe
+from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint
+from pipeline.convert import convert_model
+from pipeline.onnx.export import export_onnx
+from pipeline.onnx.runner import Cache, OrtDecoder
+from pipeline.sources import resolve_model
+
+
+def exported(work: Path, precision: str) -> Path:
+    float_ckpt = work / "checkpoint-fp32"
+    if not (float_ckpt / "config.json").is_file():
+        convert_model(resolve_model("smollm2-135m"), float_ckpt, dtype="float32", progress=False)
+    ckpt = float_ckpt
+    if precision != "fp32":
+        ckpt = work / f"checkpoint-{precision}"
+        calibrate_checkpoint(float_ckpt, ckpt, CalibrateOptions(precision, resolve_recipe(None), eval_samples=0,
+                                                                progress=False))
+    return export_onnx(ckpt, work / f"onnx-{precision}").path
+
+
+def random_cache(decoder: OrtDecoder, batch: int, length: int, rng: np.random.Generator) -> Cache:
+    shape = (batch, decoder.kv_heads, length, decoder.head_size)
+    return Cache({past: rng.standard_normal(shape).astype(np.float32) for past, _ in decoder.cache_names},
+                 np.ones((batch, length), np.int64))
+
+
+def measure(decoder: OrtDecoder, cached: int, prompt_length: int, rounds: int) -> dict[str, float]:
+    """Median ms of each step over `rounds` rounds that run every step once, in turn (after one warm-up round)."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, decoder.vocab_size, prompt_length).tolist()
+    steps = {"prefill": lambda: decoder.step(np.array([prompt]), decoder.empty_cache(1), last_only=True)}
+    for batch in (1, 8):
+        cache, tokens = random_cache(decoder, batch, cached, rng), rng.integers(0, decoder.vocab_size, (batch, 1))
+        steps[f"decode b{batch}"] = lambda c=cache, t=tokens: decoder.step(t, c)
+        steps[f"mixed b{batch}"] = lambda c=cache, t=tokens: decoder.step_with_prompt(t, c, prompt)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for round_ in range(rounds + 1):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "int8-sq"], default=["fp32"])
+    parser.add_argument("--cached", type=int, default=87, help="tokens in each row's cache")
+    parser.add_argument("--prompt", type=int, default=64, help="tokens of the joining prompt")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime's intra-op threads")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-onnx-step"))
+    args = parser.parse_args()
+    for precision in args.precision:
+        decoder = OrtDecoder(exported(args.workdir, precision), threads=args.threads)
+        t = measure(decoder, args.cached, args.prompt, args.rounds)
+        print(f"SmolLM2 {precision}, {args.threads} threads, {args.cached} cached tokens, a {args.prompt}-token prompt"
+              f" (medians of {args.rounds} rounds, ms)")
+        for name, ms in t.items():
+            print(f"  {name:<10} {ms:7.1f}")
+        for batch in (1, 8):
+            apart = t["prefill"] + t[f"decode b{batch}"]
+            print(f"  b{batch}: prefill + decode {apart:.1f} -> mixed {t[f'mixed b{batch}']:.1f} "
+                  f"(saves {apart - t[f'mixed b{batch}']:.1f} ms, {t[f'mixed b{batch}'] / apart:.2f}x)")
+        print(f"  decode b8 / b1: {t['decode b8'] / t['decode b1']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
