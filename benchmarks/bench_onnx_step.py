@@ -10,8 +10,13 @@ round, the steps in turn, after a warm-up round; the median per step is printed.
 - decode b1, decode b8: one token per row;
 - prefill: the prompt alone (its last token's logits, as the server's prefill asks);
 - mixed b1, mixed b8: the decode step with the prompt as its prompt group.
-The saving is (prefill + decode) - mixed: the step a joining prompt no longer costs the running rows. Run it on an
-otherwise idle machine.
+The saving is (prefill + decode) - mixed: the step a joining prompt no longer costs the running rows.
+
+Then the serving loop itself in process, without Triton (`serve_rows` on the export, the cpu target's worker
+loop): --requests requests of --prompt random tokens and --output tokens each, kept --concurrency in flight, with
+the prompt group (a joining prompt mixed into the decode step) and without (each prompt computed alone first),
+alternating: output tokens/s and the gaps between a request's tokens (the ITL a client sees, less the server).
+Run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint
 from pipeline.convert import convert_model
 from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import Cache, OrtDecoder
+from pipeline.runtime import SamplingConfig
+from pipeline.runtime.scheduler import Scheduler, Sequence
 from pipeline.sources import resolve_model
 
 
@@ -68,6 +75,34 @@ def measure(decoder: OrtDecoder, cached: int, prompt_length: int, rounds: int) -
     return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 
+def serve(decoder: OrtDecoder, mixed: bool, concurrency: int, requests: int, prompt_length: int,
+          output: int) -> dict[str, float]:
+    """`serve_rows` with `concurrency` requests kept in flight: output tokens/s and the p50/p90 token gaps (ms)."""
+    rng = np.random.default_rng(1)
+    scheduler, arrivals, sent, ended = Scheduler(), {}, [0], [0]
+
+    def submit() -> None:
+        key, sent[0] = sent[0], sent[0] + 1
+        arrivals[key] = []
+        prompt = rng.integers(0, decoder.vocab_size, prompt_length).tolist()
+        scheduler.submit([Sequence(key, prompt, SamplingConfig(max_new_tokens=output, min_tokens=output))])
+
+    def poll() -> None:
+        while sent[0] < requests and sent[0] - ended[0] < concurrency:
+            submit()
+
+    def on_end(key) -> None:
+        ended[0] += 1
+
+    decoder.mixes_prompts = mixed
+    start = time.perf_counter()
+    decoder.serve_rows(scheduler, poll, lambda key, result: arrivals[key].append(time.perf_counter()), on_end)
+    wall = time.perf_counter() - start
+    gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])]
+    return {"tokens/s": sum(map(len, arrivals.values())) / wall, "gap p50": np.percentile(gaps, 50) * 1000,
+            "gap p90": np.percentile(gaps, 90) * 1000}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", nargs="+", choices=["fp32", "int8-sq"], default=["fp32"])
@@ -75,6 +110,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64, help="tokens of the joining prompt")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime's intra-op threads")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=24, help="requests of the in-process serving loop")
+    parser.add_argument("--output", type=int, default=32, help="output tokens of each request")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-onnx-step"))
     args = parser.parse_args()
     for precision in args.precision:
@@ -89,6 +127,14 @@ def main() -> None:
             print(f"  b{batch}: prefill + decode {apart:.1f} -> mixed {t[f'mixed b{batch}']:.1f} "
                   f"(saves {apart - t[f'mixed b{batch}']:.1f} ms, {t[f'mixed b{batch}'] / apart:.2f}x)")
         print(f"  decode b8 / b1: {t['decode b8'] / t['decode b1']:.2f}x")
+        mixes = decoder.mixes_prompts
+        print(f"serve_rows in process: {args.requests} requests, {args.prompt} tokens in, {args.output} out")
+        for concurrency in args.concurrency:
+            for mixed in (True, False) if mixes else (False,):
+                r = serve(decoder, mixed, concurrency, args.requests, args.prompt, args.output)
+                print(f"  c={concurrency} {'mixed' if mixed else 'apart'}: {r['tokens/s']:6.1f} tokens/s, token gap "
+                      f"p50 {r['gap p50']:5.1f} ms, p90 {r['gap p90']:5.1f} ms")
+        decoder.mixes_prompts = mixes
 
 
 if __name__ == "__main__":
