@@ -55,8 +55,10 @@ def test_each_request_is_answered_when_its_own_rows_are_done(checkpoint, monkeyp
     assert [ids for _, ids, _ in a] == [[t] for t in free[:cut]] + [[]] and [f for *_, f in a][-1]
     assert len(b) == cut + 4 and [f for *_, f in b] == [False] * (cut + 3) + [True]
     assert len(c) == 1 and c[0][2] and c[0][1][:3] == [2, 7, 18] and len(c[0][1]) == 6
-    assert a[-1][0] < b[cut][0]       # a's final answer came in the step it ended, before b's next token
-    assert c[0][0] < b[3][0]          # c's whole answer right after its 3rd token, not after b's last
+    # a starts alone; b's prompt is computed in a's next step and c's in the one after (one joining prompt a step),
+    # so in step k a gets its token k + 1, b its token k and c its token k - 1
+    assert a[-1][0] < b[cut - 1][0]   # a's final answer came in the step it ended, before b's token of that step
+    assert c[0][0] < b[4][0]          # c's whole answer in the step of its 3rd token, before b's next, not b's last
     assert log[-1][0] == "b"
 
 

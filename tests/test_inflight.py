@@ -65,33 +65,38 @@ def test_a_request_admitted_mid_generation_comes_out_as_it_does_alone(runtimes, 
     first_of_2 = events.index(("token", 2))
     last_of_0 = max(i for i, e in enumerate(events) if e == ("token", 0))
     assert events.index(("admit", 2)) < first_of_2 < last_of_0
-    # ONNX Runtime computes a joining prompt in the decode step (one a step: 4 joins a step after 3, and ends with
-    # it); torch prefills each before the step, so its joiners are a token ahead of the running rows
-    ends = [1, 4, 0, 2, 3] if runtime == "onnxruntime" else [1, 4, 2, 3, 0]
-    assert [e for e in events if e[0] == "end"] == [("end", key) for key in ends]
+    # a joining prompt is computed in the running rows' decode step, one a step: 3 and 4 start together, 4 joins
+    # a step after 3 and ends with it, after 0
+    assert [e for e in events if e[0] == "end"] == [("end", 1), ("end", 4), ("end", 0), ("end", 2), ("end", 3)]
 
 
-def test_onnx_runtime_computes_a_joining_prompt_in_the_decode_step_of_the_running_rows(runtimes, monkeypatch):
-    """The same schedule served with the export's prompt group and without (an export that has none): the same
-    tokens, in fewer graph runs: each prompt that joins running rows costs no run of its own."""
-    model = runtimes["onnxruntime"]
-    runs = {"mixed": 0, "apart": 0}
-    real_run = model.session.run
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_a_joining_prompt_is_computed_in_the_decode_step_of_the_running_rows(runtimes, runtime, monkeypatch):
+    """The same schedule served mixing prompts into decode steps and apart (each prompt alone first, as an ONNX export
+    without the prompt group is served): the same tokens, in fewer passes through the model: each prompt that joins
+    running rows costs no pass of its own."""
+    model = runtimes[runtime]
+    passes = {"mixed": 0, "apart": 0}
+    # the one call each pass makes: ONNX Runtime's run, the torch runtime's layers
+    owner, name = (model.session, "run") if runtime == "onnxruntime" else (model, "_hidden_groups")
+    real = getattr(owner, name)
+    kind = ["mixed"]
 
-    def counted(kind):
-        def run(*args, **kwargs):
-            runs[kind] += 1
-            return real_run(*args, **kwargs)
-        return run
+    def counted(*args, **kwargs):
+        passes[kind[0]] += 1
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(model, "session", type("Counted", (), {"run": staticmethod(counted("mixed"))})())
+    if runtime == "onnxruntime":
+        monkeypatch.setattr(model, "session", type("Counted", (), {"run": staticmethod(counted)})())
+    else:
+        monkeypatch.setattr(model, name, counted)
     mixed, _, _ = serve(model, SCHEDULE)
-    monkeypatch.setattr(model, "mixes_prompts", False)
-    monkeypatch.setattr(model, "session", type("Counted", (), {"run": staticmethod(counted("apart"))})())
+    kind[0] = "apart"
+    monkeypatch.setattr(model if runtime == "onnxruntime" else CacheDecoder, "mixes_prompts", False)
     apart, _, _ = serve(model, SCHEDULE)
     assert mixed == apart
     # five prompts: the first starts on an empty batch, so four join running rows
-    assert runs["apart"] - runs["mixed"] == 4
+    assert passes["apart"] - passes["mixed"] == 4
 
 
 @pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])

@@ -121,10 +121,18 @@ class ReferenceModel:
 
     def _hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 rows: torch.Tensor | None, observer: Observer | None) -> torch.Tensor:
-        step = make_step(self.cfg, self.rotary, positions, rows, cache.k.shape[3])
-        h = self.weights.embedding[tokens]
+        """The final hidden states [b, t, hidden] of tokens [b, t] at `positions`, in cache rows `rows`."""
+        return self._hidden_groups([(tokens, positions, rows)], cache, observer).reshape(*tokens.shape, -1)
+
+    def _hidden_groups(self, groups: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], cache: KVCache,
+                       observer: Observer | None = None) -> torch.Tensor:
+        """The final hidden states, flat [tokens, hidden], of groups of (tokens [b, t], positions [b, t], cache rows)
+        computed in one pass: every linear reads its weights once for all of them, attention is per group."""
+        steps = [make_step(self.cfg, self.rotary, positions, rows, cache.k.shape[3]) for _, positions, rows in groups]
+        hidden = self.cfg.arch.hidden_size
+        h = torch.cat([self.weights.embedding[tokens].reshape(-1, hidden) for tokens, _, _ in groups])
         for i, layer in enumerate(self.weights.layers):
-            h = decoder_layer(self.cfg, i, layer, self._fused_mlp[i], h, step, cache.k[i], cache.v[i], observer)
+            h = decoder_layer(self.cfg, i, layer, self._fused_mlp[i], h, steps, cache.k[i], cache.v[i], observer)
         return h
 
     @property
@@ -217,11 +225,29 @@ class CacheDecoder:
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
         slots = [self.slots[r] for r in rows]
         cache_rows = None if slots == list(range(self.cache.k.shape[1])) else torch.tensor(slots)
+        hidden = self.model._hidden(torch.tensor([[t] for t in tokens]), self._next_positions(rows), self.cache,
+                                    cache_rows, None)
+        return self.model._logits(hidden[:, 0])
+
+    mixes_prompts = True
+
+    def decode_with_prompt(self, rows: list[int], tokens: list[int], row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode` of the rows and `row`'s prompt into its cache row in the same pass: (the rows' logits, the logits
+        after the prompt)."""
+        prompt = torch.tensor([list(self.prompts[row])])
+        groups = [(torch.tensor([[t] for t in tokens]), self._next_positions(rows),
+                   torch.tensor([self.slots[r] for r in rows])),
+                  (prompt, torch.arange(prompt.shape[1])[None], torch.tensor([self.slots[row]]))]
+        hidden = self.model._hidden_groups(groups, self.cache)
+        logits = self.model._logits(torch.cat([hidden[:len(rows)], hidden[-1:]]))
+        return logits[:-1], logits[-1]
+
+    def _next_positions(self, rows: list[int]) -> torch.Tensor:
+        """[rows, 1]: where each row's next token goes (and the row moves on by one)."""
         positions = torch.tensor([[self.lengths[r]] for r in rows])
         for r in rows:
             self.lengths[r] += 1
-        hidden = self.model._hidden(torch.tensor([[t] for t in tokens]), positions, self.cache, cache_rows, None)
-        return self.model._logits(hidden[:, 0])
+        return positions
 
 
 def make_step(cfg: CheckpointConfig, rotary: RotaryTable, positions: torch.Tensor, rows: torch.Tensor | None,
@@ -240,20 +266,33 @@ def make_step(cfg: CheckpointConfig, rotary: RotaryTable, positions: torch.Tenso
     return Step(rows, slots, cos, sin, visible[:, None], used)
 
 
-def decoder_layer(cfg: CheckpointConfig, i: int, layer: Layer, fused_mlp: Linear | None, h: torch.Tensor, step: Step,
-                  keys: torch.Tensor, values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
-    """Layer `i` applied to hidden states h [B, T, hidden], with its K/V cache `keys`, `values`."""
+def decoder_layer(cfg: CheckpointConfig, i: int, layer: Layer, fused_mlp: Linear | None, h: torch.Tensor,
+                  step: Step | Sequence[Step], keys: torch.Tensor, values: torch.Tensor,
+                  observer: Observer | None) -> torch.Tensor:
+    """Layer `i` applied to hidden states h [B, T, hidden] of one step, or the flat [tokens, hidden] of several
+    steps' tokens in turn (each step's [b, t] tokens, attending apart), with its K/V cache `keys`, `values`."""
     eps = cfg.arch.norm_epsilon
     x = rms_norm(h, layer.norms["input_layernorm"], eps)
     h = h + attention_block(cfg, i, layer, x, step, keys, values, observer)
     return h + mlp_block(i, layer, fused_mlp, rms_norm(h, layer.norms["post_layernorm"], eps), observer)
 
 
-def attention_block(cfg: CheckpointConfig, i: int, layer: Layer, x: torch.Tensor, step: Step, keys: torch.Tensor,
-                    values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
-    b, t, _ = x.shape
+def attention_block(cfg: CheckpointConfig, i: int, layer: Layer, x: torch.Tensor, step: Step | Sequence[Step],
+                    keys: torch.Tensor, values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+    steps = [step] if isinstance(step, Step) else step
+    p = f"transformer.layers.{i}.attention."
+    qkv = linear(x.reshape(-1, x.shape[-1]), layer.linears["attention.qkv"], observer, p + "qkv")
+    sizes = [s.cos.shape[0] * s.cos.shape[1] for s in steps]
+    outs = [attend(cfg, i, layer, part, s, keys, values, observer) for part, s in zip(qkv.split(sizes), steps)]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return linear(out, layer.linears["attention.dense"], observer, p + "dense").reshape(*x.shape[:-1], -1)
+
+
+def attend(cfg: CheckpointConfig, i: int, layer: Layer, qkv: torch.Tensor, step: Step, keys: torch.Tensor,
+           values: torch.Tensor, observer: Observer | None) -> torch.Tensor:
+    """One step's attention: its fused qkv [b * t, width] -> the heads' output [b * t, heads * d], its K/V stored."""
+    b, t = step.cos.shape[:2]
     hd, nq, nkv = cfg.arch.head_size, cfg.arch.num_attention_heads, cfg.arch.num_key_value_heads
-    qkv = linear(x, layer.linears["attention.qkv"], observer, f"transformer.layers.{i}.attention.qkv")
     qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
     q, k = qk.reshape(b, t, nq + nkv, hd).split([nq, nkv], dim=2)
     if "attention.q_layernorm" in layer.norms:
@@ -269,8 +308,7 @@ def attention_block(cfg: CheckpointConfig, i: int, layer: Layer, x: torch.Tensor
     cached_k, cached_v = step.store(keys, values, k, v)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), cached_k, cached_v, attn_mask=step.visible,
                                          scale=1.0 / math.sqrt(hd), enable_gqa=nq != nkv)
-    return linear(out.transpose(1, 2).reshape(b, t, nq * hd), layer.linears["attention.dense"], observer,
-                  f"transformer.layers.{i}.attention.dense")
+    return out.transpose(1, 2).reshape(b * t, nq * hd)
 
 
 def mlp_block(i: int, layer: Layer, fused: Linear | None, x: torch.Tensor, observer: Observer | None) -> torch.Tensor:
