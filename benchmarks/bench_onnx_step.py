@@ -16,6 +16,7 @@ Then the serving loop itself in process, without Triton (`serve_rows` on the exp
 loop): --requests requests of --prompt random tokens and --output tokens each, kept --concurrency in flight, with
 the prompt group (a joining prompt mixed into the decode step) and without (each prompt computed alone first),
 alternating: output tokens/s and the gaps between a request's tokens (the ITL a client sees, less the server).
+--torch serves the same checkpoint with the torch runtime the same way (ReferenceModel, 2 torch threads).
 Run it on an otherwise idle machine.
 """
 
@@ -27,27 +28,29 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pipeline.calibrate.data import resolve_recipe
 from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint
 from pipeline.convert import convert_model
 from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import Cache, OrtDecoder
-from pipeline.runtime import SamplingConfig
+from pipeline.runtime import ReferenceModel, SamplingConfig
+from pipeline.runtime.model import CacheDecoder
 from pipeline.runtime.scheduler import Scheduler, Sequence
 from pipeline.sources import resolve_model
 
 
-def exported(work: Path, precision: str) -> Path:
+def checkpoint(work: Path, precision: str) -> Path:
     float_ckpt = work / "checkpoint-fp32"
     if not (float_ckpt / "config.json").is_file():
         convert_model(resolve_model("smollm2-135m"), float_ckpt, dtype="float32", progress=False)
-    ckpt = float_ckpt
-    if precision != "fp32":
-        ckpt = work / f"checkpoint-{precision}"
-        calibrate_checkpoint(float_ckpt, ckpt, CalibrateOptions(precision, resolve_recipe(None), eval_samples=0,
-                                                                progress=False))
-    return export_onnx(ckpt, work / f"onnx-{precision}").path
+    if precision == "fp32":
+        return float_ckpt
+    ckpt = work / f"checkpoint-{precision}"
+    calibrate_checkpoint(float_ckpt, ckpt, CalibrateOptions(precision, resolve_recipe(None), eval_samples=0,
+                                                            progress=False))
+    return ckpt
 
 
 def random_cache(decoder: OrtDecoder, batch: int, length: int, rng: np.random.Generator) -> Cache:
@@ -75,8 +78,7 @@ def measure(decoder: OrtDecoder, cached: int, prompt_length: int, rounds: int) -
     return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 
-def serve(decoder: OrtDecoder, mixed: bool, concurrency: int, requests: int, prompt_length: int,
-          output: int) -> dict[str, float]:
+def serve(model, mixed: bool, concurrency: int, requests: int, prompt_length: int, output: int) -> dict[str, float]:
     """`serve_rows` with `concurrency` requests kept in flight: output tokens/s and the p50/p90 token gaps (ms)."""
     rng = np.random.default_rng(1)
     scheduler, arrivals, sent, ended = Scheduler(), {}, [0], [0]
@@ -84,7 +86,7 @@ def serve(decoder: OrtDecoder, mixed: bool, concurrency: int, requests: int, pro
     def submit() -> None:
         key, sent[0] = sent[0], sent[0] + 1
         arrivals[key] = []
-        prompt = rng.integers(0, decoder.vocab_size, prompt_length).tolist()
+        prompt = rng.integers(0, model.vocab_size, prompt_length).tolist()
         scheduler.submit([Sequence(key, prompt, SamplingConfig(max_new_tokens=output, min_tokens=output))])
 
     def poll() -> None:
@@ -94,9 +96,10 @@ def serve(decoder: OrtDecoder, mixed: bool, concurrency: int, requests: int, pro
     def on_end(key) -> None:
         ended[0] += 1
 
-    decoder.mixes_prompts = mixed
+    # the switch: the export's (an OrtDecoder's own), the torch runtime's (its in-flight decoder's)
+    setattr(model if isinstance(model, OrtDecoder) else CacheDecoder, "mixes_prompts", mixed)
     start = time.perf_counter()
-    decoder.serve_rows(scheduler, poll, lambda key, result: arrivals[key].append(time.perf_counter()), on_end)
+    model.serve_rows(scheduler, poll, lambda key, result: arrivals[key].append(time.perf_counter()), on_end)
     wall = time.perf_counter() - start
     gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])]
     return {"tokens/s": sum(map(len, arrivals.values())) / wall, "gap p50": np.percentile(gaps, 50) * 1000,
@@ -113,10 +116,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="requests of the in-process serving loop")
     parser.add_argument("--output", type=int, default=32, help="output tokens of each request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--torch", action="store_true", help="serve with the torch runtime too")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-onnx-step"))
     args = parser.parse_args()
     for precision in args.precision:
-        decoder = OrtDecoder(exported(args.workdir, precision), threads=args.threads)
+        ckpt = checkpoint(args.workdir, precision)
+        decoder = OrtDecoder(export_onnx(ckpt, args.workdir / f"onnx-{precision}").path, threads=args.threads)
         t = measure(decoder, args.cached, args.prompt, args.rounds)
         print(f"SmolLM2 {precision}, {args.threads} threads, {args.cached} cached tokens, a {args.prompt}-token prompt"
               f" (medians of {args.rounds} rounds, ms)")
@@ -127,14 +132,18 @@ def main() -> None:
             print(f"  b{batch}: prefill + decode {apart:.1f} -> mixed {t[f'mixed b{batch}']:.1f} "
                   f"(saves {apart - t[f'mixed b{batch}']:.1f} ms, {t[f'mixed b{batch}'] / apart:.2f}x)")
         print(f"  decode b8 / b1: {t['decode b8'] / t['decode b1']:.2f}x")
-        mixes = decoder.mixes_prompts
-        print(f"serve_rows in process: {args.requests} requests, {args.prompt} tokens in, {args.output} out")
-        for concurrency in args.concurrency:
-            for mixed in (True, False) if mixes else (False,):
-                r = serve(decoder, mixed, concurrency, args.requests, args.prompt, args.output)
-                print(f"  c={concurrency} {'mixed' if mixed else 'apart'}: {r['tokens/s']:6.1f} tokens/s, token gap "
-                      f"p50 {r['gap p50']:5.1f} ms, p90 {r['gap p90']:5.1f} ms")
-        decoder.mixes_prompts = mixes
+        served = {"onnxruntime": decoder}
+        if args.torch:
+            torch.set_num_threads(args.threads)
+            served["torch"] = ReferenceModel.load(ckpt)
+        for runtime, model in served.items():
+            print(f"serve_rows in process, {runtime}: {args.requests} requests, {args.prompt} tokens in, "
+                  f"{args.output} out")
+            for concurrency in args.concurrency:
+                for mixed in (True, False):
+                    r = serve(model, mixed, concurrency, args.requests, args.prompt, args.output)
+                    print(f"  c={concurrency} {'mixed' if mixed else 'apart'}: {r['tokens/s']:6.1f} tokens/s, token "
+                          f"gap p50 {r['gap p50']:5.1f} ms, p90 {r['gap p90']:5.1f} ms")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ NAMES = (ENGINE, REFERENCE, PYTORCH, REFERENCE_LLMAPI, REFERENCE_ONNX)
 RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
 #: How a backend batches (`Backend.batching`; pipeline/plan/feedback.py models each): a batch generated to its end
 #: before the next starts (the llmapi contract's cpu model), or in flight: requests join the running batch between
-#: steps (TensorRT-LLM's per iteration; the reference runtime between two decode steps).
+#: steps (TensorRT-LLM's per iteration; the reference runtime's joining prompt within a decode step).
 STATIC_BATCHING, INFLIGHT_BATCHING = "static", "inflight"
 #: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
 INFLIGHT_BATCHER = "inflight_batcher_llm"

@@ -17,11 +17,12 @@ sequence and token of its context: `decode_step`), and from how its backend batc
   (measured or derived), AIC's serving estimate at that batch and those lengths; else, with b = min(c, max_batch)
   sequences running, trtpipe's speed-of-light bound (TTFT = prefill + the rounds ahead when c > max_batch, TPOT =
   step(b), tokens/s = b / step(b)), or for the timed cpu plan the same with every admitted prompt's prefill
-  charged to the batch it joins (the reference runtime computes it between two decode steps, the running rows
-  waiting): a round of b requests is b x prefill + (output - 1) x step(b), TPOT = step(b) + (b - 1) x prefill /
+  charged to the batch it joins (the cpu runtimes compute a joining prompt within a decode step of the running
+  rows, one prompt a step, which then lasts about a prefill longer: the weights read once for both save about a
+  batch-1 step, which the model leaves out): a round of b requests is b x prefill + (output - 1) x step(b), TPOT = step(b) + (b - 1) x prefill /
   (output - 1), tokens/s = b x output / the round; TTFT = (b + 1) / 2 x prefill + the rounds ahead: closed-loop
-  clients of one output length end together and resubmit together, and their prompts are prefilled one after
-  another, each streaming its first token as soon as its own prefill is done (the j-th waits j prefills).
+  clients of one output length end together and resubmit together, and their prompts are computed one a step,
+  each streaming its first token in the step that computes it (the j-th waits j prefills).
 
 `correct` fits one correction per phase to measured levels: decode = the median of measured ITL p50 / predicted
 TPOT, then prefill = the median factor that makes the TTFT p50 of the levels whose TTFT is mostly prefill what
