@@ -19,10 +19,11 @@ sequence and token of its context: `decode_step`), and from how its backend batc
   step(b), tokens/s = b / step(b)), or for the timed cpu plan the same with every admitted prompt's prefill
   charged to the batch it joins (the cpu runtimes compute a joining prompt within a decode step of the running
   rows, one prompt a step, which then lasts about a prefill longer: the weights read once for both save about a
-  batch-1 step, which the model leaves out): a round of b requests is b x prefill + (output - 1) x step(b), TPOT = step(b) + (b - 1) x prefill /
-  (output - 1), tokens/s = b x output / the round; TTFT = (b + 1) / 2 x prefill + the rounds ahead: closed-loop
-  clients of one output length end together and resubmit together, and their prompts are computed one a step,
-  each streaming its first token in the step that computes it (the j-th waits j prefills).
+  batch-1 step, which the model leaves out): a round of b requests is b x prefill + (output - 1) x step(b),
+  TPOT = step(b) + (b - 1) x prefill / (output - 1), tokens/s = b x output / the round; TTFT = (b + 1) / 2 x
+  prefill + the rounds ahead: closed-loop clients of one output length end together and resubmit together, and
+  their prompts are computed one a step, each streaming its first token in the step that computes it (the j-th
+  waits j prefills).
 
 `correct` fits one correction per phase to measured levels: decode = the median of measured ITL p50 / predicted
 TPOT, then prefill = the median factor that makes the TTFT p50 of the levels whose TTFT is mostly prefill what
