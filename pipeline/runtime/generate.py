@@ -231,7 +231,8 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
     row is freed once it ends (a server answers it then)."""
     rows: dict[int, ScheduledSequence] = {}
     fed: list[int] = []        # rows whose last chosen token the next decode step feeds
-    joining: list[int] = []    # started rows whose prompt a coming decode step computes
+    #: started rows whose prompt a coming decode step computes, with what their prefill would be told (`start_config`)
+    joining: list[tuple[int, SamplingConfig]] = []
     mixing = isinstance(decoder, MixingDecoder) and decoder.mixes_prompts
     next_row = 0
 
@@ -242,8 +243,7 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
         _end(decoder, scheduler, rows, row, on_end)
         return False
 
-    def prefill_alone(row: int) -> None:
-        config = start_config(rows[row])
+    def prefill_alone(row: int, config: SamplingConfig) -> None:
         with span("forward", phase="prefill", rows=1, tokens=len(rows[row].context())):
             logits = prefill(decoder, [row], {row: config}, {row: rows[row].result})
         if not config.max_new_tokens:
@@ -264,33 +264,33 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             return
         for s in started:
             row, next_row = next_row, next_row + 1
-            config, context = start_config(s), s.context()
-            decoder.add([row], [context], [config])
+            config = start_config(s)        # before the result exists: it tells a fresh start from a resumed one
+            decoder.add([row], [s.context()], [config])
             rows[row] = s
             if s.result is None:
                 s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
             if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
             elif mixing and config.max_new_tokens and not config.context_logits:
-                joining.append(row)
+                joining.append((row, config))
             else:
-                prefill_alone(row)
+                prefill_alone(row, config)
         if joining and not fed:
-            prefill_alone(joining.pop(0))
+            prefill_alone(*joining.pop(0))
         with span("schedule", running=len(fed)):
             paused = scheduler.make_room([rows[row] for row in fed])
             if paused:
-                gone = [row for row in fed + joining if rows[row] in paused]
+                gone = [row for row in fed + [j for j, _ in joining] if rows[row] in paused]
                 decoder.release(gone)
                 for row in gone:
                     del rows[row]
                 fed = [row for row in fed if row not in gone]
-                joining = [row for row in joining if row not in gone]
+                joining = [(j, config) for j, config in joining if j not in gone]
         if not fed:
             continue
         tokens = [rows[row].result.tokens[-1] for row in fed]
         if joining:
-            row = joining.pop(0)
+            row, _ = joining.pop(0)
             with span("forward", phase="decode", rows=len(fed), prompt_tokens=len(rows[row].context())):
                 logits, first = decoder.decode_with_prompt(fed, tokens, row)
         else:
