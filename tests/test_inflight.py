@@ -86,10 +86,7 @@ def test_a_joining_prompt_is_computed_in_the_decode_step_of_the_running_rows(run
         passes[kind[0]] += 1
         return real(*args, **kwargs)
 
-    if runtime == "onnxruntime":
-        monkeypatch.setattr(model, "session", type("Counted", (), {"run": staticmethod(counted)})())
-    else:
-        monkeypatch.setattr(model, name, counted)
+    monkeypatch.setattr(owner, name, counted)
     mixed, _, _ = serve(model, SCHEDULE)
     kind[0] = "apart"
     monkeypatch.setattr(model if runtime == "onnxruntime" else CacheDecoder, "mixes_prompts", False)

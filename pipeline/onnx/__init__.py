@@ -8,3 +8,8 @@ LOGITS_TO_KEEP = "logits_to_keep"
 #: rows of `input_ids` (through the same linears), with its own causal attention and no cache; its last token's
 #: logits and its K/V come out as `prompt_logits` and `prompt_present.N.key/value`
 PROMPT_IDS, PROMPT_LOGITS = "prompt_ids", "prompt_logits"
+
+
+def prompt_present(present: str) -> str:
+    """The prompt group's output for a `present.N.key/value` name (graph and runner both name it through this)."""
+    return "prompt_" + present

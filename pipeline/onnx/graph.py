@@ -36,13 +36,14 @@ from ..checkpoint import CheckpointConfig
 from ..runtime.trtllm_reader import Layer, Linear
 from ..runtime.quant import TensorQuant
 from ..runtime.rope import RotaryTable
-from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS
+from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
 from .quantize import QuantizedWeight, activation_scale, weight_tensor, zero_point
 
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
 KEPT = "kept_sequence_length"     # logits' positions: the last logits_to_keep of SEQ
 PROMPT, PROMPT_KEPT = "prompt_length", "prompt_kept"   # the prompt group's tokens; 1, or 0 without a prompt
 LOWEST = np.float32(np.finfo(np.float32).min)
+TO_HEADS_FIRST = [0, 2, 1, 3]    # [b, t, heads, d] <-> [b, heads, t, d]
 
 
 def past_names(i: int) -> tuple[str, str]:
@@ -54,7 +55,8 @@ def present_names(i: int) -> tuple[str, str]:
 
 
 def prompt_present_names(i: int) -> tuple[str, str]:
-    return f"prompt_present.{i}.key", f"prompt_present.{i}.value"
+    key, value = present_names(i)
+    return prompt_present(key), prompt_present(value)
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Shared:
     prompt_visible: str  # bool [P, P]: the prompt's (causal)
     groups: str         # int64 [2]: B * T and P, the flat tokens of each group
     rows_shape: str     # int64 [2]: B, T
+    row_heads: dict     # heads -> int64 [4]: B, T, heads, head_size (the rows' q, k, v per head count)
 
 
 def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
@@ -130,8 +133,11 @@ def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
                               g.const("axes.1.2.3", np.array([1, 2, 3], np.int64))])  # [B, 1, 1, 1, S]
     window = g.const("sliding_window", np.array(int(cfg.arch.sliding_window), np.int64)) \
         if cfg.arch.sliding_window else None
+    hd = cfg.arch.head_size
+    row_heads = {n: g.op("Concat", [rows_shape, g.const(f"attention.row_heads.{n}", np.array([n, hd]))], axis=0)
+                 for n in {cfg.arch.num_attention_heads, cfg.arch.num_key_value_heads}}
     return Shared(cos, sin, g.op("And", [mask, causal(g, keys, queries, window)]),
-                  causal(g, prompt_positions, prompt_positions, window), groups, rows_shape)
+                  causal(g, prompt_positions, prompt_positions, window), groups, rows_shape, row_heads)
 
 
 def causal(g: GraphBuilder, keys: str, queries: str, window: str | None) -> str:
@@ -235,12 +241,9 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
     if layer.kv_quant is not None:      # the cache's Q/DQ, elementwise: on the flat tokens of both groups at once
         k, v = qdq(g, k, layer.kv_quant, p + "attention.k.cache"), qdq(g, v, layer.kv_quant, p + "attention.v.cache")
     (q, prompt_q), (k, prompt_k), (v, prompt_v) = (g.ops("Split", [t, shared.groups], 2, axis=0) for t in (q, k, v))
-    as_rows = {n: g.op("Concat", [shared.rows_shape, g.const(f"{p}attention.row_heads.{n}", np.array([n, hd]))],
-                       axis=0) for n in {nq, nkv}}
-    q, k, v = (g.op("Reshape", [t, as_rows[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
+    q, k, v = (g.op("Reshape", [t, shared.row_heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
     prompt_q, prompt_k, prompt_v = (g.op("Unsqueeze", [t, "axes.0"]) for t in (prompt_q, prompt_k, prompt_v))
-    to_heads_first = dict(perm=[0, 2, 1, 3])
-    k, v, prompt_k, prompt_v = (g.op("Transpose", [t], **to_heads_first) for t in (k, v, prompt_k, prompt_v))
+    k, v, prompt_k, prompt_v = (g.op("Transpose", [t], perm=TO_HEADS_FIRST) for t in (k, v, prompt_k, prompt_v))
     past_k, past_v = past_names(i)
     keys = g.op("Concat", [past_k, k], present_names(i)[0], axis=2)
     values = g.op("Concat", [past_v, v], present_names(i)[1], axis=2)
@@ -254,14 +257,13 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
 def attend(g: GraphBuilder, q: str, keys: str, values: str, visible: str) -> str:
     """GQA attention of queries q [b, t, heads, d] over keys/values [b, kv, s, d] where `visible` (broadcast to
     [b, kv, rep, t, s]) lets them see: the output [b * t, heads * d]. The attention.* shapes are start_graph's."""
-    to_heads_first = dict(perm=[0, 2, 1, 3])
-    q5 = g.op("Reshape", [g.op("Transpose", [q], **to_heads_first), "attention.groups"])            # [b, kv, rep, t, d]
+    q5 = g.op("Reshape", [g.op("Transpose", [q], perm=TO_HEADS_FIRST), "attention.groups"])  # [b, kv, rep, t, d]
     k5 = g.op("Transpose", [g.op("Unsqueeze", [keys, "axes.2"])], perm=[0, 1, 2, 4, 3])   # [b, kv, 1, d, s]
     scores = g.op("Mul", [g.op("MatMul", [q5, k5]), "attention.scale"])
     probs = g.op("Softmax", [g.op("Where", [visible, scores, "attention.masked"])], axis=-1)
     out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, "axes.2"])])                 # [b, kv, rep, t, d]
     out = g.op("Reshape", [out, "attention.merge"])                                       # [b, heads, t, d]
-    return g.op("Reshape", [g.op("Transpose", [out], **to_heads_first), "attention.flat"])
+    return g.op("Reshape", [g.op("Transpose", [out], perm=TO_HEADS_FIRST), "attention.flat"])
 
 
 def mlp(g: GraphBuilder, i: int, layer: Layer, quantized: dict, x: str) -> str:

@@ -26,7 +26,7 @@ from ..runtime.generate import (
 )
 from ..runtime.sampling import SamplingConfig
 from ..runtime.scheduler import Scheduler
-from . import CONFIG_FILE, LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS
+from . import CONFIG_FILE, LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
 
 
 @dataclass
@@ -64,7 +64,7 @@ class OrtDecoder:
                                             providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
         #: (past, present) of the prompt group's cache, in self.cache_names' order
-        self.prompt_cache_names = [(past, "prompt_" + present) for past, present in self.cache_names]
+        self.prompt_cache_names = [(past, prompt_present(present)) for past, present in self.cache_names]
         prompt_outputs = {PROMPT_LOGITS, *(present for _, present in self.prompt_cache_names)}
         self.rows_outputs = [name for name in self.outputs if name not in prompt_outputs]
         #: the optional inputs the export has (inputs with a default: ONNX Runtime lists them with the overridable

@@ -271,7 +271,7 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
                 s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
             if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
-            elif mixing and config.max_new_tokens and not config.context_logits:
+            elif mixing and not config.context_logits:       # so max_new_tokens > 0
                 joining.append((row, config))
             else:
                 prefill_alone(row, config)
