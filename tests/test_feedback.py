@@ -142,8 +142,10 @@ def test_inflight_prediction_per_level_charges_each_admitted_prefill(timed):
     round_s = 4 * 0.2 + 10 * 0.04
     assert eight.tpot_s == pytest.approx(0.04 + 3 * 0.2 / 10) and eight.ttft_s == pytest.approx(2.5 * 0.2 + round_s)
     assert eight.output_tokens_per_s == pytest.approx(4 * 11 / round_s)
+    # the prefill factor is the request's path to its first token (HTTP, tokenizer): the rows decoding meanwhile
+    # wait for the runtime's own prefill only
     slower = predict_level(plan, LevelLoad(8, 100, 11, max_batch=4), Correction(prefill=2.0, decode=3.0))
-    assert slower.tpot_s == pytest.approx(3 * 0.04 + 3 * 0.4 / 10)
+    assert slower.tpot_s == pytest.approx(3 * 0.04 + 3 * 0.2 / 10)
     assert slower.ttft_s == pytest.approx(2.5 * 0.4 + 4 * 0.4 + 10 * 0.12)
 
 
@@ -335,5 +337,9 @@ def test_validate_records_predictions_and_plan_measured_corrects_with_them(tiny_
     # clients' TPOT also charges the other's prefill, so the decode factor is fitted with it
     ratios = [lv["ttft_ms"]["p50"] / lv["predicted"]["ttft_ms"] for lv in recorded["levels"]]
     assert min(ratios) - 1e-9 <= correction["prefill"] <= max(ratios) + 1e-9
+    # the served TTFT holds the request's path through the server, many times this tiny model's prefill: the
+    # correction takes it out of the TTFT and so of the tokens/s. The TPOT's error is left unasserted: its ITL p50 is
+    # a millisecond that spreads +-30% between runs on both levels, so one factor for both need not beat 1.0 (the
+    # fit's arithmetic: test_a_correction_recovers_the_machine_per_phase)
     before, after = correction["median_error_before"], correction["median_error_after"]
-    assert after["ttft"] <= before["ttft"] + 1e-9 and after["tpot"] <= before["tpot"] + 1e-9
+    assert after["ttft"] < before["ttft"] and after["output_tokens_per_s"] < before["output_tokens_per_s"]

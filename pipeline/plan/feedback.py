@@ -23,11 +23,13 @@ sequence and token of its context: `decode_step`), and from how its backend batc
   TPOT = step(b) + (b - 1) x prefill / (output - 1), tokens/s = b x output / the round; TTFT = (b + 1) / 2 x
   prefill + the rounds ahead: closed-loop clients of one output length end together and resubmit together, and
   their prompts are computed one a step, each streaming its first token in the step that computes it (the j-th
-  waits j prefills).
+  waits j prefills). The prefill charged to the running rows is the runtime's own (the timed phase, never the
+  prefill correction): a request's TTFT also holds its path through the server (HTTP, the ensemble's tokenizer)
+  which the rows already decoding do not wait for.
 
 `correct` fits one correction per phase to measured levels: decode = the median of measured ITL p50 / predicted
-TPOT, then prefill = the median factor that makes the TTFT p50 of the levels whose TTFT is mostly prefill what
-was measured (with the decode correction: `fit`). A corrected plan
+TPOT (less the prefills it charges), then prefill = the median factor that makes the TTFT p50 of the levels whose
+TTFT is mostly prefill what was measured (with the decode correction: `fit`). A corrected plan
 states the factors, where they came from and the errors before and after (`Performance.correction`).
 """
 
@@ -47,8 +49,6 @@ from .schema import Plan
 
 #: the smallest factor a fit gives (a TTFT below the waits the model predicts is not a negative prefill)
 MIN_FACTOR = 1e-3
-#: Rounds of `fit` at most (it stops when the factors stop moving: at once where the TPOT charges no prefill)
-FIT_ROUNDS = 100
 
 
 @dataclass(frozen=True)
@@ -144,15 +144,16 @@ def predict_level(plan: Plan, load: LevelLoad, correction: Correction | None = N
         return correction.decode * decode_step(tables, batch, load.input_tokens + load.output_tokens / 2)
 
     source = p.source if p is not None else SOL_SOURCE
+    stall = prefill / correction.prefill if source == TIMED_SOURCE and correction.prefill else None
     return Predicted(*serving_figures(batching, prefill, step, load.concurrency, load.max_batch, load.output_tokens,
-                                      prefills_charged=source == TIMED_SOURCE), source)
+                                      stall_s=stall), source)
 
 
 def serving_figures(batching: str, prefill_s: float, step, concurrency: float, max_batch: int,
-                    output_tokens: float, prefills_charged: bool = False) -> tuple[float, float, float]:
-    """(TTFT, TPOT, output tokens/s) of `concurrency` closed-loop clients from one prompt's prefill and the decode
-    step `step(batch)` (the module docstring's batching models; `prefills_charged`: in flight, each admitted
-    prompt's prefill stalls the running batch)."""
+                    output_tokens: float, stall_s: float | None = None) -> tuple[float, float, float]:
+    """(TTFT, TPOT, output tokens/s) of `concurrency` closed-loop clients from one prompt's prefill as its client
+    sees it and the decode step `step(batch)` (the module docstring's batching models; `stall_s`: in flight, the
+    runtime's prefill of each admitted prompt, by which it stalls the running batch)."""
     out = max(output_tokens, 1.0)
     if batching == STATIC_BATCHING:
         if concurrency <= 1:
@@ -163,9 +164,9 @@ def serving_figures(batching: str, prefill_s: float, step, concurrency: float, m
         return rest * prefill_s + alone, step(rest), concurrency * out / (alone + together)
     batch = max(1.0, min(concurrency, max_batch))
     ahead = max(concurrency / batch - 1, 0.0)
-    if prefills_charged:
+    if stall_s is not None:
         round_s = batch * prefill_s + (out - 1) * step(batch)
-        tpot = step(batch) + ((batch - 1) * prefill_s / (out - 1) if out > 1 else 0.0)
+        tpot = step(batch) + ((batch - 1) * stall_s / (out - 1) if out > 1 else 0.0)
         return (batch + 1) / 2 * prefill_s + ahead * round_s, tpot, batch * out / round_s
     round_s = prefill_s + (out - 1) * step(batch)
     return prefill_s + ahead * round_s, step(batch), batch / step(batch)
@@ -251,24 +252,17 @@ def fit(plan: Plan, seen: list[Observed]) -> Correction:
     over the levels whose predicted TTFT is mostly their own prefills (one client on a static server; up to its
     batch in flight), with the decode factor applied to what else it holds; without such a level, over all. A level
     whose TTFT is mostly a wait for other requests' decode says little about the prefill (and on the static server
-    the wait depends on how the clients happen to group). Where the TPOT charges prefills the two factors depend on
-    each other: each is fitted given the other until neither moves."""
-    prefill, decode = 1.0, 1.0
-    for _ in range(FIT_ROUNDS):
-        before = (prefill, decode)
-        decode = decode_factor(plan, seen, prefill)
-        prefill = prefill_factor(plan, seen, decode)
-        if all(abs(a - b) <= 1e-12 * max(abs(b), 1.0) for a, b in zip(before, (prefill, decode))):
-            break
-    return Correction(prefill=prefill, decode=decode)
+    the wait depends on how the clients happen to group)."""
+    decode = decode_factor(plan, seen)
+    return Correction(prefill=prefill_factor(plan, seen, decode), decode=decode)
 
 
-def decode_factor(plan: Plan, seen: list[Observed], prefill: float) -> float:
+def decode_factor(plan: Plan, seen: list[Observed]) -> float:
     factors = []
     for s in (s for s in seen if s.itl_s):
-        steps = predict_level(plan, s.load, Correction(prefill=0.0, decode=1.0)).tpot_s
-        charged = predict_level(plan, s.load, Correction(prefill=prefill, decode=1.0)).tpot_s - steps
-        factors.append(max((s.itl_s - charged) / steps, MIN_FACTOR))
+        once = predict_level(plan, s.load, Correction(prefill=1.0, decode=1.0)).tpot_s
+        steps = predict_level(plan, s.load, Correction(prefill=1.0, decode=2.0)).tpot_s - once
+        factors.append(max((s.itl_s - (once - steps)) / steps, MIN_FACTOR))
     return statistics.median(factors) if factors else 1.0
 
 

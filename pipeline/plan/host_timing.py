@@ -193,7 +193,7 @@ def timed_performance(target: Target, workload: Workload, batch: int, timing: Ho
         return decode_step(phases, rows, workload.input_len + workload.output_len / 2)
 
     ttft, tpot, rate = serving_figures(INFLIGHT_BATCHING, timing.prefill_s, step, batch, batch, workload.output_len,
-                                       prefills_charged=True)
+                                       stall_s=timing.prefill_s)
     return Performance(
         source=TIMED_SOURCE,
         basis=(f"the reference runtime timed on this host ({timing.threads} thread(s), {timing.layers_timed} of the "
