@@ -24,6 +24,10 @@ one token a chunk), as run_aiperf reports it.
     .venv/bin/python benchmarks/bench_cpu_serving.py [--servers torch onnx onnx-int8-sq vllm-fp32 vllm-bf16]
         [--concurrency 1 8] [--requests 24] [--workdir /tmp/trtpipe-bench-cpu-serving]
 
+--rounds N measures every server N times, the servers taking turns (round 1: each server in order, then round 2, ...),
+and prints each round's table and then each goal ratio of issue 27 per round with its median: this VM's speed drifts
+by 10-25% over minutes, which moves a ratio taken from two servers' turns once, but less often the median of several.
+
 Printed per server and concurrency: requests completed, output tokens/s, TTFT p50/p90, ITL p50/p90, the
 output tokens/s and ITL p50 against vllm-fp32 at the same concurrency (and tokens/s of onnx-int8-sq against
 vllm-bf16), and per server ITL p50 at the highest concurrency over ITL p50 at the lowest. Raw numbers:
@@ -53,6 +57,7 @@ import importlib.metadata
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -336,6 +341,37 @@ def print_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -
     print("(TTFT and ITL in ms; ITL: aiperf's inter_chunk_latency; x/vllm-*: at the same concurrency)")
 
 
+def round_ratios(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> dict[str, float]:
+    """One round's goal ratios (issue 27): at the highest concurrency, trtpipe's tokens/s against vLLM's, its TTFT
+    p50 against vLLM fp32's, and each trtpipe server's ITL p50 there over its ITL p50 at the lowest."""
+    low, high = min(concurrencies), max(concurrencies)
+    found = {}
+    for name, levels in results.items():
+        if name in VLLM_SERVERS or high not in levels:
+            continue
+        r = levels[high]
+        baseline = results.get(BF16_BASELINE if name == INT8 else BASELINE, {}).get(high)
+        if baseline and baseline["output_tokens_per_s"]:
+            found[f"{name} tok/s / {BF16_BASELINE if name == INT8 else BASELINE}"] = (
+                r["output_tokens_per_s"] / baseline["output_tokens_per_s"])
+        fp32 = results.get(BASELINE, {}).get(high)
+        if fp32 and fp32["ttft_ms"]["p50"] and r["ttft_ms"]["p50"]:
+            found[f"{name} TTFT p50 / {BASELINE}"] = r["ttft_ms"]["p50"] / fp32["ttft_ms"]["p50"]
+        if low != high and low in levels and levels[low]["itl_ms"]["p50"] and r["itl_ms"]["p50"]:
+            found[f"{name} ITL p50 c{high} / c{low}"] = r["itl_ms"]["p50"] / levels[low]["itl_ms"]["p50"]
+    return found
+
+
+def print_rounds(rounds: list[dict[str, dict[int, dict]]], concurrencies: list[int]) -> None:
+    """Each goal ratio per round and its median: the servers took turns, so a drift of the machine between two
+    servers' turns moves one round's ratio, not the median's."""
+    per_round = [round_ratios(results, concurrencies) for results in rounds]
+    print(f"\ngoal ratios per round (servers in turn, {len(rounds)} rounds), and their median:")
+    for key in per_round[0]:
+        values = [ratios[key] for ratios in per_round if key in ratios]
+        print(f"  {key:<42} " + "  ".join(f"{v:.2f}" for v in values) + f"   median {statistics.median(values):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS),
@@ -353,20 +389,33 @@ def main() -> None:
     parser.add_argument("--vllm-arg", action="append", default=[],
                         help="one more argument for vLLM's server (repeat it; e.g. --vllm-arg=--enforce-eager)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds a server may take to start")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every server this many times, the servers taking turns; prints each round's "
+                             "table and the goal ratios' medians")
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
     servers = [s for s in SERVERS if s in args.servers]
     model_dir = resolve_model("smollm2-135m").hf_dir()
-    results = {}
-    for name in servers:
-        results[name] = measure_server(name, model_dir, args)
-        (args.workdir / "bench_cpu_serving.json").write_text(json.dumps(results, indent=2))
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        results = {}
+        rounds.append(results)
+        for name in servers:
+            print(f"round {number}/{args.rounds}: ", end="", flush=True)
+            results[name] = measure_server(name, model_dir, args)
+            (args.workdir / "bench_cpu_serving.json").write_text(json.dumps(rounds, indent=2))
     print(f"\nSmolLM2-135M ({model_dir}) on {len(os.sched_getaffinity(0))} cores: aiperf synthetic prompts of "
           f"{args.input_tokens} tokens, {args.output_tokens} output tokens each, {args.requests} requests per "
           "concurrency, greedy, streamed")
-    print_table(results, args.concurrency)
-    print(f"raw numbers: {args.workdir / 'bench_cpu_serving.json'}")
+    for number, results in enumerate(rounds, 1):
+        if len(rounds) > 1:
+            print(f"\nround {number}")
+        print_table(results, args.concurrency)
+    if len(rounds) > 1:
+        print_rounds(rounds, args.concurrency)
+    print(f"raw numbers (a list: one mapping of server -> concurrency -> result a round): "
+          f"{args.workdir / 'bench_cpu_serving.json'}")
 
 
 if __name__ == "__main__":
