@@ -138,15 +138,15 @@ def predict_level(plan: Plan, load: LevelLoad, correction: Correction | None = N
     if batching == INFLIGHT_BATCHING and p is not None and p.source in (MEASURED_SOURCE, DERIVED_SOURCE):
         return served_estimate(plan, load, correction)
     tables = phase_tables(plan)
-    prefill = correction.prefill * interpolate(tables["prefill_tokens"], tables["prefill_s"], load.input_tokens)
+    runtime_prefill = interpolate(tables["prefill_tokens"], tables["prefill_s"], load.input_tokens)
 
     def step(batch: float) -> float:
         return correction.decode * decode_step(tables, batch, load.input_tokens + load.output_tokens / 2)
 
     source = p.source if p is not None else SOL_SOURCE
-    stall = prefill / correction.prefill if source == TIMED_SOURCE and correction.prefill else None
-    return Predicted(*serving_figures(batching, prefill, step, load.concurrency, load.max_batch, load.output_tokens,
-                                      stall_s=stall), source)
+    return Predicted(*serving_figures(batching, correction.prefill * runtime_prefill, step, load.concurrency,
+                                      load.max_batch, load.output_tokens,
+                                      stall_s=runtime_prefill if source == TIMED_SOURCE else None), source)
 
 
 def serving_figures(batching: str, prefill_s: float, step, concurrency: float, max_batch: int,
@@ -260,9 +260,10 @@ def fit(plan: Plan, seen: list[Observed]) -> Correction:
 def decode_factor(plan: Plan, seen: list[Observed]) -> float:
     factors = []
     for s in (s for s in seen if s.itl_s):
-        once = predict_level(plan, s.load, Correction(prefill=1.0, decode=1.0)).tpot_s
-        steps = predict_level(plan, s.load, Correction(prefill=1.0, decode=2.0)).tpot_s - once
-        factors.append(max((s.itl_s - (once - steps)) / steps, MIN_FACTOR))
+        tpot = predict_level(plan, s.load, Correction(decode=1.0)).tpot_s
+        steps = predict_level(plan, s.load, Correction(decode=2.0)).tpot_s - tpot    # what the factor scales
+        charged = tpot - steps                                                      # the prefills, unscaled
+        factors.append(max((s.itl_s - charged) / steps, MIN_FACTOR))
     return statistics.median(factors) if factors else 1.0
 
 
