@@ -349,11 +349,10 @@ def round_ratios(results: dict[str, dict[int, dict]], concurrencies: list[int]) 
     for name, levels in results.items():
         if name in VLLM_SERVERS or high not in levels:
             continue
-        r = levels[high]
-        baseline = results.get(BF16_BASELINE if name == INT8 else BASELINE, {}).get(high)
+        r, versus = levels[high], BF16_BASELINE if name == INT8 else BASELINE
+        baseline = results.get(versus, {}).get(high)
         if baseline and baseline["output_tokens_per_s"]:
-            found[f"{name} tok/s / {BF16_BASELINE if name == INT8 else BASELINE}"] = (
-                r["output_tokens_per_s"] / baseline["output_tokens_per_s"])
+            found[f"{name} tok/s / {versus}"] = r["output_tokens_per_s"] / baseline["output_tokens_per_s"]
         fp32 = results.get(BASELINE, {}).get(high)
         if fp32 and fp32["ttft_ms"]["p50"] and r["ttft_ms"]["p50"]:
             found[f"{name} TTFT p50 / {BASELINE}"] = r["ttft_ms"]["p50"] / fp32["ttft_ms"]["p50"]
