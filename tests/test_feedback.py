@@ -9,6 +9,7 @@ import json
 import statistics
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -22,6 +23,7 @@ from pipeline.plan.feedback import (
     Correction,
     LevelLoad,
     Measurements,
+    check_same_deployment,
     correct,
     measured_on,
     predict_level,
@@ -262,6 +264,15 @@ def test_a_correction_is_refused_for_another_deployment(timed):
     other = {**measured_on(plan), "target": "rtx4090"}
     with pytest.raises(UserError, match="target 'rtx4090'"):
         correct(plan, Measurements(levels, other, "load_test.json"))
+    # the same architecture stored otherwise (the README's cpu build: SmolLM2 from its GGUF, float32, its epsilon a
+    # float32) is the same deployment; another shape is not
+    stored = replace(plan, model=replace(plan.model, arch=replace(
+        plan.model.arch, dtype="float32", norm_epsilon=float(np.float32(plan.model.arch.norm_epsilon)))))
+    assert stored.model.arch.norm_epsilon != plan.model.arch.norm_epsilon
+    check_same_deployment(stored, Measurements(levels, measured_on(plan), "load_test.json"))
+    wider = replace(plan, model=replace(plan.model, arch=replace(plan.model.arch, intermediate_size=4096)))
+    with pytest.raises(UserError, match="architecture"):
+        check_same_deployment(wider, Measurements(levels, measured_on(plan), "load_test.json"))
     nothing = [{**levels[0], "completed": 0}]
     with pytest.raises(UserError, match="no load level where a request completed"):
         correct(plan, Measurements(nothing, measured_on(plan), "load_test.json"))

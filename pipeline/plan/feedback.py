@@ -41,6 +41,8 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHING, STATIC_BATCHING
 from ..errors import UserError
@@ -301,8 +303,12 @@ def measured_on(plan: Plan) -> dict:
 
 
 def architecture_digest(plan: Plan) -> str:
-    arch = json.dumps(plan.model.arch.to_dict(), sort_keys=True, default=str)
-    return hashlib.sha256(arch.encode()).hexdigest()[:16]
+    """The model's shapes and constants, without the checkpoint's storage dtype (the precision is compared on its
+    own) and with its floats as float32: the README's cpu build (SmolLM2 from its GGUF, stored float32, epsilon
+    9.999999747e-06) is the architecture of `smollm2-135m` (bfloat16 on the Hub, epsilon 1e-05)."""
+    arch = {key: float(np.float32(value)) if isinstance(value, float) else value
+            for key, value in plan.model.arch.to_dict().items() if key != "dtype"}
+    return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def read_measured(path: Path) -> Measurements:
