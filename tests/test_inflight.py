@@ -7,11 +7,12 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 import requests
 
 from pipeline.onnx.export import export_onnx
-from pipeline.onnx.runner import OrtBatch, OrtDecoder
+from pipeline.onnx.runner import FREE_ROW_STEPS, OrtBatch, OrtDecoder
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.model import CacheDecoder
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
@@ -127,18 +128,55 @@ def test_the_torch_cache_hands_a_finished_row_to_the_next_request(runtimes):
     assert decoder.slots == {1: 1, 2: 0} and decoder.cache.k.shape[1] == 2 and decoder.cache.k.shape[3] == 10
 
 
-def test_the_onnx_cache_joins_prefills_in_one_copy_and_drops_positions_no_running_row_uses(runtimes):
-    batch = OrtBatch(runtimes["onnxruntime"])
+def test_the_onnx_cache_gives_a_left_row_to_the_next_prompt_in_place_and_seldom_copies_it_whole(runtimes,
+                                                                                                  monkeypatch):
+    """Two prefills join the cache in one copy; a request that leaves frees its cache row and the next prompt that
+    fits is written into it in place; a row left free FREE_ROW_STEPS steps is dropped, with the leading positions
+    no running row uses, by one rebuild; a prompt longer than the cache rebuilds it. Each row's logits stay those
+    of its tokens computed alone."""
+    model = runtimes["onnxruntime"]
+    batch, rebuilds, real = OrtBatch(model), [0], OrtBatch._rebuild
+
+    def counted(self, fresh):
+        rebuilds[0] += 1
+        real(self, fresh)
+
+    def alone(tokens: list[int]) -> np.ndarray:
+        return model.step(np.array([tokens]), model.empty_cache(1))[0][0, -1]
+
+    monkeypatch.setattr(OrtBatch, "_rebuild", counted)
     batch.add([0], [[1, 2, 3, 4, 5, 6]], [SamplingConfig()])
     batch.prefill([0])
     batch.add([1], [[7]], [SamplingConfig()])
     batch.prefill([1])
-    assert batch.rows == [] and len(batch.fresh) == 2        # joined by the next decode, both at once
+    assert batch.rows == [] and len(batch.fresh) == 2        # placed by the next decode, both at once
     batch.decode([0, 1], [3, 3])
-    assert batch.rows == [0, 1] and batch.cache.length == 7 and batch.cache.mask.sum(axis=1).tolist() == [7, 2]
+    assert batch.slots == [0, 1] and batch.cache.length == 7 and batch.cache.mask.sum(axis=1).tolist() == [7, 2]
+    assert rebuilds == [1]
     batch.release([0])
-    batch.decode([1], [3])
-    assert batch.rows == [1] and batch.cache.length == 3 and batch.next.tolist() == [[3]]
+    batch.add([2], [[8, 9, 10]], [SamplingConfig()])
+    batch.decode_with_prompt([1], [3], 2)
+    assert batch.slots == [None, 1] and batch.cache.mask[0, :-1].sum() == 0      # row 0's row free, masked
+    logits = batch.decode([1, 2], [3, 4]).numpy()
+    assert batch.slots == [2, 1] and rebuilds == [1] and batch.cache.mask.sum(axis=1).tolist() == [4, 4]
+    np.testing.assert_allclose(logits, [alone([7, 3, 3, 3]), alone([8, 9, 10, 4])], atol=1e-4)
+
+    batch.release([2])
+    for _ in range(FREE_ROW_STEPS):
+        batch.decode([1], [3])
+    assert batch.slots == [None, 1] and rebuilds == [1]
+    logits = batch.decode([1], [3]).numpy()
+    assert batch.slots == [1] and rebuilds == [2]
+    assert batch.cache.length == batch.cache.mask.sum() == 5 + FREE_ROW_STEPS and batch.next.tolist() == [[9]]
+    np.testing.assert_allclose(logits[0], alone([7] + [3] * (4 + FREE_ROW_STEPS)), atol=1e-4)
+
+    long_prompt = list(range(1, 21))
+    batch.add([3], [long_prompt], [SamplingConfig()])
+    batch.decode_with_prompt([1], [3], 3)
+    logits = batch.decode([3, 1], [5, 3]).numpy()
+    assert batch.slots == [1, 3] and rebuilds == [3] and batch.cache.length == 21
+    np.testing.assert_allclose(logits, [alone(long_prompt + [5]), alone([7] + [3] * (6 + FREE_ROW_STEPS))],
+                               atol=1e-4)
 
 
 def test_a_request_sent_while_another_streams_joins_it_on_the_served_model(tiny_cpu_server):

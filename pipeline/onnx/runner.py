@@ -154,19 +154,36 @@ def session_options(ort, precision: str, threads: int | None, spinning: bool = T
     return opts
 
 
+#: decode steps a cache row whose request left is kept free for a joining prompt before the cache is rebuilt
+#: without it: a free row costs about one row's share of each step (0.3-0.5 ms of SmolLM2's batch-8 step on 2
+#: cores), a rebuild copies the whole cache once (3-5 ms)
+FREE_ROW_STEPS = 4
+#: leading cache positions no running row uses that are kept rather than cut: cutting copies the whole cache, an
+#: unused position costs each step about its share of attention
+UNUSED_POSITIONS = 16
+
+
 class OrtBatch:
-    """OrtDecoder's `InflightDecoder` (pipeline/runtime/generate.py): the running rows in one left-padded cache.
-    A prefill puts its rows' prompts into a cache of their own; the next decode joins every such cache to the running
-    one in one copy, the shorter ones padded on the left (masked); positions no running row uses any more are cut
-    off as rows leave."""
+    """OrtDecoder's `InflightDecoder` (pipeline/runtime/generate.py): the running rows in one left-padded cache, one
+    cache row per request. A prefill puts its rows' prompts into a cache of their own; the next decode writes each
+    into a free cache row (one a request that left freed), in place, when its prompt fits the cache's length.
+    Otherwise, and when a row stayed free FREE_ROW_STEPS steps or UNUSED_POSITIONS leading positions are no running
+    row's, the cache is rebuilt in one copy: the running rows and the prompts, right-aligned, padded on the left
+    (masked). A free row is computed with the others, its mask empty, its token and position 0."""
 
     def __init__(self, decoder: OrtDecoder, prompts: Sequence[Sequence[int]] = ()):
         self.decoder = decoder
         self.prompts: dict[int, Sequence[int]] = dict(enumerate(prompts))
-        self.rows: list[int] = []         # the row of each cache row
-        self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [rows, 1] the position of each row's next token
+        self.slots: list[int | None] = []   # the row in each cache row; None: free
+        self.idle: list[int] = []           # the steps each cache row has been free
+        self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [cache rows, 1] the position of each row's next token
         self.cache = decoder.empty_cache(0)
-        self.fresh: list[tuple[list[int], Cache, np.ndarray]] = []   # prefilled (rows, cache, next), not yet joined
+        self.fresh: list[tuple[list[int], Cache, np.ndarray]] = []   # prefilled (rows, cache, next), not yet placed
+
+    @property
+    def rows(self) -> list[int]:
+        """The rows in the cache, in its order."""
+        return [r for r in self.slots if r is not None]
 
     def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
         self.prompts.update(zip(rows, prompts))
@@ -184,8 +201,8 @@ class OrtBatch:
         return [torch.from_numpy(logits[i, logits.shape[1] - len(self.prompts[r]):].copy()) for i, r in enumerate(rows)]
 
     def _prefill(self, rows: list[int], last_only: bool = False) -> np.ndarray:
-        """The rows' prompts, left-padded, into a cache joined to the running rows': logits [len(rows), longest
-        prompt (last_only: 1), vocab]."""
+        """The rows' prompts, left-padded, into a cache of their own that the next decode places: logits
+        [len(rows), longest prompt (last_only: 1), vocab]."""
         width = max(len(self.prompts[r]) for r in rows)
         ids, positions, mask = (np.zeros((len(rows), width), np.int64) for _ in range(3))
         for i, r in enumerate(rows):
@@ -195,23 +212,12 @@ class OrtBatch:
         self.fresh.append((rows, cache, positions[:, -1:] + 1))
         return logits
 
-    def _join_fresh(self) -> None:
-        """The prefilled caches joined to the running one (its rows that left dropped first), in one copy."""
-        if not self.fresh:
-            return
-        self._keep([r for r in self.rows if r in self.prompts])
-        parts = ([self.cache] if self.rows else []) + [cache for _, cache, _ in self.fresh]
-        self.cache = joined(*parts) if len(parts) > 1 else parts[0]
-        self.rows = self.rows + [r for rows, _, _ in self.fresh for r in rows]
-        self.next = np.concatenate([self.next] + [nxt for _, _, nxt in self.fresh])
-        self.fresh = []
-
     def decode(self, rows: list[int], tokens: list[int]) -> torch.Tensor:
-        self._join_fresh()
-        self._keep(rows)
-        logits, self.cache = self.decoder.step(np.array(tokens, np.int64)[:, None], self.cache, self.next)
-        self.next = self.next + 1
-        return torch.from_numpy(logits[:, -1])
+        slots = self._place(rows)
+        ids, positions = self._inputs(slots, tokens)
+        logits, self.cache = self.decoder.step(ids, self.cache, positions)
+        self.next = positions + 1
+        return torch.from_numpy(logits[slots, -1])
 
     @property
     def mixes_prompts(self) -> bool:
@@ -219,40 +225,80 @@ class OrtBatch:
 
     def decode_with_prompt(self, rows: list[int], tokens: list[int], row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`decode` of the rows, and `row`'s prompt prefilled in the same run: (the rows' logits, the row's last
-        prompt token's logits). The row's cache joins the running one at the next decode."""
-        self._join_fresh()
-        self._keep(rows)
+        prompt token's logits). The row's cache is placed by the next decode."""
+        slots = self._place(rows)
+        ids, positions = self._inputs(slots, tokens)
         prompt = self.prompts[row]
-        logits, self.cache, prompt_logits, prompt_cache = self.decoder.step_with_prompt(
-            np.array(tokens, np.int64)[:, None], self.cache, prompt, self.next)
-        self.next = self.next + 1
+        logits, self.cache, prompt_logits, prompt_cache = self.decoder.step_with_prompt(ids, self.cache, prompt,
+                                                                                        positions)
+        self.next = positions + 1
         self.fresh.append(([row], prompt_cache, np.array([[len(prompt)]], np.int64)))
-        return torch.from_numpy(logits[:, -1]), torch.from_numpy(prompt_logits)
+        return torch.from_numpy(logits[slots, -1]), torch.from_numpy(prompt_logits)
 
-    def _keep(self, rows: list[int]) -> None:
-        """The cache of `rows` only, in that order, without the leading positions none of them uses."""
-        if rows != self.rows:
-            index = {r: i for i, r in enumerate(self.rows)}
-            keep = [index[r] for r in rows]
-            self.rows, self.next, self.cache = rows, self.next[keep], self.cache.select(keep)
-        used = self.cache.mask.any(axis=0)
-        if self.cache.length and not used[0]:
-            first = int(np.argmax(used)) if used.any() else self.cache.length
-            self.cache = Cache({name: t[:, :, first:] for name, t in self.cache.tensors.items()},
-                               self.cache.mask[:, first:])
+    def _inputs(self, slots: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """input_ids and position_ids [cache rows, 1]: each row's token at its next position, 0 in free rows."""
+        ids, positions = np.zeros((len(self.slots), 1), np.int64), np.zeros((len(self.slots), 1), np.int64)
+        ids[slots, 0], positions[slots] = tokens, self.next[slots]
+        return ids, positions
+
+    def _place(self, rows: list[int]) -> list[int]:
+        """The cache made to hold `rows` (the prefilled ones placed; those that left freed): each one's cache row."""
+        wanted = set(rows)
+        for slot, r in enumerate(self.slots):
+            if r is not None and r not in wanted:
+                self.slots[slot], self.idle[slot] = None, 0
+                self.cache.mask[slot] = 0
+        fresh = [(r, cache, i, nxt[i, 0]) for fresh_rows, cache, nxt in self.fresh
+                 for i, r in enumerate(fresh_rows) if r in wanted]
+        self.fresh = []
+        free = [slot for slot, r in enumerate(self.slots) if r is None]
+        if len(fresh) <= len(free) and all(used(c, i) <= self.cache.length for _, c, i, _ in fresh):
+            for (r, cache, i, nxt), slot in zip(fresh, free):
+                self._write(slot, r, cache, i, nxt)
+            self.idle = [0 if r is not None else n + 1 for r, n in zip(self.slots, self.idle)]
+            if max(self.idle, default=0) > FREE_ROW_STEPS or self._unused() >= UNUSED_POSITIONS:
+                self._rebuild([])
+        else:
+            self._rebuild(fresh)
+        slot_of = {r: slot for slot, r in enumerate(self.slots)}
+        return [slot_of[r] for r in rows]
+
+    def _write(self, slot: int, row: int, cache: Cache, i: int, nxt: int) -> None:
+        """Row i of `cache` into free cache row `slot`, right-aligned."""
+        n, length = used(cache, i), self.cache.length
+        for name, t in self.cache.tensors.items():
+            t[slot, :, length - n:] = cache.tensors[name][i, :, cache.length - n:]
+        self.cache.mask[slot, :length - n], self.cache.mask[slot, length - n:] = 0, 1
+        self.slots[slot], self.idle[slot], self.next[slot] = row, 0, nxt
+
+    def _unused(self) -> int:
+        """Leading cache positions no running row uses."""
+        live = [slot for slot, r in enumerate(self.slots) if r is not None]
+        used_positions = self.cache.mask[live].any(axis=0)
+        return int(np.argmax(used_positions)) if used_positions.any() else self.cache.length
+
+    def _rebuild(self, fresh: list[tuple[int, Cache, int, int]]) -> None:
+        """A new cache of the running rows then the prefilled ones, each right-aligned, no free row and no
+        unused leading position, in one copy."""
+        parts = [(r, self.cache, slot, self.next[slot, 0]) for slot, r in enumerate(self.slots) if r is not None]
+        parts += fresh
+        lengths = [used(cache, i) for _, cache, i, _ in parts]
+        length = max(lengths, default=0)
+        names = list(self.cache.tensors)
+        shape = (len(parts), self.decoder.kv_heads, length, self.decoder.head_size)
+        tensors = {name: np.empty(shape, np.float32) for name in names}
+        mask = np.zeros((len(parts), length), np.int64)
+        for b, ((_, cache, i, _), n) in enumerate(zip(parts, lengths)):
+            for name in names:
+                tensors[name][b, :, :length - n] = 0
+                tensors[name][b, :, length - n:] = cache.tensors[name][i, :, cache.length - n:]
+            mask[b, length - n:] = 1
+        self.cache = Cache(tensors, mask)
+        self.slots = [r for r, _, _, _ in parts]
+        self.idle = [0] * len(parts)
+        self.next = np.array([[nxt] for _, _, _, nxt in parts], np.int64).reshape(len(parts), 1)
 
 
-def joined(*caches: Cache) -> Cache:
-    """The rows of each cache in turn, the shorter ones padded on the left (masked out) to the longest's length."""
-    length = max(c.length for c in caches)
-
-    def pad(cache: Cache) -> Cache:
-        extra = length - cache.length
-        if not extra:
-            return cache
-        return Cache({name: np.pad(t, ((0, 0), (0, 0), (extra, 0), (0, 0))) for name, t in cache.tensors.items()},
-                     np.pad(cache.mask, ((0, 0), (extra, 0))))
-
-    padded = [pad(c) for c in caches]
-    return Cache({name: np.concatenate([c.tensors[name] for c in padded]) for name in padded[0].tensors},
-                 np.concatenate([c.mask for c in padded]))
+def used(cache: Cache, i: int) -> int:
+    """The positions row i of a cache uses: its last ones (a row is padded on the left only)."""
+    return int(cache.mask[i].sum())
