@@ -5,7 +5,8 @@
 cache to feed next, which is how ONNX Runtime runs the graph in a decode loop. `generate` is the
 reference runtime's (`ReferenceModel.generate`, the loop of pipeline/runtime/generate.py): the prompts
 are prefilled together, left-padded into one cache (padding masked by `attention_mask`, every row's
-`position_ids` its own), then decoded one token per row per step; a finished row leaves the cache.
+`position_ids` its own), then decoded one token per row per step; a finished row's cache row is freed for the
+next prompt (`OrtBatch`).
 Only `pipeline.runtime` and this package's names are imported, so the cpu target's Triton model can
 copy it (`trtpipe deploy` with the onnxruntime runtime) and needs onnxruntime, not onnx.
 """
