@@ -155,9 +155,10 @@ def session_options(ort, precision: str, threads: int | None, spinning: bool = T
     return opts
 
 
-#: decode steps a cache row whose request left is kept free for a joining prompt before the cache is rebuilt
-#: without it: a free row costs about one row's share of each step (0.3-0.5 ms of SmolLM2's batch-8 step on 2
-#: cores), a rebuild copies the whole cache once (3-5 ms)
+#: decode steps a cache row whose request left is kept free for the next prompt before the cache is rebuilt
+#: without it. Computing a free row costs about 1-1.5 ms a step (SmolLM2 fp32 at batch 8 on 2 cores); a rebuild
+#: copies the whole cache once (about 4 ms at 8 rows of 87 tokens) and a prompt written into a free row saves one;
+#: under steady load the next prompt comes within a step or two
 FREE_ROW_STEPS = 4
 #: leading cache positions no running row uses that are kept rather than cut: cutting copies the whole cache, an
 #: unused position costs each step about its share of attention
