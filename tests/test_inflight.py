@@ -149,7 +149,7 @@ def test_the_onnx_cache_gives_a_left_row_to_the_next_prompt_in_place_and_seldom_
     batch.prefill([0])
     batch.add([1], [[7]], [SamplingConfig()])
     batch.prefill([1])
-    assert batch.rows == [] and len(batch.fresh) == 2        # placed by the next decode, both at once
+    assert batch.slots == [] and len(batch.fresh) == 2        # placed by the next decode, both at once
     batch.decode([0, 1], [3, 3])
     assert batch.slots == [0, 1] and batch.cache.length == 7 and batch.cache.mask.sum(axis=1).tolist() == [7, 2]
     assert rebuilds == [1]

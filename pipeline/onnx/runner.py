@@ -41,9 +41,6 @@ class Cache:
     def length(self) -> int:
         return self.mask.shape[1]
 
-    def select(self, rows: list[int]) -> Cache:
-        return Cache({name: t[rows] for name, t in self.tensors.items()}, self.mask[rows])
-
 
 class OrtDecoder:
     def __init__(self, directory: Path, threads: int | None = None, spinning: bool = True):
@@ -182,11 +179,6 @@ class OrtBatch:
         self.cache = decoder.empty_cache(0)
         self.fresh: list[tuple[list[int], Cache, np.ndarray]] = []   # prefilled (rows, cache, next), not yet placed
 
-    @property
-    def rows(self) -> list[int]:
-        """The rows in the cache, in its order."""
-        return [r for r in self.slots if r is not None]
-
     def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
         self.prompts.update(zip(rows, prompts))
 
@@ -288,11 +280,10 @@ class OrtBatch:
         length = max(lengths, default=0)
         names = list(self.cache.tensors)
         shape = (len(parts), self.decoder.kv_heads, length, self.decoder.head_size)
-        tensors = {name: np.empty(shape, np.float32) for name in names}
+        tensors = {name: np.zeros(shape, np.float32) for name in names}
         mask = np.zeros((len(parts), length), np.int64)
         for b, ((_, cache, i, _), n) in enumerate(zip(parts, lengths)):
             for name in names:
-                tensors[name][b, :, :length - n] = 0
                 tensors[name][b, :, length - n:] = cache.tensors[name][i, :, cache.length - n:]
             mask[b, length - n:] = 1
         self.cache = Cache(tensors, mask)
