@@ -30,7 +30,10 @@ by 10-25% over minutes, which moves a ratio taken from two servers' turns once, 
 
 Printed per server and concurrency: requests completed, output tokens/s, TTFT p50/p90, ITL p50/p90, the
 output tokens/s and ITL p50 against vllm-fp32 at the same concurrency (and tokens/s of onnx-int8-sq against
-vllm-bf16), and per server ITL p50 at the highest concurrency over ITL p50 at the lowest. Raw numbers:
+vllm-bf16), per server ITL p50 at the highest concurrency over ITL p50 at the lowest, and the cores kept busy from
+the first request's start to the last one's end by the server's busiest process (the model's), its other processes
+and aiperf's, with the CPU time each spent per output token (benchmarks/proc_cpu.py: the other two share the
+machine's cores with the model). Raw numbers:
 --workdir/bench_cpu_serving.json. Run it on an otherwise idle machine: each server and aiperf share its cores.
 
 vLLM is installed by this script on first use into its own virtual environment (--vllm-venv, default
@@ -78,7 +81,10 @@ from pipeline.server import embedded_server, free_port
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
 from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient
-from pipeline.validate.aiperf import SyntheticPrompts, aiperf_command, run_aiperf, run_aiperf_command
+from pipeline.validate.aiperf import (
+    RECORDS, SyntheticPrompts, aiperf_command, read_records, run_aiperf, run_aiperf_command,
+)
+from proc_cpu import CoreSampler
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: server name -> (precision, trtpipe runtime) or the vLLM --dtype
@@ -173,8 +179,9 @@ def vllm_environment(args: argparse.Namespace) -> dict[str, str]:
 
 
 @contextmanager
-def vllm_server(dtype: str, model_dir: Path, args: argparse.Namespace) -> Iterator[str]:
-    """vLLM's OpenAI server on `model_dir` until the block ends; yields its URL once it answers /health."""
+def vllm_server(dtype: str, model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    """vLLM's OpenAI server on `model_dir` until the block ends; yields its URL and process group once it answers
+    /health."""
     python = ensure_vllm(args.vllm_venv)
     port = free_port()
     log_path = args.workdir / f"vllm-{dtype}.log"
@@ -195,7 +202,7 @@ def vllm_server(dtype: str, model_dir: Path, args: argparse.Namespace) -> Iterat
                     f"not ready within {args.ready_timeout:.0f} s"
                 raise UserError(f"vLLM ({dtype}) {state}; log {log_path}:\n{tail}")
             time.sleep(2)
-        yield url
+        yield url, process.pid
     finally:
         stop(process)
 
@@ -231,9 +238,10 @@ def vllm_warm_up(url: str) -> None:
 
 
 @contextmanager
-def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iterator[str]:
+def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     """`name`'s repository (made in the work directory, reused while up to date) served by the embedded Triton
-    server until the block ends; yields its HTTP URL once warmed up. The repository is deployed anew each run
+    server until the block ends; yields its HTTP URL and process group (tritonserver's, with every stub) once warmed
+    up. The repository is deployed anew each run
 (`force`): a repository from another trtpipe's model files must not be measured as this one."""
     precision, runtime = TRTPIPE_SERVERS[name]
     checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir)
@@ -243,7 +251,7 @@ def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iter
     with embedded_server(repo, ready_timeout=args.ready_timeout,
                          log_path=args.workdir / f"tritonserver-{name}.log") as server:
         EnsembleClient(server, timeout=600).generate(DEFAULT_PROMPTS[0], 2)   # warm-up
-        yield server.http_url
+        yield server.http_url, server.process.pid
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,17 +302,35 @@ def measure_server(name: str, model_dir: Path, args: argparse.Namespace) -> dict
     else:
         server, measure = trtpipe_server(name, model_dir, args), measure_trtpipe
     results = {}
-    with server as url:
+    with server as (url, group), CoreSampler(group) as sampler:
         if name in VLLM_SERVERS:
             vllm_warm_up(url)
         print(f"{name}: ready at {url} after {time.monotonic() - started:.0f} s", flush=True)
         for concurrency in args.concurrency:
-            result = measure(url, model_dir, concurrency, args.workdir / f"aiperf-{name}-c{concurrency}", args)
+            workdir = args.workdir / f"aiperf-{name}-c{concurrency}"
+            result = measure(url, model_dir, concurrency, workdir, args)
+            result["cpu"] = cpu_per_token(sampler, workdir, result["output_tokens"])
             results[concurrency] = result
             print(f"{name} c={concurrency}: {result['completed']}/{result['requests']} completed, "
                   f"{result['output_tokens_per_s']:.2f} tokens/s"
                   + (f", errors: {result['errors']}" if result["errors"] else ""), flush=True)
     return results
+
+
+def cpu_per_token(sampler: CoreSampler, workdir: Path, tokens: int) -> dict[str, float] | None:
+    """The cores the server's busiest process (the model's), its other processes and aiperf kept busy from the first
+    request's start to the last one's end (aiperf's records), and the CPU ms each spent per output token."""
+    records = [r["metadata"] for r in read_records(workdir / "artifacts" / RECORDS)]
+    if not records or not tokens:
+        return None
+    start = min(r["request_start_ns"] for r in records) / 1e9      # aiperf's clock: time.time_ns()
+    end = max(r["request_end_ns"] for r in records) / 1e9
+    share = sampler.cores(start, end)
+    if share is None:
+        return None
+    shares = {"model": share.model, "server": share.server, "client": share.client}
+    return {**{f"{part}_cores": cores for part, cores in shares.items()},
+            **{f"{part}_ms_per_token": cores * (end - start) * 1000 / tokens for part, cores in shares.items()}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,7 +349,8 @@ def print_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -
     low, high = min(concurrencies), max(concurrencies)
     columns = [("server", 13), ("conc", 5), ("done", 6), ("tok/s", 8), ("TTFT p50", 9), ("TTFT p90", 9),
                ("ITL p50", 8), ("ITL p90", 8), ("tok/s /vllm-fp32", 17), ("ITL50 /vllm-fp32", 17),
-               ("tok/s /vllm-bf16", 17), (f"ITL50 c{high}/c{low}", 14)]
+               ("tok/s /vllm-bf16", 17), (f"ITL50 c{high}/c{low}", 14), ("cores m+s+c", 15),
+               ("CPU ms/tok m+s+c", 18)]
     print("  ".join(f"{title:>{width}}" for title, width in columns))
     for name, levels in results.items():
         for c, r in levels.items():
@@ -336,9 +363,19 @@ def print_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -
                      ratio(r["output_tokens_per_s"], base["output_tokens_per_s"]) if base else "-",
                      ratio(r["itl_ms"]["p50"], base["itl_ms"]["p50"]) if base else "-",
                      ratio(r["output_tokens_per_s"], bf16["output_tokens_per_s"]) if bf16 and name == INT8 else "",
-                     scaling]
+                     scaling, *cpu_cells(r.get("cpu"))]
             print("  ".join(f"{str(cell):>{width}}" for cell, (_, width) in zip(cells, columns)))
-    print("(TTFT and ITL in ms; ITL: aiperf's inter_chunk_latency; x/vllm-*: at the same concurrency)")
+    print("(TTFT and ITL in ms; ITL: aiperf's inter_chunk_latency; x/vllm-*: at the same concurrency; cores: busy "
+          "on average while loaded, m+s+c: the server's busiest process (the model's) + its others + aiperf's; "
+          "CPU ms/tok: their CPU time per output token)")
+
+
+def cpu_cells(cpu: dict[str, float] | None) -> list[str]:
+    if cpu is None:
+        return ["-", "-"]
+    parts = ("model", "server", "client")
+    return ["+".join(f"{cpu[f'{part}_cores']:.2f}" for part in parts),
+            "+".join(f"{cpu[f'{part}_ms_per_token']:.2f}" for part in parts)]
 
 
 def round_ratios(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> dict[str, float]:

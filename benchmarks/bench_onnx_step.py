@@ -6,11 +6,15 @@ graph's prompt group, pipeline/onnx/graph.py), with the ratios the serving goals
         [--threads 2] [--rounds 20] [--workdir DIR]
 
 Each step runs over random cache contents of --cached tokens (timing does not depend on the values), once per
-round, the steps in turn, after a warm-up round; the median per step is printed. Rows:
+round, the steps in turn, after a warm-up round; the median per step is printed, wall time and the CPU time of the
+process (every thread's, in core-ms). Rows:
 - decode b1, decode b8: one token per row;
 - prefill: the prompt alone (its last token's logits, as the server's prefill asks);
 - mixed b1, mixed b8: the decode step with the prompt as its prompt group.
 The saving is (prefill + decode) - mixed: the step a joining prompt no longer costs the running rows.
+The decode steps are timed again with ONNX Runtime's threads not spinning between parallel regions: their CPU time
+is then the work itself, which a served step shares the cores with (the client, Triton, the worker's Python);
+with spinning the threads hold every core for the whole step.
 
 Then the serving loop itself in process, without Triton (`serve_rows` on the export, the cpu target's worker
 loop): --requests requests of --prompt random tokens and --output tokens each, kept --concurrency in flight, with
@@ -59,8 +63,10 @@ def random_cache(decoder: OrtDecoder, batch: int, length: int, rng: np.random.Ge
                  np.ones((batch, length), np.int64))
 
 
-def measure(decoder: OrtDecoder, cached: int, prompt_length: int, rounds: int) -> dict[str, float]:
-    """Median ms of each step over `rounds` rounds that run every step once, in turn (after one warm-up round)."""
+def measure(decoder: OrtDecoder, cached: int, prompt_length: int, rounds: int,
+            only: tuple[str, ...] = ()) -> dict[str, tuple[float, float]]:
+    """Median (wall ms, CPU core-ms) of each step (of `only`'s, when given) over `rounds` rounds that run every step
+    once, in turn (after one warm-up round)."""
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, decoder.vocab_size, prompt_length).tolist()
     steps = {"prefill": lambda: decoder.step(np.array([prompt]), decoder.empty_cache(1), last_only=True)}
@@ -68,18 +74,22 @@ def measure(decoder: OrtDecoder, cached: int, prompt_length: int, rounds: int) -
         cache, tokens = random_cache(decoder, batch, cached, rng), rng.integers(0, decoder.vocab_size, (batch, 1))
         steps[f"decode b{batch}"] = lambda c=cache, t=tokens: decoder.step(t, c)
         steps[f"mixed b{batch}"] = lambda c=cache, t=tokens: decoder.step_with_prompt(t, c, prompt)
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    steps = {name: step for name, step in steps.items() if not only or name in only}
+    walls: dict[str, list[float]] = {name: [] for name in steps}
+    cpus: dict[str, list[float]] = {name: [] for name in steps}
     for round_ in range(rounds + 1):
         for name, step in steps.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             step()
             if round_:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+                walls[name].append(time.perf_counter() - start)
+                cpus[name].append(time.process_time() - cpu)
+    return {name: (statistics.median(walls[name]) * 1000, statistics.median(cpus[name]) * 1000) for name in steps}
 
 
 def serve(model, mixed: bool, concurrency: int, requests: int, prompt_length: int, output: int) -> dict[str, float]:
-    """`serve_rows` with `concurrency` requests kept in flight: output tokens/s and the p50/p90 token gaps (ms)."""
+    """`serve_rows` with `concurrency` requests kept in flight: output tokens/s, the p50/p90 token gaps (ms) and the
+    cores the process kept busy."""
     rng = np.random.default_rng(1)
     scheduler, arrivals, sent, ended = Scheduler(), {}, [0], [0]
 
@@ -98,12 +108,13 @@ def serve(model, mixed: bool, concurrency: int, requests: int, prompt_length: in
 
     # the switch: the export's (an OrtDecoder's own), the torch runtime's (its in-flight decoder's)
     setattr(model if isinstance(model, OrtDecoder) else CacheDecoder, "mixes_prompts", mixed)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     model.serve_rows(scheduler, poll, lambda key, result: arrivals[key].append(time.perf_counter()), on_end)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])]
-    return {"tokens/s": sum(map(len, arrivals.values())) / wall, "gap p50": np.percentile(gaps, 50) * 1000,
-            "gap p90": np.percentile(gaps, 90) * 1000}
+    tokens = sum(map(len, arrivals.values()))
+    return {"tokens/s": tokens / wall, "gap p50": np.percentile(gaps, 50) * 1000,
+            "gap p90": np.percentile(gaps, 90) * 1000, "cores": cpu / wall}
 
 
 def main() -> None:
@@ -121,17 +132,24 @@ def main() -> None:
     args = parser.parse_args()
     for precision in args.precision:
         ckpt = checkpoint(args.workdir, precision)
-        decoder = OrtDecoder(export_onnx(ckpt, args.workdir / f"onnx-{precision}").path, threads=args.threads)
-        t = measure(decoder, args.cached, args.prompt, args.rounds)
+        decoder_path = export_onnx(ckpt, args.workdir / f"onnx-{precision}").path
+        decoder = OrtDecoder(decoder_path, threads=args.threads)
+        timed = measure(decoder, args.cached, args.prompt, args.rounds)
+        t = {name: wall for name, (wall, _) in timed.items()}
         print(f"SmolLM2 {precision}, {args.threads} threads, {args.cached} cached tokens, a {args.prompt}-token prompt"
-              f" (medians of {args.rounds} rounds, ms)")
-        for name, ms in t.items():
-            print(f"  {name:<10} {ms:7.1f}")
+              f" (medians of {args.rounds} rounds: wall ms, CPU core-ms)")
+        for name, (wall, cpu) in timed.items():
+            print(f"  {name:<10} {wall:7.1f} {cpu:7.1f}")
         for batch in (1, 8):
             apart = t["prefill"] + t[f"decode b{batch}"]
             print(f"  b{batch}: prefill + decode {apart:.1f} -> mixed {t[f'mixed b{batch}']:.1f} "
                   f"(saves {apart - t[f'mixed b{batch}']:.1f} ms, {t[f'mixed b{batch}'] / apart:.2f}x)")
         print(f"  decode b8 / b1: {t['decode b8'] / t['decode b1']:.2f}x")
+        resting = OrtDecoder(decoder_path, threads=args.threads, spinning=False)
+        work = measure(resting, args.cached, args.prompt, args.rounds, only=("decode b1", "decode b8"))
+        print("  threads not spinning (wall ms, CPU core-ms): " + ", ".join(
+            f"{name} {wall:.1f}, {cpu:.1f}" for name, (wall, cpu) in work.items()))
+        print(f"  the work of decode b8 / b1 (CPU, not spinning): {work['decode b8'][1] / work['decode b1'][1]:.2f}x")
         served = {"onnxruntime": decoder}
         if args.torch:
             torch.set_num_threads(args.threads)
@@ -143,7 +161,7 @@ def main() -> None:
                 for mixed in (True, False):
                     r = serve(model, mixed, concurrency, args.requests, args.prompt, args.output)
                     print(f"  c={concurrency} {'mixed' if mixed else 'apart'}: {r['tokens/s']:6.1f} tokens/s, token "
-                          f"gap p50 {r['gap p50']:5.1f} ms, p90 {r['gap p90']:5.1f} ms")
+                          f"gap p50 {r['gap p50']:5.1f} ms, p90 {r['gap p90']:5.1f} ms, {r['cores']:.2f} cores")
 
 
 if __name__ == "__main__":
