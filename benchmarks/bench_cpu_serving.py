@@ -32,8 +32,8 @@ Printed per server and concurrency: requests completed, output tokens/s, TTFT p5
 output tokens/s and ITL p50 against vllm-fp32 at the same concurrency (and tokens/s of onnx-int8-sq against
 vllm-bf16), per server ITL p50 at the highest concurrency over ITL p50 at the lowest, and the cores kept busy from
 the first request's start to the last one's end by the server's busiest process (the model's), its other processes
-and aiperf's, with the CPU time each spent per output token (benchmarks/proc_cpu.py: the other two share the
-machine's cores with the model). Raw numbers:
+and aiperf's, with the CPU time each spent per output token (`CoreSampler`: the other two share the machine's
+cores with the model). Raw numbers:
 --workdir/bench_cpu_serving.json. Run it on an otherwise idle machine: each server and aiperf share its cores.
 
 vLLM is installed by this script on first use into its own virtual environment (--vllm-venv, default
@@ -63,6 +63,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,7 @@ from packaging.requirements import Requirement
 
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
+from pipeline.host import ProcessStat, process_stats
 from pipeline.plan import resolve_model_info
 from pipeline.planner import make_plan
 from pipeline.server import embedded_server, free_port
@@ -84,7 +86,6 @@ from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient
 from pipeline.validate.aiperf import (
     RECORDS, SyntheticPrompts, aiperf_command, read_records, run_aiperf, run_aiperf_command,
 )
-from proc_cpu import CoreSampler
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: server name -> (precision, trtpipe runtime) or the vLLM --dtype
@@ -317,6 +318,64 @@ def measure_server(name: str, model_dir: Path, args: argparse.Namespace) -> dict
     return results
 
 
+class CoreSampler:
+    """Every process's CPU time (/proc, `process_stats`) sampled every `interval` s in a thread while the `with`
+    block runs. `cores` splits the CPU used between two instants into the server's busiest process (the model's:
+    Triton's tensorrt_llm stub, vLLM's engine core), the server's other processes (its process group: both servers
+    here start a session of their own) and the client (every other descendant of this process: aiperf and the
+    processes it starts). A process counts from its first sample in the window to its last."""
+
+    def __init__(self, server_group: int, interval: float = 0.5):
+        self.server_group, self.interval = server_group, interval
+        self.samples: list[tuple[float, dict[int, ProcessStat]]] = []   # (time.time(), pid -> its stat)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="core-sampler", daemon=True)
+
+    def __enter__(self) -> CoreSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), {p.pid: p for p in process_stats()}))
+            if self._stop.wait(self.interval):
+                return
+
+    def side(self, process: ProcessStat, processes: dict[int, ProcessStat]) -> str | None:
+        if process.group == self.server_group:
+            return "server"
+        pid, seen = process.ppid, set()
+        while pid in processes and pid not in seen:     # a descendant of this process, this process left out
+            if pid == os.getpid():
+                return "client"
+            seen.add(pid)
+            pid = processes[pid].ppid
+        return None
+
+    def cores(self, start: float, end: float) -> tuple[float, float, float] | None:
+        """(the model's process, the server's others, the client): cores busy on average between two time.time()
+        instants; None with fewer than two samples between them."""
+        inside = [(t, processes) for t, processes in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return None
+        first: dict[int, float] = {}
+        last: dict[int, tuple[float, str]] = {}
+        for _, processes in inside:
+            for process in processes.values():
+                side = self.side(process, processes)
+                if side:
+                    first.setdefault(process.pid, process.cpu_s)
+                    last[process.pid] = (process.cpu_s, side)
+        used = [(side, cpu_s - first[pid]) for pid, (cpu_s, side) in last.items()]
+        server = sorted((cpu for side, cpu in used if side == "server"), reverse=True) or [0.0]
+        span = inside[-1][0] - inside[0][0]
+        return server[0] / span, sum(server[1:]) / span, sum(cpu for side, cpu in used if side == "client") / span
+
+
 def cpu_per_token(sampler: CoreSampler, workdir: Path, tokens: int) -> dict[str, float] | None:
     """The cores the server's busiest process (the model's), its other processes and aiperf kept busy from the first
     request's start to the last one's end (aiperf's records), and the CPU ms each spent per output token."""
@@ -325,10 +384,10 @@ def cpu_per_token(sampler: CoreSampler, workdir: Path, tokens: int) -> dict[str,
         return None
     start = min(r["request_start_ns"] for r in records) / 1e9      # aiperf's clock: time.time_ns()
     end = max(r["request_end_ns"] for r in records) / 1e9
-    share = sampler.cores(start, end)
-    if share is None:
+    cores = sampler.cores(start, end)
+    if cores is None:
         return None
-    shares = {"model": share.model, "server": share.server, "client": share.client}
+    shares = dict(zip(("model", "server", "client"), cores))
     return {**{f"{part}_cores": cores for part, cores in shares.items()},
             **{f"{part}_ms_per_token": cores * (end - start) * 1000 / tokens for part, cores in shares.items()}}
 

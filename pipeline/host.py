@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import NamedTuple
 
 
 def serving_threads() -> int:
@@ -34,6 +35,31 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+class ProcessStat(NamedTuple):
+    """One process as /proc/PID/stat shows it."""
+
+    pid: int
+    ppid: int
+    group: int      # its process group
+    cpu_s: float    # user + system CPU time so far, in seconds
+
+
+def process_stats(proc: Path = Path("/proc")) -> list[ProcessStat]:
+    """Every process /proc shows (Linux; none without /proc). One that ends between the listing and the read is left
+    out."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid pgrp ... utime stime ...": comm may hold spaces and ")", so split after the last
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            found.append(ProcessStat(int(stat.parent.name), int(fields[1]), int(fields[2]),
+                                     (int(fields[11]) + int(fields[12])) / ticks))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 # What `trtpipe serve` and the cpu target's served model share (pipeline/serve.py, model_repo/tensorrt_llm):

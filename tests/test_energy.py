@@ -4,6 +4,7 @@ figures every load record carries on the embedded server, measured or null with 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.http import JsonHandler
 
+from pipeline.host import process_stats
 from pipeline.validate import energy
 from pipeline.validate.client import EnsembleClient
 from pipeline.validate.energy import (
@@ -183,6 +185,38 @@ def test_a_server_without_gpu_metrics_falls_back_to_rapl_only_when_local(tiny_cp
     assert isinstance(energy_counter(metrics_url, local=True, powercap_root=rapl), RaplCounter)
     with pytest.raises(EnergyUnavailable, match="no nv_energy_consumption.*runs elsewhere"):
         energy_counter(metrics_url, local=False, powercap_root=rapl)
+
+
+def stat_line(pid: int, comm: str, ppid: int, group: int, utime: int, stime: int) -> str:
+    """/proc/PID/stat: pid (comm) then 50 fields from state on; utime and stime are fields 14 and 15."""
+    rest = ["S", str(ppid), str(group)] + ["0"] * 8 + [str(utime), str(stime)] + ["0"] * 37
+    return f"{pid} ({comm}) " + " ".join(rest) + "\n"
+
+
+def test_process_stats_reads_parent_group_and_cpu_time_after_any_command_name(tmp_path):
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid, comm, ppid, group, utime, stime in ((12, "python3", 1, 12, 300, 100),
+                                                 (34, "a (b) c)", 12, 12, 7, 3)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(stat_line(pid, comm, ppid, group, utime, stime))
+    (tmp_path / "56").mkdir()
+    (tmp_path / "56" / "stat").write_text("56 (cut short) S 1")        # ignored, as a process gone mid-read is
+    (tmp_path / "self").mkdir()
+    stats = sorted(process_stats(tmp_path))
+    assert [(p.pid, p.ppid, p.group) for p in stats] == [(12, 1, 12), (34, 12, 12)]
+    assert [p.cpu_s for p in stats] == pytest.approx([400 / ticks, 10 / ticks])
+
+
+def test_process_stats_sees_this_process_and_the_cpu_it_spends():
+    def mine():
+        return next(p for p in process_stats() if p.pid == os.getpid())
+
+    before = mine()
+    assert (before.ppid, before.group) == (os.getppid(), os.getpgrp())
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:
+        pass
+    assert mine().cpu_s - before.cpu_s >= 0.05
 
 
 def test_the_server_process_groups_resident_memory_is_its_peak(tiny_cpu_server):

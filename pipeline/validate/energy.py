@@ -24,6 +24,7 @@ from typing import Iterator, Protocol
 
 import requests
 
+from ..host import process_stats
 from ..triton_metrics import GPU_ENERGY, GPU_MEMORY_USED
 from .metrics import parse_samples
 
@@ -169,12 +170,11 @@ def energy_counter(metrics_url: str | None, local: bool, powercap_root: Path | N
 def process_group_rss(pgid: int, proc: Path = Path("/proc")) -> int:
     """Resident bytes of every process in process group PGID (the embedded server starts its own session)."""
     total = 0
-    for stat in proc.glob("[0-9]*/stat"):
+    for process in process_stats(proc):
+        if process.group != pgid:
+            continue
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:     # after "pid (comm)": state, ppid, pgrp
-                continue
-            for line in (stat.parent / "status").read_text().splitlines():
+            for line in (proc / str(process.pid) / "status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
         except (OSError, IndexError, ValueError):
