@@ -103,6 +103,8 @@ NOT_INSTALLED = {"torch", "torchvision", "torchaudio", "torchcodec"}
 SERVED_NAME = "smollm2-135m"
 #: aiperf_command's Triton-specific options, replaced for vLLM's OpenAI endpoint (each takes one value)
 TRITON_OPTIONS = ("-m", "--endpoint-type", "--custom-endpoint", "--extra-inputs")
+#: what `CoreSampler.cores` splits the CPU into, in its order
+CPU_PARTS = ("model", "server", "client")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,8 +244,8 @@ def vllm_warm_up(url: str) -> None:
 def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     """`name`'s repository (made in the work directory, reused while up to date) served by the embedded Triton
     server until the block ends; yields its HTTP URL and process group (tritonserver's, with every stub) once warmed
-    up. The repository is deployed anew each run
-(`force`): a repository from another trtpipe's model files must not be measured as this one."""
+    up. The repository is deployed anew each run (`force`): a repository from another trtpipe's model files must not
+    be measured as this one."""
     precision, runtime = TRTPIPE_SERVERS[name]
     checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir)
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), precision)
@@ -357,8 +359,8 @@ class CoreSampler:
         return None
 
     def cores(self, start: float, end: float) -> tuple[float, float, float] | None:
-        """(the model's process, the server's others, the client): cores busy on average between two time.time()
-        instants; None with fewer than two samples between them."""
+        """Cores busy on average between two time.time() instants, in CPU_PARTS' order (the model's process, the
+        server's others, the client); None with fewer than two samples between them."""
         inside = [(t, processes) for t, processes in self.samples if start <= t <= end]
         if len(inside) < 2:
             return None
@@ -384,12 +386,11 @@ def cpu_per_token(sampler: CoreSampler, workdir: Path, tokens: int) -> dict[str,
         return None
     start = min(r["request_start_ns"] for r in records) / 1e9      # aiperf's clock: time.time_ns()
     end = max(r["request_end_ns"] for r in records) / 1e9
-    cores = sampler.cores(start, end)
-    if cores is None:
+    shares = sampler.cores(start, end)
+    if shares is None:
         return None
-    shares = dict(zip(("model", "server", "client"), cores))
-    return {**{f"{part}_cores": cores for part, cores in shares.items()},
-            **{f"{part}_ms_per_token": cores * (end - start) * 1000 / tokens for part, cores in shares.items()}}
+    return {**{f"{part}_cores": share for part, share in zip(CPU_PARTS, shares)},
+            **{f"{part}_ms_per_token": share * (end - start) * 1000 / tokens for part, share in zip(CPU_PARTS, shares)}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -432,9 +433,8 @@ def print_table(results: dict[str, dict[int, dict]], concurrencies: list[int]) -
 def cpu_cells(cpu: dict[str, float] | None) -> list[str]:
     if cpu is None:
         return ["-", "-"]
-    parts = ("model", "server", "client")
-    return ["+".join(f"{cpu[f'{part}_cores']:.2f}" for part in parts),
-            "+".join(f"{cpu[f'{part}_ms_per_token']:.2f}" for part in parts)]
+    return ["+".join(f"{cpu[f'{part}_cores']:.2f}" for part in CPU_PARTS),
+            "+".join(f"{cpu[f'{part}_ms_per_token']:.2f}" for part in CPU_PARTS)]
 
 
 def round_ratios(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> dict[str, float]:
