@@ -1,6 +1,7 @@
-# trtpipe inside NVIDIA's Triton + TensorRT-LLM container: tritonserver 26.04, the first NGC tag with
-# TensorRT-LLM 1.2.1 (TensorRT 10.14.1.48; Triton's Release Compatibility Matrix: 25.12 ships 1.1.0), the last
-# TensorRT-LLM line that still has trtllm-build and the inflight_batcher_llm backend (docs/upstream-facts.md).
+# trtpipe inside NVIDIA's Triton + TensorRT-LLM container: tritonserver 26.07, the newest NGC tag with
+# TensorRT-LLM 1.2.1 (TensorRT 10.14.1.48; Triton's Release Compatibility Matrix: 26.04-26.07 ship 1.2.1, no later
+# image ships TensorRT-LLM), the last TensorRT-LLM line that still has trtllm-build and the inflight_batcher_llm
+# backend (docs/upstream-facts.md).
 # The tag must equal pipeline.TRITON_IMAGE (tests/test_compile.py).
 #
 #   docker build -t trtpipe .
@@ -10,7 +11,7 @@
 #
 # Unverified here: trtpipe's development machine has no GPU and cannot pull this image, so the image is
 # only linted (hadolint, tests/test_compile.py), never built or run by the test suite.
-FROM nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3
+FROM nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

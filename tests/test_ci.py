@@ -60,7 +60,7 @@ def test_two_build_matrix_workflow_passes_the_schema_and_zizmor(tmp_path, monkey
     (row,) = gpu["strategy"]["matrix"]["include"]
     assert row["runs-on"] == ["self-hosted", "linux", "x64", "gpu", "rtx4090"] and row["sm"] == 89
     assert row["trtllm"] == "1.2.1" and len(row["fingerprint"]) == 16
-    assert gpu["container"]["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    assert gpu["container"]["image"] == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     assert "--gpus all" in gpu["container"]["options"] and "--shm-size=2g" in gpu["container"]["options"]
     assert gpu["if"] == "github.event_name != 'pull_request'"
     cache = next(s for s in gpu["steps"] if s.get("uses", "").startswith("actions/cache@"))

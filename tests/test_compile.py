@@ -209,7 +209,7 @@ def test_without_tensorrt_llm_writes_the_command_and_says_where_to_build(fp16_ch
     result = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(plan_path), "-o", str(out)])
     assert result.exit_code == 2
     assert "TensorRT-LLM 1.2.1 is not importable" in result.output
-    assert "tritonserver:26.04-trtllm-python-py3" in result.output and "Traceback" not in result.output
+    assert "tritonserver:26.07-trtllm-python-py3" in result.output and "Traceback" not in result.output
     assert (out / BUILD_CONFIG_FILE).is_file() and (out / COMMAND_FILE).is_file()
     assert "trtllm-build --checkpoint_dir" in result.output   # the exact command is printed too
     result = compile_checkpoint(fp16_checkpoint, gpu_plan, out)
@@ -360,12 +360,24 @@ def test_engine_config_check(gpu_plan, tmp_path):
         check_engine_config(tmp_path, gpu_plan)
 
 
+def test_the_pinned_image_is_the_newest_that_ships_the_engine_paths_tensorrt_llm():
+    """Triton's compatibility matrix (server docs/introduction/compatibility.md@e1db8a60): 26.04-26.07 ship
+    TensorRT-LLM 1.2.1, 26.03 ships 1.2.0; no later image ships TensorRT-LLM (release 26.11's notes)."""
+    from pipeline import TRITON_RELEASE, TRTLLM_TRITON_RELEASES, TRTLLM_VERSION
+
+    assert {r for r, v in TRTLLM_TRITON_RELEASES.items() if v == "1.2.1"} == {"26.04", "26.05", "26.06", "26.07"}
+    assert TRTLLM_TRITON_RELEASES["26.03"] == "1.2.0"
+    assert TRTLLM_VERSION == "1.2.1" and TRITON_RELEASE == "26.07"
+    text = (REPO / "docs" / "gpu-acceptance.md").read_text()
+    assert "26.04, 26.05, 26.06 and 26.07" in text and "no Triton image after 26.07" in text
+
+
 def test_dockerfile_lints_clean_and_uses_the_trtllm_container():
     text = (REPO / "Dockerfile").read_text()
     from pipeline import TRITON_IMAGE
 
-    # the image Triton's compatibility matrix lists with TensorRT-LLM 1.2.1 (docs/upstream-facts.md §0)
-    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    # the newest image Triton's compatibility matrix lists with TensorRT-LLM 1.2.1 (docs/upstream-facts.md §0)
+    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     assert re.findall(r"^FROM (\S+)", text, re.M) == [TRITON_IMAGE]
     # not root: the uid the Kubernetes pods run as (issue 25 case 12)
     from pipeline.k8s.manifests import RUN_AS

@@ -41,3 +41,40 @@ def test_the_link_finder_sees_a_link_that_leaves_the_repository(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("see [the facts](../shared/reference/facts.md), [a site](https://example.com), [here](#top)")
     assert local_links(page) == ["../shared/reference/facts.md"]
+
+
+#: What a clone does not have: the workplace's research notes, by any of the names they were cited by.
+OUTSIDE_NOTES = re.compile(r"shared/reference|serving-scaling-facts|reference (?:corrections|upstream-facts)")
+FACT_LABEL = re.compile(r"upstream-facts(?:\.md)? §?([A-Z]?[0-9]+(?:\.[0-9]+)?|[A-Z])\b")
+TEXT_FILES = ("*.md", "*.py", "*.json", "*.toml", "Dockerfile", "*.sh", "*.yml")
+
+
+def repository_texts() -> list[Path]:
+    skip = {".git", ".venv", "out", "node_modules"}
+    return [p for pattern in TEXT_FILES for p in REPO.rglob(pattern)
+            if not skip & set(p.relative_to(REPO).parts) and p != Path(__file__)]
+
+
+def fact_sections() -> set[str]:
+    text = (REPO / "docs" / "upstream-facts.md").read_text()
+    return set(re.findall(r"^#{2,3} ([A-Z]?[0-9]*(?:\.[0-9]+)?)\.? ", text, re.M)) - {""}
+
+
+def test_no_file_sends_a_reader_to_notes_outside_the_repository():
+    named = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in repository_texts()
+             for m in OUTSIDE_NOTES.finditer(p.read_text(errors="replace"))]
+    assert not named, named
+
+
+def test_every_cited_upstream_facts_section_exists():
+    sections = fact_sections()
+    assert {"0", "A1", "B2", "S1", "S2", "S3", "S4"} <= sections
+    missing = sorted({f"{p.relative_to(REPO)}: §{label}" for p in repository_texts()
+                      for label in FACT_LABEL.findall(p.read_text(errors="replace")) if label not in sections})
+    assert not missing, missing
+
+
+def test_the_fact_label_finder_reads_each_way_a_section_is_cited():
+    text = "upstream-facts A4, docs/upstream-facts.md §S2 and upstream-facts.md K; reference/upstream-facts.md §A1"
+    assert FACT_LABEL.findall(text) == ["A4", "S2", "K", "A1"]
+    assert OUTSIDE_NOTES.search("see ../shared/reference/corrections.md")

@@ -17,7 +17,7 @@ from .base import DEFAULT_IMAGE, main, price_option, report_verification
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="Directory for the manifests (kustomization.yaml, ...), the alerts and the dashboard.")
 @click.option("--image", default=DEFAULT_IMAGE, show_default=True,
-              help="The trtpipe image (the Dockerfile's: Triton 26.04 with TensorRT-LLM 1.2.1), pushed where the "
+              help="The trtpipe image (the Dockerfile's: Triton 26.07 with TensorRT-LLM 1.2.1), pushed where the "
                    "cluster pulls from.")
 @click.option("--replicas", default="1:4", show_default=True, metavar="MIN:MAX", help="Autoscaling bounds.")
 @click.option("--namespace", default="default", show_default=True, help="Namespace of every object.")

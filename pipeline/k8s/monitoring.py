@@ -1,7 +1,7 @@
 """The metric names, the recording rules and alerts, the PodMonitor and the PrometheusRule.
 
 Every series the rules, the autoscaler and the dashboard read is named once here, in one of five lists
-whose source is stated (docs/kubernetes.md; facts in serving-scaling-facts §2 and §3, docs/upstream-facts.md §I):
+whose source is stated (docs/kubernetes.md; facts in docs/upstream-facts.md §S2, §S3 and §I):
 
 - `TRITON`: Triton's own families, served by the embedded Triton of the tests after real requests
   (tests/test_k8s.py reads /metrics and checks each one);

@@ -3,8 +3,8 @@ Face model that `model.yaml` beside this file names, through the request contrac
 declares (the same contract the cpu flavour, model_repo/llmapi, serves with the reference runtime).
 
 trtpipe's own model, not NVIDIA's: NVIDIA's llmapi model (TensorRT-LLM triton_backend/all_models/llmapi/
-tensorrt_llm/1/model.py with its helpers.py; in nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 under
-/app/all_models/llmapi/tensorrt_llm/1/ per tensorrtllm_backend r26.04's Dockerfile; the image was not opened)
+tensorrt_llm/1/model.py with its helpers.py; in nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 under
+/app/all_models/llmapi/tensorrt_llm/1/ per tensorrtllm_backend r26.07's Dockerfile; the image was not opened)
 is the same idea; this one differs where a trtpipe repository needs it to (docs/pytorch-backend.md):
 - `model` in model.yaml may be relative to this directory: deploy copies the Hugging Face model into 1/model/,
   so the repository is relocatable (NVIDIA's passes the path to LLM() as is, relative to the server's cwd);
