@@ -13,7 +13,8 @@ from pathlib import Path
 
 from . import TRTLLM_VERSION
 from .backends.llm_api_args import MODEL_YAML, unknown_llm_api_keys
-from .backends.nvidia_contract import FATAL, LITERAL, PYTHON_MODELS, TENSORRTLLM, UNSET, Parameter, required_keys
+from .backends.nvidia_contract import (FATAL, LITERAL, MULTIMODAL, MULTIMODAL_PROCESSOR, PROCESSOR_MODEL_TYPES,
+                                       PYTHON_MODELS, SKIPPED, TENSORRTLLM, UNSET, Parameter, required_keys)
 from .errors import UserError
 from .model_repository import CONFIG, NO_CONFIG, ModelRepository, RepositoryModel, read_repository
 from .triton_contract import MODELS as NVIDIA_TENSORS, declared_differently
@@ -176,16 +177,43 @@ def placeholder_finding(rel: str, where: str, value: str, model: RepositoryModel
                        f"and uses {known.missing if known.missing != FATAL else 'nothing'} ({known.source})",
                        f"{fill} to set it, or keep it (the entry must stay)" if known.missing == FATAL
                        else f"{fill} to set it, or keep it for the default")
+    if known.placeholder == SKIPPED:
+        return Finding("placeholder", "warning", rel, where, f"{value!r} is unfilled: {reader} passes it on as it is "
+                       f"({known.source}) and {known.final_use}", f"{fill} to set it, or keep it for the default")
     what = ("uses it literally as a path" if known.placeholder == LITERAL else "fails to load")
     return Finding("placeholder", "error", rel, where, f"{value!r} is unfilled: {reader} {what} ({known.source})",
                    f"{fill}; the entry must stay" if known.missing == FATAL else f"{fill} or remove the entry")
 
 
 def condition_holds(parameter: Parameter, model: RepositoryModel) -> bool:
-    """Whether a conditionally read parameter is read by this model's config (lookahead decoding, orchestrator)."""
+    """Whether a conditionally read parameter is read by this model's config (lookahead decoding, a multimodal
+    engine, one of the multimodal types that load a processor; orchestrator mode)."""
     if parameter.condition == "decoding_mode lookahead":
         return model.parameter("decoding_mode") == "lookahead"
+    if parameter.condition == MULTIMODAL:
+        return multimodal_engine(model) is not None
+    if parameter.condition == MULTIMODAL_PROCESSOR:
+        return multimodal_model_type(model) in PROCESSOR_MODEL_TYPES
     return False   # orchestrator mode is an environment variable of the server, not in the config
+
+
+def multimodal_engine(model: RepositoryModel) -> str | None:
+    """multimodal_model_path as NVIDIA's preprocessing reads it: "" and its own placeholder are not set
+    (preprocessing/1/model.py:86-87)."""
+    path = model.parameter("multimodal_model_path")
+    return None if path in (None, "", "${multimodal_model_path}") else path
+
+
+def multimodal_model_type(model: RepositoryModel) -> str | None:
+    """The multimodal engine's `builder_config.model_type` (its config.json, preprocessing/1/model.py:131-136);
+    None without a multimodal engine or when its config cannot be read here."""
+    path = multimodal_engine(model)
+    if path is None:
+        return None
+    try:
+        return json.loads((Path(path) / "config.json").read_text())["builder_config"]["model_type"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
 
 
 def check_required_parameters(models: dict[str, RepositoryModel]) -> list[Finding]:

@@ -389,3 +389,87 @@ def test_lookahead_keys_are_required_once_decoding_mode_is_lookahead(repo):
                                           set_parameter(c, "lookahead_window_size", "${lookahead_window_size}")))
     code, report = run_check(repo)
     assert code == 1 and only_error(report, "placeholder")["field"] == "parameters[lookahead_window_size].string_value"
+
+
+# ----------------------------------------------------------------------------------------------
+# A value followed to where NVIDIA's code finally uses it (docs/upstream-facts.md §B2)
+
+#: The string parameters NVIDIA's 1.2.0rc8 templates still hold as `${...}` after the fill NVIDIA documents
+#: (triton_backend/docs/llama.md: tokenizer_dir, engine_dir, batch sizes, data types and a few values only);
+#: `key:name` where the placeholder is named otherwise than the key.
+NVIDIA_FILL_LEAVES = {
+    "tensorrt_llm": """encoder_model_path:encoder_engine_dir sink_token_length batch_scheduler_policy
+        cross_kv_cache_fraction kv_cache_host_memory_bytes kv_cache_onboard_blocks enable_trt_overlap
+        cancellation_check_period_ms stats_check_period_ms iter_stats_max_iterations request_stats_max_iterations
+        normalize_log_probs enable_chunked_context gpu_device_ids participant_ids num_nodes
+        lora_cache_optimal_adapter_size lora_cache_max_adapter_size lora_cache_gpu_memory_fraction
+        lora_cache_host_memory_bytes lora_prefetch_dir decoding_mode lookahead_window_size lookahead_ngram_size
+        lookahead_verification_set_size medusa_choices eagle_choices gpu_weights_percent enable_context_fmha_fp32_acc
+        multi_block_mode cuda_graph_mode cuda_graph_cache_size speculative_decoding_fast_logits tokenizer_dir
+        guided_decoding_backend xgrammar_tokenizer_info_path""",
+    "preprocessing": "add_special_tokens multimodal_model_path gpt_model_path:engine_dir max_num_images hf_model_path",
+    "postprocessing": "skip_special_tokens",
+    "tensorrt_llm_bls": "tensorrt_llm_model_name tensorrt_llm_draft_model_name multimodal_encoders_name",
+}
+
+
+def leave_placeholders(config, keys: str) -> None:
+    for item in keys.split():
+        key, _, name = item.partition(":")
+        set_parameter(config, key, "${" + (name or key) + "}")
+
+
+def multimodal_engine(root: Path, model_type: str) -> Path:
+    """A multimodal engine directory as NVIDIA's preprocessing reads it: config.json's builder_config.model_type."""
+    engine = root / "vision"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({"builder_config": {"model_type": model_type}}))
+    return engine
+
+
+def test_nvidias_templates_filled_as_nvidia_documents_have_no_error(repo):
+    """NVIDIA's code runs on its own documented fill: the tensorrtllm backend passes `${lora_prefetch_dir}` on and
+    TensorRT-LLM skips a prefetch directory that does not exist (peftCacheManager.cpp); a text model's preprocessing
+    never reads gpt_model_path or hf_model_path (model.py reads them only for a multimodal engine)."""
+    for model, keys in NVIDIA_FILL_LEAVES.items():
+        edit(repo, model, lambda c, keys=keys: leave_placeholders(c, keys))
+    code, report = run_check(repo)
+    assert code == 0, errors(report)
+    found = {(f["file"], f["field"]): f for f in report["findings"]}
+    lora = found[("tensorrt_llm/config.pbtxt", "parameters[lora_prefetch_dir].string_value")]
+    assert lora["severity"] == "warning"
+    assert "TensorRT-LLM skips a prefetch directory that does not exist: peftCacheManager.cpp" in lora["problem"]
+    for key in ("gpt_model_path", "hf_model_path"):
+        finding = found[("preprocessing/config.pbtxt", f"parameters[{key}].string_value")]
+        assert finding["severity"] == "info" and "multimodal engine" in finding["problem"]
+
+
+@pytest.mark.parametrize("model_type, loads_a_processor", [
+    ("mllama", True), ("llava_onevision", True), ("qwen2_vl", True), ("pixtral", True),
+    ("llava", False), ("blip2-opt", False), ("vila", False)])
+def test_hf_model_path_is_read_only_by_the_multimodal_types_that_load_a_processor(repo, tmp_path, model_type,
+                                                                                  loads_a_processor):
+    """NVIDIA's preprocessing (1.2.0rc8) loads AutoProcessor from hf_model_path for mllama, llava_onevision,
+    qwen2_vl and pixtral; the other multimodal types it accepts never read the key."""
+    vision = multimodal_engine(tmp_path, model_type)
+    engine = str(repo.parent / "engine")
+    edit(repo, "preprocessing", lambda c: (set_parameter(c, "multimodal_model_path", str(vision)),
+                                           set_parameter(c, "gpt_model_path", engine),
+                                           set_parameter(c, "hf_model_path", "${hf_model_path}")))
+    code, report = run_check(repo)
+    finding = next(f for f in report["findings"] if f["field"] == "parameters[hf_model_path].string_value")
+    if loads_a_processor:
+        assert code == 1 and finding["severity"] == "error"
+        assert "fails to load" in finding["problem"] and "the entry must stay" in finding["fix"]
+    else:
+        assert code == 0 and finding["severity"] == "info"
+
+
+def test_preprocessing_reads_the_engine_path_only_with_a_multimodal_engine(repo, tmp_path):
+    edit(repo, "preprocessing", lambda c: set_parameter(c, "gpt_model_path", "${engine_dir}"))
+    code, report = run_check(repo)
+    assert code == 0 and [f["severity"] for f in report["findings"]] == ["info"]
+    vision = multimodal_engine(tmp_path, "llava")
+    edit(repo, "preprocessing", lambda c: set_parameter(c, "multimodal_model_path", str(vision)))
+    finding = only_error(run_check(repo)[1], "placeholder")
+    assert finding["field"] == "parameters[gpt_model_path].string_value" and "fails to load" in finding["problem"]

@@ -12,6 +12,11 @@ model_instance_state.cc) and TensorRT-LLM 1.2.0rc8 `triton_backend/all_models/in
   keys compare their value with `"${name}"` explicitly and treat it (and "") as unset. `gpt_model_type` and the
   engine path have no such fallback: a placeholder there fails the load.
 
+A value is followed to where NVIDIA's code finally uses it: a string the backend passes on as it is is judged by
+what TensorRT-LLM then does with it (`lora_prefetch_dir`: skipped when the directory does not exist), and a key a
+Python model reads only in one branch by that branch's condition (preprocessing's `gpt_model_path` and
+`hf_model_path`: multimodal engines only).
+
 `deploy` writes every key that is fatal when missing, `trtpipe check` judges a repository by this table
 (never advising to remove a key the backend needs), and tests/test_nvidia_contract.py checks both against it.
 """
@@ -26,15 +31,25 @@ FATAL = "fatal"
 UNSET = "unset"
 #: `placeholder` value: the string is used as it is (a path named `${...}`), nothing detects it
 LITERAL = "literal"
+#: `placeholder` value: the string is passed on as a path, and the code that finally uses it skips a path that does
+#: not exist (`final_use` says where): the feature stays off
+SKIPPED = "skipped"
+
+#: `condition` values: preprocessing reads the key only for a multimodal engine (model.py:129), or only for the
+#: multimodal model types that load a Hugging Face processor (model.py:154-164)
+MULTIMODAL = "a multimodal engine (multimodal_model_path)"
+PROCESSOR_MODEL_TYPES = ("mllama", "llava_onevision", "qwen2_vl", "pixtral")
+MULTIMODAL_PROCESSOR = f"a multimodal engine of type {', '.join(PROCESSOR_MODEL_TYPES)}"
 
 
 @dataclass(frozen=True)
 class Parameter:
     name: str
     missing: str          # FATAL, or what the code does without the key (its fallback)
-    placeholder: str      # FATAL | UNSET | LITERAL: what an unfilled `${name}` does
+    placeholder: str      # FATAL | UNSET | LITERAL | SKIPPED: what an unfilled `${name}` does
     source: str           # file:line at the commits above
     condition: str = ""   # when the key is read at all, if not always
+    final_use: str = ""   # SKIPPED: what the code the value is passed on to does with it, and where
 
 
 def _table(*parameters: Parameter) -> dict[str, Parameter]:
@@ -43,8 +58,7 @@ def _table(*parameters: Parameter) -> dict[str, Parameter]:
 
 #: The C++ tensorrtllm backend (the `tensorrt_llm` model of an engine repository).
 TENSORRTLLM = _table(
-    Parameter("gpt_model_type", FATAL, FATAL, "MIS:62-75",
-              ),
+    Parameter("gpt_model_type", FATAL, FATAL, "MIS:62-75"),
     Parameter("gpt_model_path", "'' (then fatal unless encoder_model_path is set: MIS:771)", FATAL,
               "MIS:746-755"),
     Parameter("encoder_model_path", "'' (a decoder-only model)", UNSET, "MIS:760-769"),
@@ -70,7 +84,9 @@ TENSORRTLLM = _table(
     Parameter("lora_cache_optimal_adapter_size", "8", UNSET, "MIS:297-315"),
     Parameter("lora_cache_gpu_memory_fraction", "unset (0.05)", UNSET, "MIS:321-324"),
     Parameter("lora_cache_host_memory_bytes", "unset (1 GB)", UNSET, "MIS:330-333"),
-    Parameter("lora_prefetch_dir", "unset", LITERAL, "MIS:339-351"),
+    Parameter("lora_prefetch_dir", "unset", SKIPPED, "MIS:339-351",
+              final_use="TensorRT-LLM skips a prefetch directory that does not exist: peftCacheManager.cpp:192-196"
+                        "@9df6d722 (no LoRA adapter is prefetched)"),
     Parameter("num_nodes", "1", UNSET, "MIS:273-276"),
     Parameter("multi_block_mode", "true", UNSET, "MIS:191-194"),
     Parameter("enable_context_fmha_fp32_acc", "false", UNSET, "MIS:205"),
@@ -101,6 +117,8 @@ PYTHON_MODELS = {
         Parameter("multimodal_model_path", FATAL, UNSET, "preprocessing/1/model.py:68-69, 86-87"),
         Parameter("add_special_tokens", "true", UNSET, "preprocessing/1/model.py:66-67, 89-106"),
         Parameter("max_num_images", "unset", UNSET, "preprocessing/1/model.py:70-85"),
+        Parameter("gpt_model_path", FATAL, FATAL, "preprocessing/1/model.py:129, 145-149", MULTIMODAL),
+        Parameter("hf_model_path", FATAL, FATAL, "preprocessing/1/model.py:129, 154-164", MULTIMODAL_PROCESSOR),
     ),
     "postprocessing": _table(
         Parameter("tokenizer_dir", FATAL, FATAL, "postprocessing/1/model.py:56-57, 81-84"),
