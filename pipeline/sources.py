@@ -238,10 +238,12 @@ def materialize_gguf(path: Path) -> Path:
 
     config = _load_gguf_config(path)
     clean = _clean_config_dict(config)
-    clean["torch_dtype"] = "float32"
+    clean.pop("torch_dtype", None)
+    clean["dtype"] = "float32"
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        # legacy=True is what the tokenizer does by default anyway; saying so keeps its notice off the console
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, legacy=True)
     except Exception as exc:  # noqa: BLE001 -- as above, for the weights
         raise UserError(f"{path}: cannot load GGUF weights ({type(exc).__name__}: {exc})") from None
     model.config = AutoConfig.for_model(**{k: v for k, v in clean.items() if k != "transformers_version"})

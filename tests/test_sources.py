@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -281,3 +283,18 @@ def test_an_older_cache_entry_is_relabelled_and_keeps_its_ids(smollm2_hf_dir, tm
     after = AutoTokenizer.from_pretrained(entry)(SENTENCE)
     assert type(AutoTokenizer.from_pretrained(entry)).__name__ == "PreTrainedTokenizerFast"
     assert dict(after) == dict(before)   # the same ids, and no token_type_ids a causal LM's generate refuses
+
+
+@pytest.mark.slow
+def test_the_first_gguf_conversion_on_an_empty_cache_prints_no_third_party_notice(tmp_path):
+    """The README's main job on a new machine dequantizes SmolLM2's GGUF once: transformers must not print its
+    `torch_dtype` deprecation or the Llama tokenizer's legacy notice then (a warm cache hides both)."""
+    env = {**os.environ, "TRTPIPE_CACHE": str(tmp_path / "empty-cache")}
+    trtpipe = Path(sys.executable).with_name("trtpipe")
+    run = subprocess.run([str(trtpipe), "convert", "smollm2-135m", "-o", str(tmp_path / "ckpt")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert list((tmp_path / "empty-cache" / "hf").iterdir()), "the cache was not empty: nothing was dequantized"
+    printed = run.stdout + run.stderr
+    for notice in ("deprecated", "legacy", "Warning", "warn("):
+        assert notice not in printed, printed
