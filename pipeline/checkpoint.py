@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from . import __version__
 from .arch import ModelArch
 from .errors import UserError, read_config_json
+from .outputs import read_manifest, recorded_path
 from .precisions import CHECKPOINT_DTYPES
 from .model.layout import Rank, RankLayout, kv_heads_per_rank
 from .model.spec import Family
@@ -237,3 +238,17 @@ def _span(indices: set[int]) -> str:
     ordered = sorted(indices)
     contiguous = ordered == list(range(ordered[0], ordered[-1] + 1))
     return f"{ordered[0]}..{ordered[-1]}" if contiguous else ", ".join(map(str, ordered))
+
+
+#: The stages whose checkpoint is still the model it was converted from (calibrate only quantizes it); sparsify and
+#: distill change the weights, so the source model is no reference for what they wrote.
+SAME_MODEL_STAGES = {"convert": "source", "calibrate": "source_model"}
+
+
+def source_model(checkpoint: Path) -> str | None:
+    """The model CHECKPOINT was made from, as its stage's manifest records it (convert's `source`, carried on by
+    calibrate): a preset or hub id as named, a local directory or GGUF file as this machine's path again. None
+    for a checkpoint made elsewhere or by a stage that changed its weights."""
+    manifest = read_manifest(Path(checkpoint)) or {}
+    recorded = manifest.get(SAME_MODEL_STAGES.get(manifest.get("stage"), ""))
+    return recorded_path(recorded, Path(checkpoint).absolute().parent) if isinstance(recorded, str) else None

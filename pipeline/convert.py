@@ -75,7 +75,7 @@ def convert_model(source: ModelSource, out: Path, *, dtype: str | None = None, t
     dtype = config.dtype
     inputs = fingerprint_inputs([hf_dir])
     params = {"dtype": dtype, "tp": tp, "pp": pp}
-    extra = {"source": source.spec, "trtllm_version": TRTLLM_VERSION}
+    extra = {"source": source.reference, "trtllm_version": TRTLLM_VERSION}
     with stage_output(out, STAGE, inputs, params, force=force, extra=extra) as output:
         if output.up_to_date:
             return ConvertResult(out, json.loads((out / "config.json").read_text()), True, 0.0, 0)

@@ -113,7 +113,8 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     torch or onnxruntime, `backends.base.RUNTIMES`) overrides the plan's; `python_models`: a directory of
     NVIDIA's inflight_batcher_llm models whose pre/postprocessing and BLS model files are shipped instead of
     trtpipe's (`nvidia_python_models`); `model`: the model the repository serves, recorded for validate's golden
-    check, when the plan names none (a plan made from a converted checkpoint: `build` passes its source)."""
+    check, when the plan cannot name it (a plan made from a sparsified or distilled checkpoint: `build` passes its
+    own float model)."""
     out = Path(out)
     if runtime is not None:
         plan = with_runtime(plan, runtime)
@@ -147,11 +148,9 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
 
 def describe_deployment(plan: Plan, checkpoint: Path | None, model: str | None = None) -> Deployment:
     """The record of what the repository serves: the served checkpoint's dtype is its config.json's when
-    deploy was given it, else the plan's (an engine is built in the plan's dtype); the model is the plan's, else
-    `model`."""
-    planned = plan.model
-    spec = None if planned.source in ("checkpoint", "arch") else (planned.path or planned.name)
-    spec = spec or model
+    deploy was given it, else the plan's (an engine is built in the plan's dtype); the model is the plan's (the
+    model it names, or the one its checkpoint was converted from: `ModelInfo.reference`), else `model`."""
+    spec = plan.model.reference or model
     dtype, config = plan.dtype, checkpoint / "config.json" if checkpoint else None
     if config is not None and config.is_file():
         dtype = json.loads(config.read_text()).get("dtype", dtype)

@@ -23,7 +23,7 @@ from google.protobuf import text_format
 from . import TRTLLM_VERSION
 from .backends import backend_for
 from .errors import UserError
-from .outputs import read_manifest
+from .outputs import read_manifest, recorded_path
 from .plan import Plan
 from .precisions import QUANT_ALGO
 from .triton_names import ENSEMBLE, OUTPUT_IDS, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
@@ -225,15 +225,6 @@ def parse_deployment(raw: dict, path: Path) -> Deployment | None:
         return None
     model = deployment.model if deployment.model is None else recorded_path(deployment.model, path.parent)
     return replace(deployment, model=model, serve_command=tuple(deployment.serve_command))
-
-
-def recorded_path(value: str, base: Path) -> str:
-    """A path the manifest made portable (`outputs.portable`), back as this machine's: relative to the
-    repository's parent when it is there, `~` expanded; anything else (a preset, a hub id) as it is."""
-    if value.startswith("~"):
-        return str(Path(value).expanduser())
-    candidate = base / value
-    return str(candidate.resolve()) if candidate.exists() else value
 
 
 def read_deployment(path: Path) -> Deployment | None:

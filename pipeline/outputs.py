@@ -60,6 +60,15 @@ def portable(value, base: Path):
     return value
 
 
+def recorded_path(value: str, base: Path) -> str:
+    """A path a manifest made `portable`, back as this machine's: relative to the
+    output's parent when it is there, `~` expanded; anything else (a preset, a hub id) as it is."""
+    if value.startswith("~"):
+        return str(Path(value).expanduser())
+    candidate = base / value
+    return str(candidate.resolve()) if candidate.exists() else value
+
+
 def portable_inputs(inputs: dict[str, dict], base: Path) -> dict[str, dict]:
     """`fingerprint_inputs`' record keyed without the machine's paths: a file under `base` by its path relative
     to it, any other by a hash of its directory and its name (the same file gives the same key)."""

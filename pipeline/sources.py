@@ -44,6 +44,13 @@ class ModelSource:
     missing_weights_hint: str = ""
     hub_id: str | None = None
 
+    @property
+    def reference(self) -> str:
+        """How a later stage names this model again (validate's golden reference): a preset or hub id as named,
+        a local directory or GGUF file by its absolute path."""
+        named_a_path = self.kind in ("hf-dir", "gguf") and Path(self.spec).expanduser().exists()
+        return str(self.path) if named_a_path else self.spec
+
     def hf_dir(self) -> Path:
         """A Hugging Face directory with safetensors weights (a GGUF is dequantized into the cache once)."""
         if self.kind == "hf-dir":

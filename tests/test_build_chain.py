@@ -6,6 +6,7 @@ FakeLoad), since what failed there was the planning that comes before any trial 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -50,9 +51,54 @@ def test_tune_takes_every_cpu_build(model, precision, fake_load, tmp_path):  # n
     assert len(fake.repos) == 2 and (out / "tune" / "result" / "plan.json").is_file()
 
 
+@pytest.fixture(scope="module")
+def cpu_fp8_build(model, tmp_path_factory):
+    """The README's main job (cpu, fp8) on the tiny model, built once for the tests that take its output."""
+    return build(model, tmp_path_factory.mktemp("readme") / "fp8", "cpu", "fp8")
+
+
+def validate_cli(repo: Path, out: Path, *extra: str):
+    return CliRunner().invoke(main, ["validate", str(repo), "-o", str(out), "--max-tokens", "4", "--json", *extra])
+
+
+def golden_check(report_dir: Path) -> dict:
+    report = json.loads((report_dir / "report.json").read_text())
+    return next(c for c in report["checks"] if c["name"] == "golden")
+
+
 @pytest.mark.slow
-def test_tune_serves_the_readmes_cpu_fp8_build(model, tmp_path):
-    out = build(model, tmp_path / "fp8", "cpu", "fp8")
+def test_validate_passes_on_builds_own_repository_without_golden(cpu_fp8_build, tmp_path):
+    """`trtpipe validate BUILD/model_repo` with no --golden finds the model the build converted."""
+    result = validate_cli(cpu_fp8_build / "model_repo", tmp_path / "v")
+    assert result.exit_code == 0, result.output
+    golden = golden_check(tmp_path / "v")
+    assert golden["passed"] and not golden["skipped"] and golden["data"]["cases"]
+
+
+@pytest.mark.slow
+def test_a_repository_made_stage_by_stage_validates_against_the_model_it_was_converted_from(model, tmp_path):
+    """convert -> calibrate -> plan -> deploy -> validate, as docs/usage.md chains them: convert records the model,
+    calibrate carries it, plan and deploy pass it on, and validate's golden check runs with no --golden."""
+    def run(*args: str):
+        result = CliRunner().invoke(main, list(args))
+        assert result.exit_code == 0, result.output
+        return result
+
+    ckpt, fp8, plan = tmp_path / "ckpt", tmp_path / "ckpt-fp8", tmp_path / "plan.json"
+    run("convert", str(model), "-o", str(ckpt))
+    run("calibrate", str(ckpt), "-o", str(fp8), "--precision", "fp8", "--samples", "4", "--seq-len", "32")
+    run("plan", str(fp8), "--target", "cpu", "--precision", "fp8", "-o", str(plan))
+    assert load_plan(plan).model.reference == str(model.resolve())
+    run("deploy", "--checkpoint", str(fp8), "--plan", str(plan), "-o", str(tmp_path / "repo"))
+    result = validate_cli(tmp_path / "repo", tmp_path / "v")
+    assert result.exit_code == 0, result.output
+    golden = golden_check(tmp_path / "v")
+    assert golden["passed"] and not golden["skipped"]
+
+
+@pytest.mark.slow
+def test_tune_serves_the_readmes_cpu_fp8_build(cpu_fp8_build):
+    out = cpu_fp8_build
     plan = load_plan(out / "plan.json")
     assert (plan.precision, plan.dtype, plan.kv_cache_dtype) == ("fp8", "float32", "float32")
     result = tune(out)

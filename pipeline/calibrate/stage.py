@@ -19,7 +19,7 @@ from ..errors import UserError
 from ..precisions import CALIBRATION_FORMATS, QUANT_ALGO
 from ..outputs import fingerprint_inputs, stage_output
 from .amax import DEFAULT_PERCENTILE, METHODS
-from ..checkpoint import is_excluded
+from ..checkpoint import is_excluded, source_model
 from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
 from .hf_export import write_hf_checkpoint
@@ -138,7 +138,8 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     sparsity = None if claim is None else claim.to_dict()
     inputs = fingerprint_inputs([checkpoint] + dataset_inputs(options.recipe))
     with stage_output(out, STAGE, inputs, options.params(), force=options.force,
-                      extra={"source_checkpoint": str(checkpoint.resolve())}) as output:
+                      extra={"source_checkpoint": str(checkpoint.resolve()),
+                             "source_model": source_model(checkpoint)}) as output:
         if output.up_to_date:
             config = written_config(out)
             return CalibrationResult(out, config, options.chosen_method, [], None, 0, 0, 0.0, skipped=True)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ..arch import ModelArch
 from ..backends.names import NAMES
-from ..checkpoint import CheckpointConfig
+from ..checkpoint import CheckpointConfig, source_model
 from ..errors import UserError
+from ..outputs import recorded_path
 from ..targets import Target
 from .performance import Performance
 from .trtllm import TOKENS_PER_BLOCK, OptimizationProfile, model_context_limit
@@ -87,6 +88,14 @@ class ModelInfo:
     checkpoint_tp_size: int | None = None
     checkpoint_pp_size: int | None = None
     checkpoint_sparsity: str | None = None        # a checkpoint's 2:4 claim (its pattern), None: dense
+    source_model: str | None = None   # the model a checkpoint was made from (`checkpoint.source_model`), if known
+
+    @property
+    def reference(self) -> str | None:
+        """What validate's golden reference loads: the model as named, or the model the checkpoint came from."""
+        if self.source == "checkpoint":
+            return self.source_model
+        return None if self.source == "arch" else (self.path or self.name)
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "source": self.source, "path": self.path, **self.arch.to_dict()}
@@ -95,6 +104,7 @@ class ModelInfo:
             d["checkpoint_tp_size"] = self.checkpoint_tp_size
             d["checkpoint_pp_size"] = self.checkpoint_pp_size
             d["checkpoint_sparsity"] = self.checkpoint_sparsity
+            d["source_model"] = self.source_model
         return d
 
     @classmethod
@@ -105,7 +115,7 @@ class ModelInfo:
                    checkpoint_quantization=d.get("checkpoint_quantization"),
                    checkpoint_tp_size=d.get("checkpoint_tp_size"),
                    checkpoint_pp_size=d.get("checkpoint_pp_size"),
-                   checkpoint_sparsity=d.get("checkpoint_sparsity"))
+                   checkpoint_sparsity=d.get("checkpoint_sparsity"), source_model=d.get("source_model"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,6 +365,8 @@ def load_plan(path: Path) -> Plan:
                         "make one with `trtpipe plan MODEL --target T --precision P --json > plan.json`")
     try:
         data["model"]["path"] = located(data["model"].get("path"), path.parent)
+        if data["model"].get("source_model"):
+            data["model"]["source_model"] = recorded_path(data["model"]["source_model"], path.parent)
         plan = Plan.from_dict(data)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{path}: malformed plan ({type(exc).__name__}: {exc}); re-run `trtpipe plan`") from None
@@ -394,7 +406,8 @@ def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
         return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()), arch=cfg.arch,
                          checkpoint_quantization=cfg.quantization, checkpoint_tp_size=cfg.layout.tp,
                          checkpoint_pp_size=cfg.layout.pp,
-                         checkpoint_sparsity=None if cfg.sparsity is None else cfg.sparsity.pattern)
+                         checkpoint_sparsity=None if cfg.sparsity is None else cfg.sparsity.pattern,
+                         source_model=source_model(path))
     from ..sources import resolve_model
 
     source = resolve_model(spec, model_dir)

@@ -148,7 +148,9 @@ def golden_case(client: Completions, reference: GreedyReference, prompt: str, ex
 def check_golden(client: Completions, options: ValidateOptions) -> CheckResult:
     reference = options.golden
     if reference is None:
-        return CheckResult("golden", False, "no reference model to compare with",
+        return CheckResult("golden", False, "skipped: no model to compare with (trtpipe records the model a "
+                           "repository was converted from; this one was made elsewhere or from a checkpoint that "
+                           "does not say where it came from, or only a URL was given)", skipped=True,
                            fix="pass --golden MODEL (the model the repository was built from)")
     completions = reference.complete_all(list(options.prompts), options.max_tokens)
     compared = [golden_case(client, reference, prompt, expected, options.max_tokens)

@@ -7,10 +7,12 @@ while the stage imports the checks.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .. import __version__
 from .client import REQUEST_TIMEOUT_S
 
 DEFAULT_PROMPTS = (
@@ -28,6 +30,11 @@ class CheckResult:
     detail: str
     fix: str = ""
     data: dict = field(default_factory=dict)
+    skipped: bool = False   # not run, for a reason the detail gives (and `fix` says how to run it): no failure
+
+    @property
+    def failed(self) -> bool:
+        return not self.passed and not self.skipped
 
 
 @dataclass
@@ -36,14 +43,16 @@ class ValidationReport:
     server: str
     checks: list[CheckResult]
     log_path: str | None = None
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
     def passed(self) -> bool:
-        return all(check.passed for check in self.checks)
+        return not any(check.failed for check in self.checks)
 
     def to_dict(self) -> dict:
         return {"repo": self.repo, "server": self.server, "passed": self.passed,
-                "checks": [asdict(check) for check in self.checks], "server_log": self.log_path}
+                "checks": [asdict(check) for check in self.checks], "server_log": self.log_path,
+                "trtpipe_version": __version__, "created": self.created}
 
 
 class GreedyReference(Protocol):
@@ -84,10 +93,14 @@ def render_report(report: ValidationReport, out: Path) -> str:
     """The human-readable verdict: one line per check, and what to fix for each failure."""
     lines = [f"validated {report.repo or report.server} on {report.server}"]
     for check in report.checks:
-        lines.append(f"  {'PASS' if check.passed else 'FAIL'}  {check.name:<15} {check.detail}")
+        status = "PASS" if check.passed else "SKIP" if check.skipped else "FAIL"
+        lines.append(f"  {status}  {check.name:<15} {check.detail}")
         if not check.passed and check.fix:
-            lines.append(f"        fix: {check.fix}")
+            lines.append(f"        {'to run it' if check.skipped else 'fix'}: {check.fix}")
+    skipped = [c.name for c in report.checks if c.skipped]
     verdict = "all checks passed" if report.passed else \
-        f"{sum(not c.passed for c in report.checks)} of {len(report.checks)} checks failed"
+        f"{sum(c.failed for c in report.checks)} of {len(report.checks)} checks failed"
+    if skipped:
+        verdict += f" ({len(skipped)} skipped: {', '.join(skipped)})"
     lines.append(f"{verdict}; report: {Path(out) / 'report.json'}")
     return "\n".join(lines)

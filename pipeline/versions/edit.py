@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model_repository import recorded_path
+from ..outputs import recorded_path
 from ..errors import UserError
 from ..outputs import MANIFEST, describe_outputs, link_or_copy
 from ..tritonconfig import to_pbtxt
