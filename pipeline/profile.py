@@ -71,7 +71,8 @@ class ProfileResult:
     def render(self) -> str:
         load = self.load
         lines = [f"profiled {load['requests']} requests over {load['wall_s']:.1f} s at concurrency "
-                 f"{load['concurrency']}: {load['output_tokens_per_s']:.1f} output tokens/s, {load['failed']} failed"]
+                 f"{load['concurrency']}: {load['output_tokens_per_s']:.1f} output tokens/s, {load['failed']} failed"
+                 + (f" ({load['errors'][0]})" if load["errors"] else "")]
         for name, s in self.stages.items():
             lines.append(f"  {name:<11} {s['count']:>6} ranges  {s['total_ms']:>9.1f} ms  mean {s['mean_ms']:.3f} ms")
         if self.top_operators:
@@ -118,7 +119,8 @@ def profile_repository(repo: Path, out: Path, options: ProfileOptions, say=lambd
 
 
 def drive(client, options: ProfileOptions) -> dict:
-    """validate's load (`run_level`) repeated until the duration has passed: one record for the whole window."""
+    """validate's load (`run_level`) repeated until the duration has passed: one record for the whole window, with
+    the failed requests' errors as run_level reports them."""
     from .validate.load_test import run_level
 
     start, levels = time.monotonic(), []
@@ -128,6 +130,7 @@ def drive(client, options: ProfileOptions) -> dict:
     tokens = sum(lv["output_tokens"] for lv in levels)
     return {"concurrency": options.concurrency, "requests": sum(lv["requests"] for lv in levels),
             "completed": sum(lv["completed"] for lv in levels), "failed": sum(lv["failed"] for lv in levels),
+            "errors": sorted({e for lv in levels for e in lv["errors"]})[:5],
             "output_tokens": tokens, "wall_s": wall, "output_tokens_per_s": tokens / wall if wall else 0.0}
 
 

@@ -31,7 +31,7 @@ import requests
 
 from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
 from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
-from .triton_names import ENSEMBLE
+from .triton_names import ENSEMBLE, TEXT_OUTPUT
 from .validate.metrics import parse_samples
 
 #: how often `trtpipe serve` sends its liveness request (`model_problem`)
@@ -100,8 +100,10 @@ def drain(server: TritonServer, timeout_s: float, echo: Callable[[str], None] = 
 
 def model_problem(http_url: str, timeout: float = 60.0) -> str | None:
     """Whether the served models still work, by a one-token request through the ensemble: None when it is
-    answered, shed or refused (a busy or draining server is alive) or slow; what is wrong when a model's process
-    died or the server does not answer. Triton's own health endpoints say 200 in both cases."""
+    answered with a text_output, shed or refused (a busy or draining server is alive) or slow; what is wrong when
+    a model's process died, the server does not answer, or it answers 200 without a text_output (Triton's answer
+    when no model answered: an error in a 200 body; docs/upstream-facts.md §C). Triton's own health endpoints say
+    200 in all these cases."""
     try:
         response = requests.post(f"{http_url}/v2/models/ensemble/generate",
                                  json={"text_input": "ping", "max_tokens": 1}, timeout=timeout)
@@ -109,12 +111,20 @@ def model_problem(http_url: str, timeout: float = 60.0) -> str | None:
         return None
     except requests.RequestException as exc:
         return f"the server does not answer at {http_url} ({type(exc).__name__})"
+    if response.status_code == 200 and TEXT_OUTPUT not in json_body(response):
+        return f"the {ENSEMBLE} answered 200 without a {TEXT_OUTPUT}: {response.text.strip()[:300]}"
     if response.status_code != 200 and DEAD_STUB in response.text:
-        try:
-            return response.json().get("error", response.text)
-        except ValueError:
-            return response.text.strip()
+        return json_body(response).get("error", response.text.strip())
     return None
+
+
+def json_body(response: requests.Response) -> dict:
+    """A response's JSON object; {} for any other body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def watch(server: TritonServer, period_s: float = LIVENESS_PERIOD_S) -> None:

@@ -11,9 +11,11 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from support.http import EmptyStreamTriton, serving
 from support.models import deploy_tiny_cpu_repo
 
 from pipeline import profile as profile_module
@@ -121,6 +123,23 @@ def test_a_missing_repository_or_an_unwritable_trace_directory_exits_2(cpu_repo,
     (tmp_path / "full" / "x").write_text("")
     result = CliRunner().invoke(main, ["profile", str(cpu_repo), "-o", str(tmp_path / "full")])
     assert result.exit_code == 2 and "not an empty directory" in result.output
+
+
+@pytest.mark.parametrize("contract", ["ensemble", "llmapi"])
+def test_the_load_counts_a_stream_without_any_event_as_failed_and_says_why(contract):
+    """Triton's 200 without any event (docs/upstream-facts.md §C) is a failed request of the profiled load, never an
+    answer, and the summary gives the reason."""
+    from pipeline.validate.client import EMPTY_STREAM, EnsembleClient
+    from pipeline.validate.llmapi import LlmapiClient
+
+    options = profile_module.ProfileOptions(duration_s=0.2, max_tokens=4, prompts=("a b c",))
+    with serving(EmptyStreamTriton) as url:
+        client = (EnsembleClient(SimpleNamespace(http_url=url), timeout=10) if contract == "ensemble"
+                  else LlmapiClient(url, timeout=10))
+        load = profile_module.drive(client, options)
+    assert load["completed"] == 0 and load["failed"] == load["requests"] > 0 and load["errors"] == [EMPTY_STREAM]
+    rendered = profile_module.ProfileResult(Path("out"), "torch", load, files=["trace.json.gz"]).render()
+    assert f"{load['failed']} failed ({EMPTY_STREAM})" in rendered
 
 
 # ------------------------------------------------------------------------------------------------ NVTX ranges

@@ -115,6 +115,10 @@ class Answer:
     (Answer(400, {"error": "in ensemble 'ensemble', Stub process 'tensorrt_llm_0_0' is not healthy."}),
      "Stub process 'tensorrt_llm_0_0' is not healthy"),
     (Answer(400, {"error": "Exceeds maximum queue size"}), None),            # shed: busy, alive
+    # no model answered: Triton says so with HTTP 200 (docs/upstream-facts.md §C)
+    (Answer(200, {"error": "generate expects model to produce exactly 1 response, use generate stream for model "
+                           "that generates various number of responses"}),
+     "answered 200 without a text_output: {\"error\": \"generate expects model to produce exactly 1 response"),
     (Answer(400, {"error": "the server is shutting down and accepts no new requests"}), None),
     (requests.Timeout("slow"), None),
     (requests.ConnectionError("refused"), "does not answer"),

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 from google.protobuf import text_format
+from support.http import EmptyStreamTriton, serving
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.cli import main
@@ -200,11 +203,14 @@ def test_quantized_golden_reports_token_agreement(triton_pool, tmp_path):
     assert not checks_of(report)["golden"].passed  # 4 of 8: 50% < 70%
 
 
-def test_no_reference_fails_golden_and_says_to_pass_one(triton_pool, tmp_path):
+def test_no_reference_skips_golden_and_says_to_pass_one(triton_pool, tmp_path):
+    """A repository from elsewhere has no model to compare with: a skip naming the flag, not a failed deployment."""
     report = validate_repository(FIXTURE_REPO, tmp_path / "out", options(golden=None),
                                  **served(triton_pool, FIXTURE_REPO))
-    assert not checks_of(report)["golden"].passed
-    assert "--golden" in checks_of(report)["golden"].fix
+    golden = checks_of(report)["golden"]
+    assert golden.skipped and not golden.passed and not golden.failed
+    assert "--golden" in golden.fix
+    assert report.passed == all(c.passed for c in report.checks if c.name != "golden")
 
 
 def test_config_that_differs_from_the_served_one_is_named(triton_pool, tmp_path):
@@ -305,6 +311,62 @@ def attempt(client) -> str:
         return "shed"
     except RequestFailed:
         return "failed"
+
+
+# ------------------------------------------------------------------------------ a stream without any event
+
+
+@pytest.mark.parametrize("contract", ["ensemble", "llmapi"])
+def test_a_stream_without_any_event_is_a_failed_request_to_each_client_and_the_load_test(contract):
+    """Triton's 200 without any event when no model answered (docs/upstream-facts.md §C): each contract's client
+    reports a failed request, never an empty answer; the load test (validate's, and tune's builtin generator)
+    counts it failed and says why; the tally leaves the metrics check room for Triton's success count."""
+    from pipeline.validate import EnsembleClient, run_level
+    from pipeline.validate.client import EMPTY_STREAM, Tally
+    from pipeline.validate.llmapi import LlmapiClient
+
+    with serving(EmptyStreamTriton) as url:
+        client = (EnsembleClient(SimpleNamespace(http_url=url), timeout=10) if contract == "ensemble"
+                  else LlmapiClient(url, timeout=10))
+        streamed = client.generate_stream("a b c", 4)
+        level = run_level(client, ("a b c",), max_tokens=4, concurrency=2, requests_per_client=2)
+    assert streamed.error == EMPTY_STREAM and streamed.pieces == [] and not streamed.overloaded
+    assert level["completed"] == level["shed"] == 0 and level["failed"] == level["requests"] == 4
+    assert level["errors"] == [EMPTY_STREAM]
+    assert client.tally == Tally(unclassified=5)
+
+
+@pytest.mark.slow
+def test_triton_answers_a_stream_no_model_answered_with_200_and_no_event(tiny_cpu_server):
+    """docs/upstream-facts.md §C, Triton 2.51 on a repository trtpipe deployed: a request without text_input whose
+    other inputs make up the ensemble's required count runs no model; generate_stream answers 200 without any event
+    (generate: 200 with an error body) and Triton counts the ensemble's success. Too few inputs is the 400 naming
+    text_input. validate's client reports a failed request, and its metrics check accepts Triton's count. This
+    test fails when Triton's behaviour changes."""
+    import requests
+
+    from pipeline.validate import EnsembleClient
+    from pipeline.validate.client import EMPTY_STREAM, Tally
+    from pipeline.validate.metrics import FAILURE, SUCCESS, check_metrics, counts_before, read_counts
+
+    url, body = f"{tiny_cpu_server.http_url}/v2/models/ensemble", {"max_tokens": 4, "stream": True}
+    metrics_url = tiny_cpu_server.endpoints.metrics_url
+    client = EnsembleClient(tiny_cpu_server, timeout=60)
+    before = counts_before(metrics_url)
+    streamed = client.generate_stream("", 4, body=body)
+    assert streamed.error == EMPTY_STREAM and client.tally == Tally(unclassified=1)
+    deadline = time.monotonic() + 10
+    while (after := read_counts(metrics_url))[SUCCESS] == before[SUCCESS] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (after[SUCCESS] - before[SUCCESS], after[FAILURE] - before[FAILURE]) == (1, 0)
+    assert check_metrics(client, metrics_url, before).passed
+    empty = requests.post(f"{url}/generate_stream", json=body, timeout=60)
+    assert empty.status_code == 200 and empty.content == b""
+    assert empty.headers["Content-Type"].startswith("text/event-stream")
+    plain = requests.post(f"{url}/generate", json=body, timeout=60)
+    assert plain.status_code == 200 and "expects model to produce exactly 1 response" in plain.json()["error"]
+    few = requests.post(f"{url}/generate_stream", json={"max_tokens": 4}, timeout=60)
+    assert few.status_code == 400 and "missing required input(s) ['text_input']" in few.text
 
 
 def test_prometheus_text_is_parsed_and_the_ensembles_failures_summed_over_reasons():

@@ -11,6 +11,10 @@ learns from a response with 400; only errors found before the request is queued 
 So the client tells overload from a bad request by status 503/429 or by Triton's message
 (`is_overload`), and raises `Overloaded` / sets `StreamResult.overloaded` for it.
 
+A generate_stream answered HTTP 200 without any event is a failed request, never an empty answer
+(`generate_stream_events`, `EMPTY_STREAM`): Triton 2.51 answers so when its decoupled ensemble finished without
+running a model, as for a request without text_input whose other inputs make up the required count.
+
 Every request is tallied (`Tally`) as Triton's metrics should count it, for the metrics check.
 """
 
@@ -49,6 +53,9 @@ QUEUE_FULL = "Exceeds maximum queue size"
 #: Triton prefixes every error that went through the ensemble scheduler with this (ensemble_scheduler.cc
 #: FinishEnsemble); errors without it were refused by the frontend and never reach the ensemble's metrics.
 ENSEMBLE_ERROR = f"in ensemble '{ENSEMBLE}'"
+#: the error of a generate_stream answered 200 without any event: Triton's answer when no model answered (its
+#: decoupled ensemble finished without running a step, which it counts as a success; docs/upstream-facts.md §C)
+EMPTY_STREAM = "generate_stream answered 200 without any event: no model answered (is text_input missing?)"
 
 
 def is_overload(status: int | None, message: str) -> bool:
@@ -64,8 +71,8 @@ class Tally:
     failed: int = 0        # failed inside the ensemble (bad requests the models refused, shed requests)
     refused: int = 0       # refused by Triton's frontend before the ensemble ran (not counted in its metrics)
     unanswered: int = 0    # no complete answer (timeout, dropped connection): counted either way or not yet
-    #: failed where the answer does not say whether the model ran (one model, no ensemble name in its errors):
-    #: counted or not
+    #: failed where the answer does not say whether the model ran (one model, no ensemble name in its errors; a
+    #: stream without any event, which Triton 2.51 counts as the ensemble's success): counted or not
     unclassified: int = 0
 
     def add(self, error: str | None, answered: bool = True, names_ensemble: bool = True) -> None:
@@ -73,7 +80,7 @@ class Tally:
             self.unanswered += 1
         elif error is None:
             self.succeeded += 1
-        elif not names_ensemble:
+        elif not names_ensemble or error == EMPTY_STREAM:
             self.unclassified += 1
         elif ENSEMBLE_ERROR in error:
             self.failed += 1
@@ -229,8 +236,6 @@ class EnsembleClient(TallyingClient):
         except (requests.RequestException, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
             return result, None
-        if not result.pieces:
-            result.error = "generate_stream ended without any event"
         return result, response.status_code
 
     def healthy(self) -> bool:
@@ -304,7 +309,12 @@ class EnsembleClient(TallyingClient):
 
 
 def generate_stream_events(response) -> Iterator[dict]:
-    """The JSON events of a Triton generate_stream answer: its server-sent `data:` lines."""
+    """The JSON events of a Triton generate_stream answer: its server-sent `data:` lines. A stream without any reads
+    as one error event (`EMPTY_STREAM`): a failed request, never an empty answer."""
+    empty = True
     for line in response.iter_lines():
         if line.startswith(b"data:"):
+            empty = False
             yield json.loads(line[5:])
+    if empty:
+        yield {"error": EMPTY_STREAM}
