@@ -23,6 +23,7 @@ from pipeline.plan.feedback import (
     Correction,
     LevelLoad,
     Measurements,
+    annotate,
     check_same_deployment,
     correct,
     measured_on,
@@ -214,6 +215,22 @@ def test_inflight_batching_with_aic_estimates_each_level(no_aic, monkeypatch):
     assert (fixed.correction["prefill"], fixed.correction["decode"]) == (pytest.approx(1.5), pytest.approx(0.8))
     assert (fixed.ttft_s, fixed.tpot_s) == (pytest.approx(0.075), pytest.approx(0.016))
     assert fixed.output_tokens_per_s == pytest.approx(900.0 / 0.8)
+
+
+def test_one_client_of_a_gpu_plan_is_predicted_its_prefill_alone():
+    """What tune records beside its first trial's first level (one client): the prefill alone at the engine's
+    max_num_tokens (chunked here: the plan chose 1024 for a batch of 8), not AIC's serving TTFT, which multiplies
+    it by a queueing factor for requests arriving together."""
+    pytest.importorskip("aiconfigurator_core", reason="the AIC path needs aiconfigurator-core (README setup)")
+    plan = make_plan(resolve_model_info("llama-2-7b"), get_target("l40s"), "fp8",
+                     workload=Workload(input_len=2048, output_len=16, concurrency=8))
+    p = plan.performance
+    assert (p.batch, p.max_num_tokens) == (8, 1024) and p.ttft_s > 3 * p.prefill_s
+    level = {"concurrency": 1, "requests": 4, "completed": 4, "output_tokens": 64, "output_tokens_per_s": 50.0,
+             "ttft_ms": {"p50": 100.0}, "itl_ms": {"p50": 12.0}}
+    predicted = annotate(level, plan, 2048, p.batch, p.max_num_tokens)["predicted"]
+    assert predicted["ttft_ms"] == pytest.approx(p.prefill_s * 1e3)
+    assert predicted["output_tokens_per_s"] == pytest.approx(15 / (p.prefill_s + 15 * predicted["tpot_ms"] / 1e3))
 
 
 # ------------------------------------------------------------------------------------------- the correction

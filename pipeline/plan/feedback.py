@@ -13,19 +13,19 @@ sequence and token of its context: `decode_step`), and from how its backend batc
   and each group's clients resubmit while the other generates: measured by benchmarks/bench_cpu_prediction.py).
   The medians are the larger group's: TTFT = (c - 1) x prefill + the lone request's round (prefill + (output - 1)
   x step(1)); TPOT = step(c - 1); tokens/s = c x output / both rounds. One client: TTFT = prefill, TPOT = step(1).
-- in flight (an engine; the cpu target's reference runtime): where the plan has aiconfigurator-core figures
-  (measured or derived), AIC's serving estimate at that batch and those lengths; else, with b = min(c, max_batch)
-  sequences running, trtpipe's speed-of-light bound (TTFT = prefill + the rounds ahead when c > max_batch, TPOT =
-  step(b), tokens/s = b / step(b)), or for the timed cpu plan the same with every admitted prompt's prefill
-  charged to the batch it joins (the cpu runtimes compute a joining prompt within a decode step of the running
-  rows, one prompt a step, which then lasts about a prefill longer: the weights read once for both save about a
-  batch-1 step, which the model leaves out): a round of b requests is b x prefill + (output - 1) x step(b),
-  TPOT = step(b) + (b - 1) x prefill / (output - 1), tokens/s = b x output / the round; TTFT = (b + 1) / 2 x
-  prefill + the rounds ahead: closed-loop clients of one output length end together and resubmit together, and
-  their prompts are computed one a step, each streaming its first token in the step that computes it (the j-th
-  waits j prefills). The prefill charged to the running rows is the runtime's own (the timed phase, never the
-  prefill correction): a request's TTFT also holds its path through the server (HTTP, the ensemble's tokenizer)
-  which the rows already decoding do not wait for.
+- in flight (an engine; the cpu target's reference runtime): where the plan has aiconfigurator-core figures (measured
+  or derived), AIC's serving estimate at that batch and those lengths (one client: its prefill alone,
+  `performance.one_sequence`); else, with b = min(c, max_batch) sequences running, trtpipe's speed-of-light bound
+  (TTFT = prefill + the rounds ahead when c > max_batch, TPOT = step(b), tokens/s = b / step(b)), or for the timed cpu
+  plan the same with every admitted prompt's prefill charged to the batch it joins (the cpu runtimes compute a joining
+  prompt within a decode step of the running rows, one prompt a step, which then lasts about a prefill longer: the
+  weights read once for both save about a batch-1 step, which the model leaves out): a round of b requests is b x
+  prefill + (output - 1) x step(b), TPOT = step(b) + (b - 1) x prefill / (output - 1), tokens/s = b x output / the
+  round; TTFT = (b + 1) / 2 x prefill + the rounds ahead: closed-loop clients of one output length end together and
+  resubmit together, and their prompts are computed one a step, each streaming its first token in the step that
+  computes it (the j-th waits j prefills). The prefill charged to the running rows is the runtime's own (the timed
+  phase, never the prefill correction): a request's TTFT also holds its path through the server (HTTP, the ensemble's
+  tokenizer) which the rows already decoding do not wait for.
 
 `correct` fits one correction per phase to measured levels: decode = the median of measured ITL p50 / predicted
 TPOT (less the prefills it charges), then prefill = the median factor that makes the TTFT p50 of the levels whose

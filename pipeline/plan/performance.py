@@ -4,11 +4,13 @@ AIConfigurator models TensorRT-LLM serving from kernel timings NVIDIA measured o
 h100, h200 with TensorRT-LLM 1.3.0rc20 data, a100-80g with 1.0.0). For a plan it gives, at the plan's batch,
 ISL/OSL, precision, KV-cache dtype and tp/pp:
 
-- `prefill_s`: one request's prefill (its TTFT alone on the GPU);
+- `prefill_s`: one request's prefill alone on the GPU, as TensorRT-LLM schedules it: the whole prompt in one step
+  when max_num_tokens holds it, else chunk after chunk (`prefill_alone_ms`);
 - `decode_step_s`: one decode step of the whole batch, at the mean context of the output;
 - `ttft_s`, `tpot_s`, `output_tokens_per_s`: serving with in-flight batching (AIC's `agg` mode: each iteration
   carries the batch's decode tokens plus prefill chunks up to max_num_tokens, so TTFT grows with load and the
-  throughput pays for the prefills);
+  throughput pays for the prefills); at batch 1 (one closed-loop client, who waits behind no other request) the
+  TTFT is the prefill alone (`one_sequence`);
 - the memory it needs (weights, activations, KV cache of the batch, the runtime's other 3.5 GiB) and whether that
   fits the card's usable memory.
 
@@ -22,9 +24,9 @@ scaled by the prefill and decode-step ratios. docs/planner.md states the assumpt
 derived from h100 against AIC's own h200 data).
 
 Each `Estimate` says what it is (`source`: measured | derived | speed-of-light) and carries AIC's speed-of-light
-figures beside the measured ones. Without aiconfigurator-core, or for what it has no data for (INT8 SmoothQuant,
-an architecture it does not model), the plan keeps trtpipe's own speed-of-light bound and says why. AIC is
-imported only here, on first use (import and data cost: docs/planner.md).
+figures beside the measured ones; Mistral is planned through AIC's Llama model (`AIC_ARCHITECTURES`). Without
+aiconfigurator-core, or for what it has no data for (INT8 SmoothQuant, an architecture it does not model), the plan
+keeps trtpipe's own speed-of-light bound and says why. AIC is imported only here, on first use (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import functools
 import json
 import logging
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..arch import ModelArch
@@ -52,6 +54,9 @@ TIMED_SOURCE = "timed"
 #: AIC's quantization names for trtpipe's precisions (16-bit GEMMs are modelled as bfloat16; no fp16 data)
 GEMM_MODES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "bfloat16"}
 KV_MODES = {"fp8": "fp8", "int8": "int8", "bfloat16": "bfloat16", "float16": "bfloat16"}
+#: architectures AIC does not model by name -> the one it models with the same decoder layer (Mistral-7B: Llama's
+#: GQA attention and SwiGLU MLP; AIC's Llama model reads every shape from the config it is given)
+AIC_ARCHITECTURES = {"MistralForCausalLM": "LlamaForCausalLM"}
 GIB = 1 << 30
 
 
@@ -117,9 +122,10 @@ def database(system: str, version: str, mode: str = "SILICON"):
 
 
 def hf_config(arch: ModelArch) -> dict:
-    """The Hugging Face config.json AIC reads a model from."""
-    cfg = {"architectures": [arch.architecture], "hidden_size": arch.hidden_size,
-           "intermediate_size": arch.intermediate_size, "num_hidden_layers": arch.num_hidden_layers,
+    """The Hugging Face config.json AIC reads a model from (under the name of the architecture it models it as)."""
+    cfg = {"architectures": [AIC_ARCHITECTURES.get(arch.architecture, arch.architecture)],
+           "hidden_size": arch.hidden_size, "intermediate_size": arch.intermediate_size,
+           "num_hidden_layers": arch.num_hidden_layers,
            "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_key_value_heads,
            "head_dim": arch.head_size, "vocab_size": arch.vocab_size,
            "max_position_embeddings": arch.max_position_embeddings, "rope_theta": arch.rotary_base,
@@ -127,7 +133,22 @@ def hf_config(arch: ModelArch) -> dict:
            "tie_word_embeddings": arch.tie_word_embeddings, "torch_dtype": "bfloat16"}
     if arch.rotary_scaling:
         cfg["rope_scaling"] = arch.rotary_scaling
+    if arch.sliding_window:
+        cfg["sliding_window"] = arch.sliding_window
     return cfg
+
+
+def model_basis(point: Workpoint) -> str:
+    """How AIC models the plan's architecture when not by its own name ("" when it does)."""
+    arch = point.arch
+    stand_in = AIC_ARCHITECTURES.get(arch.architecture)
+    if stand_in is None:
+        return ""
+    context, window = point.isl + point.osl, arch.sliding_window
+    beyond = (f"; its attention ignores the {window}-token sliding window, so at this {context}-token context it is "
+              "full attention's (an upper bound)" if window and context > window else "")
+    return (f"; {arch.architecture} through AIC's {stand_in} model on its own config (the same GEMM and attention "
+            f"shapes){beyond}")
 
 
 def aic_model(point: Workpoint):
@@ -178,6 +199,22 @@ def agg_run(model, db, point: Workpoint):
                                          max_num_tokens=point.max_num_tokens, free_gpu_memory_fraction=0.9)
 
 
+def context_ms(model, db, tokens: int, prefix: int) -> float:
+    """One request's context phase over `tokens` prompt tokens whose first `prefix` are in the KV cache already."""
+    _, config, get_backend, _ = aic()
+    runtime = config.RuntimeConfig(batch_size=1, beam_width=1, isl=tokens, osl=1, prefix=prefix)
+    ms, = summary_ms(get_backend("trtllm").run_static(model, db, runtime, mode="static_ctx"), "ttft")
+    return ms
+
+
+def prefill_alone_ms(model, db, point: Workpoint) -> float:
+    """One request's prefill alone on the GPU as TensorRT-LLM schedules it: the whole prompt in one step when
+    max_num_tokens holds it, else (chunked context) chunks of max_num_tokens, each attending to the KV cache of
+    the chunks before it."""
+    chunk = min(point.max_num_tokens, point.isl)
+    return sum(context_ms(model, db, min(start + chunk, point.isl), start) for start in range(0, point.isl, chunk))
+
+
 def summary_ms(result, *keys: str) -> list[float]:
     row = result.get_summary_df().iloc[0]
     return [float(row[k]) for k in keys]
@@ -197,7 +234,7 @@ def measured_estimate(target: Target, point: Workpoint) -> Estimate:
     system, version = MEASURED[target.name]
     model = aic_model(point)
     db = database(system, version)
-    prefill, = summary_ms(static_run(model, db, point, 1), "ttft")
+    prefill = prefill_alone_ms(model, db, point)
     step, = summary_ms(static_run(model, db, point, point.batch), "tpot")
     serving = agg_run(model, db, point)
     served = serving.get_result_dict()
@@ -206,12 +243,13 @@ def measured_estimate(target: Target, point: Workpoint) -> Estimate:
     sol_step, = summary_ms(static_run(model, sol, point, point.batch), "tpot")
     memory = memory_of(serving)    # sized as in-flight batching sizes it: activations for max_num_tokens
     capacity = target.memory_bytes  # what the card reports (AIC's own figure is the marketing one for some)
-    return Estimate(
-        source=MEASURED_SOURCE, basis=f"aiconfigurator-core {AIC_VERSION}, {system} TensorRT-LLM {version} kernel data",
+    return one_sequence(point, Estimate(
+        source=MEASURED_SOURCE,
+        basis=f"aiconfigurator-core {AIC_VERSION}, {system} TensorRT-LLM {version} kernel data{model_basis(point)}",
         prefill_s=prefill / 1e3, decode_step_s=step / 1e3, ttft_s=float(served["ttft"]) / 1e3,
         tpot_s=float(served["tpot"]) / 1e3, output_tokens_per_s=float(served["tokens/s/gpu"]) * point.tp * point.pp,
         memory_bytes=memory, capacity_bytes=capacity, out_of_memory=memory["total"] > capacity,
-        speed_of_light={"prefill_s": sol_prefill / 1e3, "decode_step_s": sol_step / 1e3})
+        speed_of_light={"prefill_s": sol_prefill / 1e3, "decode_step_s": sol_step / 1e3}))
 
 
 def op_times(handle, model, point: Workpoint, phase: str, batch: int) -> list[tuple[str, float]]:
@@ -312,15 +350,17 @@ def derived_estimate(target: Target, source_target: str, point: Workpoint) -> Es
     tpot_ratio = serving_step_ratio(handle, point, float(served["tpot"]), dec_src,
                                     dec / dec_src, prefill_ratio)
     memory = memory_of(serving)    # the same bytes on the derived card; only the capacity differs
-    return Estimate(
+    alone = pre if point.max_num_tokens >= point.isl else \
+        pre * prefill_alone_ms(model, db, point) / context_ms(model, db, point.isl, 0)   # the chunks' share
+    return one_sequence(point, Estimate(
         source=DERIVED_SOURCE,
         basis=(f"aiconfigurator-core {AIC_VERSION} {system} TensorRT-LLM {version} kernel data, each operation scaled "
-               f"by {target.name}/{source_target} speed-of-light ratios (docs/planner.md)"),
-        prefill_s=pre / 1e3, decode_step_s=dec / 1e3, ttft_s=float(served["ttft"]) * prefill_ratio / 1e3,
+               f"by {target.name}/{source_target} speed-of-light ratios (docs/planner.md){model_basis(point)}"),
+        prefill_s=alone / 1e3, decode_step_s=dec / 1e3, ttft_s=float(served["ttft"]) * prefill_ratio / 1e3,
         tpot_s=float(served["tpot"]) * tpot_ratio / 1e3,
         output_tokens_per_s=float(served["tokens/s/gpu"]) * point.tp * point.pp / tpot_ratio,
         memory_bytes=memory, capacity_bytes=target.memory_bytes, out_of_memory=memory["total"] > target.memory_bytes,
-        speed_of_light={"prefill_s": pre_sol / 1e3, "decode_step_s": dec_sol / 1e3})
+        speed_of_light={"prefill_s": pre_sol / 1e3, "decode_step_s": dec_sol / 1e3}))
 
 
 def serving_step_ratio(handle, point: Workpoint, tpot_ms: float, decode_ms: float, decode_ratio: float,
@@ -347,6 +387,18 @@ def estimate(target: Target, point: Workpoint) -> Estimate:
         if target.name in DERIVED_FROM:
             return derived_estimate(target, DERIVED_FROM[target.name], point)
     raise NotModelled(f"no measured chip of {target.name}'s architecture in aiconfigurator-core")
+
+
+def one_sequence(point: Workpoint, found: Estimate) -> Estimate:
+    """`found` as in-flight batching of one sequence serves it (unchanged for a larger batch): one closed-loop client,
+    whose request waits behind no other. AIC's agg TTFT is the prefill times a queueing factor for requests that
+    arrive together (1.9 for a prompt in one chunk), and its throughput charges the prompt one mixed step of
+    ctx_tokens however many chunks it takes; here the TTFT is the prefill alone and the output tokens/s AIC's
+    (output - 1) tokens over that prefill and the decode steps."""
+    if point.batch > 1:
+        return found
+    steps_s = found.prefill_s + (point.osl - 1) * found.tpot_s
+    return replace(found, ttft_s=found.prefill_s, output_tokens_per_s=(point.osl - 1) / steps_s if steps_s else 0.0)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """The batch and max_num_tokens of an engine plan, chosen with the performance model (`performance`): the most
-output tokens/s that fit aiconfigurator-core's memory estimate and the workload's P99 budget. Without AIC, or
-without its data for the plan, trtpipe's own choice stands and the plan states its speed-of-light bound."""
+output tokens/s that fit aiconfigurator-core's memory estimate and the workload's P99 budget, and what a
+max_num_tokens below the prompt costs a lone request (`chunking_cost`). Without AIC, or without its data for the plan,
+trtpipe's own choice stands and the plan states its speed-of-light bound."""
 
 from __future__ import annotations
 
@@ -72,7 +73,26 @@ def plan_serving(request: PlanRequest, point: Workpoint, chunked: bool, max_seq_
     performance.notes.append(f"max_num_tokens {chosen.max_num_tokens}: the most output tokens/s of "
                              f"{', '.join(map(str, token_options))} at this batch"
                              + (" within the P99 budget" if workload.p99_latency_s else ""))
+    if chosen.max_num_tokens < chosen.isl:
+        performance.notes.append(chunking_cost(target, chosen, found))
     return chosen, performance, warnings
+
+
+def chunking_cost(target: Target, chosen: Workpoint, found) -> str:
+    """What a max_num_tokens below the prompt costs (or, at long prompts, saves) a lone request's TTFT, its prefill
+    in chunks that each read the weights again and attend to the ones before, and what one holding the prompt
+    gives."""
+    whole = next((t for t in TOKEN_CHOICES if t >= chosen.isl), chosen.isl)
+    other = estimate(target, replace(chosen, max_num_tokens=whole))
+    chunks = -(-chosen.isl // chosen.max_num_tokens)
+    cost_ms = (found.prefill_s - other.prefill_s) * 1e3
+    fits = "" if not other.out_of_memory else ", but does not fit aiconfigurator-core's memory estimate"
+    return (f"max_num_tokens {chosen.max_num_tokens} prefills the {chosen.isl}-token prompt in {chunks} chunks: a "
+            f"request alone waits {found.prefill_s * 1e3:.1f} ms for its first token, {abs(cost_ms):.1f} ms "
+            f"{'more' if cost_ms >= 0 else 'less'} than in one step with max_num_tokens {whole} "
+            f"({other.prefill_s * 1e3:.1f} ms), which at batch {chosen.batch} gives TTFT {other.ttft_s * 1e3:.0f} ms "
+            f"and {other.output_tokens_per_s:.0f} output tokens/s (this plan: {found.ttft_s * 1e3:.0f} ms, "
+            f"{found.output_tokens_per_s:.0f}){fits}")
 
 
 def smaller_batch_reason(target: Target, point: Workpoint, chosen: Workpoint, found, workload: Workload) -> str:
