@@ -113,7 +113,7 @@ def main() -> None:
         "cp": (["cp", "-r", str(src), str(work / "copy")], work / "copy"),
         "one-file": (["sh", "-c", f"mkdir {work / 'one'} && cat {shards} > {work / 'one' / 'rank0'}"], work / "one"),
         "convert": ([sys.executable, "-m", "pipeline.cli", "convert", str(src), "-o", str(work / "ckpt"),
-                     "--dtype", "float16"], work / "ckpt"),
+                     "--precision", "fp16"], work / "ckpt"),
     }
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
     order = list(commands)

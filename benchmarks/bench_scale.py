@@ -150,7 +150,7 @@ def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str
         for target in (work / "cp", work / "ckpt"):
             shutil.rmtree(target, ignore_errors=True)
         cp_times.append(run(["cp", "-r", str(hf), str(work / "cp")])[0])
-        seconds, rss, _ = run([trtpipe, "convert", str(hf), "-o", str(work / "ckpt"), "--dtype", "float16"])
+        seconds, rss, _ = run([trtpipe, "convert", str(hf), "-o", str(work / "ckpt"), "--precision", "fp16"])
         conv_times.append(seconds)
         conv_rss = max(conv_rss, rss)
     shutil.rmtree(work / "cp")
@@ -164,7 +164,7 @@ def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str
     if "calibrate" in stages:
         calibrate(work, cfg, shape, trtpipe, goal)
     if "eval" in stages:
-        seconds, rss, out = run([trtpipe, "eval", str(work / "ckpt"), "--max-samples", "4", "--json", "--device",
+        seconds, rss, out = run([trtpipe, "eval", str(work / "ckpt"), "--eval-samples", "4", "--json", "--device",
                                  "cpu"])
         print(f"eval, 4 documents: {seconds:.0f} s, {json.loads(out.strip().splitlines()[-1])}; peak RSS "
               f"{gib(rss)} (goal <= {gib(goal)})", flush=True)

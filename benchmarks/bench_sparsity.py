@@ -108,7 +108,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-sparsity-"))
     ck, sparse, kd = work / "ck", work / "ck24", work / "ck24-kd"
-    trtpipe("convert", "smollm2-135m", "-o", str(ck), "--dtype", "float32")
+    trtpipe("convert", "smollm2-135m", "-o", str(ck), "--precision", "fp32")
     data = ["--samples", str(args.samples), "--seq-len", str(args.seq_len)]
     pruned = trtpipe("sparsify", str(ck), "-o", str(sparse), *data, "--eval-samples", str(args.eval))
     dense = pruned["perplexity"]["dense"]

@@ -85,6 +85,10 @@ class Packaged:
     sha256: str = ""
     signed_by: str | None = None      # the signing key's id
 
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "files": self.files, "bytes": self.bytes, "sha256": self.sha256,
+                "signed_by": self.signed_by, "artifact": self.artifact}
+
     def summary(self) -> str:
         a = self.artifact
         return (f"wrote {self.path}: {self.files} files, {self.bytes / 1e6:.1f} MB; target {a['target']} "

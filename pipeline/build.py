@@ -7,23 +7,31 @@
     OUT/hf/                       export (the pytorch backend at fp16/bf16, or a sparse build's golden reference:
                                   the float checkpoint as a HF model)
     OUT/plan.json                 plan
-    OUT/engine/                   compile (the engine backend; --dry-run or no GPU: the command and build config)
+    OUT/engine/                   compile (the engine backend; with --checkpoints-on-cpu and --dry-run or no GPU:
+                                  the command and build config)
     OUT/model_repo/               deploy
     OUT/validation/               validate (the embedded Triton for the reference backends, or --url)
     OUT/build.json                the summary: where everything is, sizes, times, the verdict
 
 The backend (--backend, else the target's default; pipeline.backends) decides what is built between plan
 and deploy, which checkpoint is deployed and whether the embedded server can validate. An engine backend's
-repository is deployed only for an engine that was built (or, with --dry-run, as the preview it asks for).
-When the engine is not built the build stops after compile, writes build.json and says why: trtllm-build
-failed (exit 1, with its last lines), or this machine has no GPU / TensorRT-LLM 1.2.x (exit 2: the command
-is written; --dry-run is the way to ask for only that).
+repository is deployed only for an engine that was built (or, with --checkpoints-on-cpu --dry-run, as the preview
+it asks for). When the engine is not built the build stops after compile, writes build.json and says why:
+trtllm-build failed (exit 1, with its last lines), or (--checkpoints-on-cpu) this machine has no GPU / TensorRT-LLM
+1.2.x (exit 2: the command is written; adding --dry-run asks for only that, exit 0).
+
+A GPU target's checkpoints are made on the GPU machine. There, or anywhere, `--dry-run` answers from the
+architecture alone (`preview_build`, pipeline.build_preview): the plan, each stage as its own command, the
+download and each stage's estimated time on this machine; nothing is downloaded, converted or written. Without
+what the build needs (a CUDA GPU; TensorRT-LLM 1.2.x for an engine) it stops with exit 2 before any of that,
+naming what is missing, the dry run and `--checkpoints-on-cpu`: the explicit choice of downloading, converting
+and calibrating on this machine's CPU, which says what that costs before it starts and then builds as above.
 
 The pytorch backend (TensorRT-LLM's LLM API) has no compile stage: it serves a Hugging Face model, the
 Hugging Face twin of the build's checkpoint (calibrate --format both for fp8, the `export` stage for
 fp16/bf16, so a GGUF source is served dequantized in the plan's dtype), planned from the source model.
-Nothing it builds needs a GPU, so it deploys on any machine; serving it needs a GPU and TensorRT-LLM, so
-without --url nothing is served or validated and the verdict says so.
+Nothing it builds needs TensorRT-LLM, so with --checkpoints-on-cpu it deploys on any machine; serving it needs a
+GPU and TensorRT-LLM, so without --url nothing is served or validated and the verdict says so.
 """
 
 from __future__ import annotations
@@ -31,15 +39,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import TRTLLM_VERSION
 from .backends.names import HF_CHECKPOINT
 from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
-from .outputs import portable
+from .outputs import portable, write_atomic
 from .plan.schema import Workload
+from .precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
+
+if TYPE_CHECKING:
+    from .build_preview import BuildPreview, Step
+    from .plan.schema import ModelInfo
 
 QUANTIZED = ("fp8", "int8-sq")
 #: Held-out documents for the before/after perplexity in a build's calibration report: fewer than
@@ -68,6 +82,7 @@ class BuildOptions:
     backend: str | None = None                # None: the target's default (engine on GPUs, reference on cpu)
     sparsity: str | None = None               # "2:4": sparsify the converted checkpoint (None: dense)
     distill_tokens: int | None = None         # with sparsity: distill the sparse checkpoint on this many tokens
+    checkpoints_on_cpu: bool = False          # a GPU target's checkpoints made on this machine's CPU, without a GPU
 
 
 @dataclass
@@ -88,12 +103,16 @@ class BuildSummary:
     verdict: str = "not validated"
     passed: bool | None = None
     tool_output: str = ""   # the failing tool's last lines
+    preview: BuildPreview | None = None   # a GPU target's dry run: what the build would do (no stage ran)
 
     def to_dict(self) -> dict:
         return {"options": self.options, "stages": [asdict(s) for s in self.stages], "verdict": self.verdict,
-                "passed": self.passed, "tool_output": self.tool_output}
+                "passed": self.passed, "tool_output": self.tool_output,
+                **({"preview": self.preview.to_dict()} if self.preview else {})}
 
     def render(self) -> str:
+        if self.preview is not None:
+            return f"{self.preview.render()}\nvalidation: {self.verdict}"
         lines = [f"{'stage':<10} {'status':<9} {'time':>7} {'size':>10}  output"]
         for s in self.stages:
             size = f"{s.bytes / 1e6:.1f} MB" if s.bytes else ""
@@ -105,8 +124,17 @@ class BuildSummary:
         return "\n".join(lines)
 
     def save(self, out: Path) -> None:
-        """OUT/build.json, its paths relative to OUT (it names nothing of this machine: see outputs.portable)."""
-        (out / "build.json").write_text(json.dumps(portable(self.to_dict(), out), indent=2) + "\n")
+        """OUT/build.json, its paths relative to OUT wherever the build ran from (it names nothing of this
+        machine: see outputs.portable), and SUMMARY.md, the same for a person."""
+        from .build_summary import summary_markdown
+
+        record = self.to_dict()
+        for stage in record["stages"]:
+            stage["path"] = str(Path(stage["path"]).absolute())
+        record["options"]["out"] = str(Path(out).absolute())
+        record = portable(record, Path(out).absolute())
+        write_atomic(out / "build.json", json.dumps(record, indent=2) + "\n")
+        write_atomic(out / "SUMMARY.md", summary_markdown(record))
 
 
 def same_plan(path: Path, plan) -> bool:
@@ -143,6 +171,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     check_compression(options)
     target = get_target(options.target)  # an unknown target or a backend that cannot serve it fails before any work
     backend = backend_serving(options.backend, target)
+    options = checkpoints_here(options, target)
     source = resolve_model(options.model, options.model_dir)
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
@@ -157,11 +186,21 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
             + (f" ({detail})" if detail else ""))
 
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
-    preview = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
+    planned = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
                         workload=options.workload, backend=backend.name)
     hf = backend.checkpoint_format == HF_CHECKPOINT
 
-    dtype = backend.checkpoint_dtype(preview)
+    dtype = backend.checkpoint_dtype(planned)
+    if target.is_gpu and not options.checkpoints_on_cpu:
+        if options.dry_run:
+            summary.preview = preview_build(options, source, target, backend, dtype)
+            summary.verdict = "not validated: dry run (nothing was downloaded, converted or written)"
+            return summary
+        refuse_without_gpu(options, source, target, backend, dtype)
+    elif options.checkpoints_on_cpu:
+        say("--checkpoints-on-cpu: making the checkpoints here on the CPU: "
+            + preview_build(options, source, target, backend, dtype).checkpoint_cost()
+            + " (estimates: --dry-run says what they rest on)")
     made = make_checkpoints(source, out, dtype, hf, options, record)
     checkpoint, served = made.checkpoint, made.served
 
@@ -193,7 +232,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
             summary.verdict = f"not validated: the engine was not built here ({compiled.reason}); nothing deployed"
             summary.save(out)
             raise UserError(f"{not_built_here_message(compiled, plan)}. The build stopped before deploy (there "
-                            "is no engine to serve); pass --dry-run to do only what needs no GPU")
+                            "is no engine to serve); with --checkpoints-on-cpu, --dry-run stops there with exit 0")
         engine = compiled.engine_dir
 
     started = time.monotonic()
@@ -343,9 +382,9 @@ def run_calibration(checkpoint: Path, out: Path, options: BuildOptions, hf_expor
     from .calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 
     recipe = resolve_recipe(options.calibration_dataset, samples=options.calibration_samples)
-    kv = options.kv_cache if options.kv_cache in ("fp8", "int8") else None
     return calibrate_checkpoint(checkpoint, out, CalibrateOptions(precision=options.precision, recipe=recipe,
-                                                                  kv_cache=kv, eval_samples=BUILD_EVAL_SAMPLES,
+                                                                  kv_cache=calibrated_kv_cache(options),
+                                                                  eval_samples=BUILD_EVAL_SAMPLES,
                                                                   device=options.device,
                                                                   format="both" if hf_export else "trtllm",
                                                                   force=True, progress=options.progress))
@@ -362,3 +401,211 @@ def run_validation(repo: Path, out: Path, golden, options: BuildOptions, record)
     record("validate", out, started, False, f"{passed}/{len(report.checks)} checks passed")
     verdict = "passed" if report.passed else f"FAILED: {', '.join(failed)} (see {out / 'report.json'})"
     return report.passed, verdict
+
+
+def calibrated_kv_cache(options: BuildOptions) -> str | None:
+    """The KV-cache quantization calibrate gives the build's checkpoint: the one --kv-cache names, and for auto the
+    one `trtpipe plan` resolves with the same flags (fp8 for fp8 weights and int8 for int8-sq on a GPU; none on
+    the cpu target, whose runtime stores a float32 cache), so plan and build agree."""
+    from .plan.policy import resolve_kv_cache_dtype
+    from .targets import get_target
+
+    kv = options.kv_cache
+    if kv == "auto":
+        kv = resolve_kv_cache_dtype(kv, options.precision, "", target=get_target(options.target))
+    return kv if kv in KV_CACHE_QUANT_ALGO else None
+
+
+# ------------------------------------------------------------------------- a GPU target: where its checkpoints are made
+
+def checkpoints_here(options: BuildOptions, target) -> BuildOptions:
+    """--checkpoints-on-cpu, checked: a GPU target's checkpoints (and its golden reference) made on this CPU."""
+    if not options.checkpoints_on_cpu:
+        return options
+    if not target.is_gpu:
+        raise UserError("--checkpoints-on-cpu is for GPU targets: a cpu target's build makes everything here")
+    if options.device == "cuda":
+        raise UserError("--checkpoints-on-cpu makes the checkpoints on the CPU: drop --device cuda")
+    return replace(options, device="cpu")
+
+
+def missing_here(backend) -> str | None:
+    """What this machine lacks to build for a GPU target: compile's requirements (TensorRT-LLM 1.2.x, trtllm-build, a
+    CUDA GPU) for a backend that builds an engine, a CUDA GPU to calibrate on for the others; None: nothing."""
+    if backend.builds_engine:
+        from .compile import missing_build_requirements
+
+        return missing_build_requirements()
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU is visible on this machine"
+
+
+def refuse_without_gpu(options: BuildOptions, source, target, backend, dtype: str) -> None:
+    """A GPU target's build on a machine that cannot make it: exit 2 before anything is downloaded or written, naming
+    what is missing and the two other ways (the dry run, the checkpoints on this CPU with what they cost)."""
+    from .build_preview import command_line
+
+    missing = missing_here(backend)
+    if missing is None:
+        return
+    cost = preview_build(options, source, target, backend, dtype).checkpoint_cost()
+    again = command_line("trtpipe", "build", options.model, "--target", options.target, "--precision",
+                         options.precision)
+    raise UserError(f"{missing}: a build for {target.name} makes its checkpoints"
+                    + (" and its engine" if backend.builds_engine else "") + " on the GPU machine, so nothing was "
+                    f"downloaded or written. Build on the {target.name} GPU machine inside the trtpipe container "
+                    f"(docker run --gpus all -v $PWD:/work -w /work trtpipe {again}); see what it would do with "
+                    f"--dry-run; or make the checkpoints here on the CPU with --checkpoints-on-cpu ({cost})")
+
+
+def preview_build(options: BuildOptions, source, target, backend, dtype: str) -> BuildPreview:
+    """What the build of `options` would do, from the architecture alone: each stage as its own command with its cost
+    on this machine (pipeline.build_preview), the plan it would make and its compile's trtllm-build line. Nothing is
+    downloaded, converted or written."""
+    from .build_preview import BuildPreview, Step, command_line, host_cores
+    from .compile import BUILD_CONFIG_FILE, trtllm_build_command
+    from .planner import make_plan
+
+    out, cores = Path(options.out), host_cores()
+    hf = backend.checkpoint_format == HF_CHECKPOINT
+    steps, checkpoint, served = checkpoint_steps(options, source, out, dtype, hf, cores)
+    started = time.monotonic()
+    plan = make_plan(expected_model(options, source, checkpoint, dtype, hf), target, options.precision,
+                     options.kv_cache, tp=options.tp, workload=options.workload, backend=backend.name)
+    plan_path, engine, repo = out / "plan.json", out / "engine", out / "model_repo"
+    steps.append(Step("plan", command_line("trtpipe", "plan", options.model if hf else checkpoint, "--target",
+                                           options.target, "--precision", options.precision,
+                                           *plan_flags(options, hf), "-o", plan_path),
+                      seconds=time.monotonic() - started, basis="planned now: the `plan` line"))
+    engine_command = None
+    if backend.builds_engine:
+        steps.append(Step("compile", command_line("trtpipe", "compile", checkpoint, "--plan", plan_path, "-o", engine,
+                                                  "--force"),
+                          basis="trtllm-build on the GPU: never timed by trtpipe, so not estimated"))
+        engine_command = command_line(*trtllm_build_command(plan, checkpoint.absolute(), engine.absolute(),
+                                                            engine.absolute() / BUILD_CONFIG_FILE))   # as compile
+    steps.append(Step("deploy", command_line("trtpipe", "deploy", *(["--engine", engine] if engine_command else []),
+                                             "--checkpoint", served, "--plan", plan_path, "-o", repo, "--force")))
+    steps.append(Step("validate", command_line("trtpipe", "validate", repo, "--url", options.url or "URL",
+                                               *(["--load-test"] if options.load_test else [])),
+                      basis="against the repository served on the GPU machine: not estimated"))
+    again = command_line("trtpipe", "build", options.model, "--target", options.target, "--precision",
+                         options.precision)
+    preview = BuildPreview(plan, tuple(steps), engine_command, cores)
+    return replace(preview, notes=(
+        f"to build: `{again}` on the {target.name} GPU machine, inside the trtpipe container; to make the "
+        f"checkpoints here on the CPU instead, add --checkpoints-on-cpu ({preview.checkpoint_cost()})"))
+
+
+def checkpoint_steps(options: BuildOptions, source, out: Path, dtype: str, hf: bool,
+                     cores: int) -> tuple[list[Step], Path, Path]:
+    """The stages that make the build's checkpoints (`make_checkpoints`' order and directories) as commands with their
+    cost here; the checkpoint the plan is made from, and the directory deploy serves."""
+    from .build_preview import Step, calibrate_step, command_line, convert_step, download_step
+    from .calibrate import resolve_recipe
+    from .calibrate.stage import HF_DIR
+
+    steps = [download_step(source.hub_id, source.arch)] if needs_download(source) else []
+    converted = out / "checkpoint"
+    precision = next(name for name, float_dtype in FLOAT_DTYPES.items() if float_dtype == dtype)
+    steps.append(convert_step(command_line("trtpipe", "convert", options.model, "-o", converted, "--precision",
+                                           precision, *parallel_flags(options), *model_dir_flags(options), "--force"),
+                              source.arch, dtype, source.kind == "gguf"))
+    not_exported = "(no command of its own: trtpipe build exports the float checkpoint as a Hugging Face model)"
+    float_ckpt, golden = compression_steps(options, converted, out, steps), None
+    if float_ckpt != converted:
+        golden = out / "hf"
+        steps.append(Step("export", not_exported))
+    if options.precision in QUANTIZED:
+        calibrated = out / f"checkpoint-{options.precision}"
+        recipe = resolve_recipe(options.calibration_dataset, samples=options.calibration_samples)
+        kv = calibrated_kv_cache(options)
+        steps.append(calibrate_step(command_line(
+            "trtpipe", "calibrate", float_ckpt, "-o", calibrated, "--precision", options.precision,
+            *(["--kv-cache", kv] if kv else []), *data_flags(options), "--eval-samples", BUILD_EVAL_SAMPLES,
+            *device_flags(options), *(["--format", "both"] if hf else []), "--force"),
+            source.arch, options.precision, recipe.samples * recipe.seq_len, BUILD_EVAL_SAMPLES, cores))
+        return steps, calibrated, calibrated / HF_DIR if hf else calibrated
+    if not hf or golden is not None:
+        return steps, float_ckpt, golden or float_ckpt
+    steps.append(Step("export", not_exported))
+    return steps, converted, out / "hf"
+
+
+def compression_steps(options: BuildOptions, converted: Path, out: Path, steps: list) -> Path:
+    """sparsify and distill as `compress` runs them, appended to `steps`; the float checkpoint they leave."""
+    from .build_preview import Step, command_line
+
+    if options.sparsity is None:
+        return converted
+    unmeasured = "not estimated: trtpipe has no measurement of it at this size"
+    sparse = out / "checkpoint-sparse"
+    steps.append(Step("sparsify", command_line(
+        "trtpipe", "sparsify", converted, "-o", sparse, "--pattern", options.sparsity, *data_flags(options),
+        "--eval-samples", BUILD_EVAL_SAMPLES, *device_flags(options), "--force"), basis=unmeasured))
+    if options.distill_tokens is None:
+        return sparse
+    distilled = out / "checkpoint-sparse-kd"
+    steps.append(Step("distill", command_line(
+        "trtpipe", "distill", sparse, "-o", distilled, "--teacher", converted, "--tokens", options.distill_tokens,
+        *(["--dataset", options.calibration_dataset] if options.calibration_dataset else []),
+        "--eval-samples", BUILD_EVAL_SAMPLES, "--force"), basis=unmeasured))
+    return distilled
+
+
+def needs_download(source) -> bool:
+    """Whether making the checkpoints downloads the model: a preset or hub id whose weights are not here."""
+    from .sources import cached_model
+
+    return source.hub_id is not None and (source.kind != "hub" or cached_model(source.hub_id) is None)
+
+
+def expected_model(options: BuildOptions, source, checkpoint: Path, dtype: str, hf: bool) -> ModelInfo:
+    """What the build's plan is made from (`plan_model`), before it exists: for a backend that serves the Hugging Face
+    model, the source; else the TensorRT-LLM checkpoint the build would make, as `resolve_model_info` reads it (the
+    source's architecture in the checkpoint's dtype, quantized as calibrate quantizes it)."""
+    from .plan.schema import ModelInfo
+
+    if hf:
+        return ModelInfo(name=options.model, source=source.kind, path=str(source.path) if source.path else None,
+                         arch=source.arch)
+    quantization = {"quant_algo": QUANT_ALGO.get(options.precision),
+                    "kv_cache_quant_algo": KV_CACHE_QUANT_ALGO.get(calibrated_kv_cache(options))}
+    if options.precision in QUANTIZED:
+        quantization["exclude_modules"] = ["lm_head"]    # calibrate never quantizes lm_head
+    return ModelInfo(name=str(checkpoint), source="checkpoint", path=str(checkpoint.resolve()),
+                     arch=replace(source.arch, dtype=dtype), checkpoint_quantization=quantization,
+                     checkpoint_tp_size=options.tp, checkpoint_pp_size=options.pp,
+                     checkpoint_sparsity=options.sparsity,
+                     source_model=None if options.sparsity else source.reference)
+
+
+def parallel_flags(options: BuildOptions) -> list:
+    return [*(["--tp", options.tp] if options.tp != 1 else []), *(["--pp", options.pp] if options.pp != 1 else [])]
+
+
+def model_dir_flags(options: BuildOptions) -> list:
+    return ["--model-dir", options.model_dir] if options.model_dir else []
+
+
+def data_flags(options: BuildOptions) -> list:
+    return [*(["--dataset", options.calibration_dataset] if options.calibration_dataset else []),
+            *(["--samples", options.calibration_samples] if options.calibration_samples else [])]
+
+
+def device_flags(options: BuildOptions) -> list:
+    return ["--device", options.device] if options.device != "auto" else []
+
+
+def plan_flags(options: BuildOptions, hf: bool) -> list:
+    """`trtpipe plan`'s flags for the build's own plan: its KV cache, tp, workload and backend."""
+    workload, default = options.workload or Workload(), Workload()
+    flags = [*(["--kv-cache", options.kv_cache] if options.kv_cache != "auto" else []),
+             *(["--tp", options.tp] if options.tp != 1 else [])]
+    for name, flag in (("input_len", "--input-len"), ("output_len", "--output-len"), ("max_context", "--max-context"),
+                       ("concurrency", "--concurrency"), ("p99_latency_s", "--p99-latency")):
+        if getattr(workload, name) != getattr(default, name):
+            flags += [flag, getattr(workload, name)]
+    return flags + (["--backend", options.backend] if options.backend else []) + (model_dir_flags(options) if hf
+                                                                                 else [])

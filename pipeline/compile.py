@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -191,7 +192,31 @@ def check_checkpoint_matches_plan(checkpoint: Path, plan: Plan) -> None:
                       f"(plan: tp {plan.tp_size} pp {plan.pp_size})")
     if differ:
         raise UserError(f"checkpoint {checkpoint} does not match the plan: {'; '.join(differ)}. "
-                        "Plan this checkpoint (`trtpipe plan CHECKPOINT ...`) or convert/calibrate to match")
+                        + plan_this_checkpoint(checkpoint, cfg, plan))
+
+
+def plan_this_checkpoint(checkpoint: Path, cfg: dict, plan: Plan) -> str:
+    """The `trtpipe plan` command that plans CHECKPOINT as it is (its precision, from its quant_algo or dtype, its tp,
+    its KV cache: `--kv-cache auto` follows it) on the plan's target and workload, for compile's --plan."""
+    from .plan.policy import checkpoint_precision
+
+    precision = checkpoint_precision((cfg.get("quantization") or {}).get("quant_algo"), cfg.get("dtype"))
+    if precision is None:
+        return "Plan this checkpoint with `trtpipe plan`, or convert/calibrate one that matches the plan"
+    w, defaults = plan.workload, type(plan.workload)()
+    mapping = cfg.get("mapping") or {}
+    words = ["trtpipe", "plan", str(checkpoint), "--target", plan.target.name, "--precision", precision]
+    words += ["--tp", str(mapping.get("tp_size"))] if int(mapping.get("tp_size", 1)) != 1 else []
+    for flag, value, default in (("--input-len", w.input_len, defaults.input_len),
+                                 ("--output-len", w.output_len, defaults.output_len),
+                                 ("--max-context", w.max_context, None), ("--concurrency", w.concurrency, None),
+                                 ("--p99-latency", w.p99_latency_s, None)):
+        if value is not None and value != default:
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    out = checkpoint.parent / f"{checkpoint.name}-plan.json"
+    words += ["-o", str(out)]
+    return (f"Plan this checkpoint as it is: `{shlex.join(words)}`, then compile it with --plan {shlex.quote(str(out))}"
+            " (or convert/calibrate a checkpoint that matches the plan)")
 
 
 def check_engine_config(engine_dir: Path, plan: Plan) -> None:
@@ -273,18 +298,35 @@ def compile_checkpoint(checkpoint: Path, plan: Plan, out: Path, *, dry_run: bool
                 return CompileResult(out, command, config, status, skipped=True, reason=missing or "")
             tmp = output.dir
             (tmp / BUILD_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-            (tmp / COMMAND_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile: the exact TensorRT-LLM "
-                                            f"{TRTLLM_VERSION} engine build.\nexec {shlex.join(command)}\n")
+            (tmp / COMMAND_FILE).write_text(shell_script(f"the exact TensorRT-LLM {TRTLLM_VERSION} engine build",
+                                                         command, out))
             if trtexec is not None:
-                (tmp / TRTEXEC_FILE).write_text("#!/bin/sh\n# Written by trtpipe compile --onnx: TensorRT's build of "
-                                                "the exported graph (unverified: never run by trtpipe).\n"
-                                                f"exec {shlex.join(trtexec)}\n")
+                (tmp / TRTEXEC_FILE).write_text(shell_script("TensorRT's build of the exported graph (--onnx; "
+                                                             "unverified: never run by trtpipe)", trtexec, out))
             output.extra.update(build_with_trtllm(command, tmp, out, plan, gpu, profiling_verbosity)
                                 if gpu is not None else {"dry_run": True})
     except EngineBuildFailed as exc:  # the partial output is gone; the result carries why
         return CompileResult(out, command, config, CompileStatus.FAILED, reason=exc.reason,
                              output_tail=exc.output_tail)
     return CompileResult(out, command, config, status, reason=missing or "")
+
+
+def shell_script(what: str, argv: list[str], here: Path) -> str:
+    """A script that runs ARGV from its own folder HERE, every path in it relative to that folder: the engine
+    directory names no machine and still runs where it is copied with the checkpoint beside it as it was."""
+    return (f"#!/bin/sh\n# Written by trtpipe compile: {what}.\n# Paths are relative to this script's folder.\n"
+            f'cd "$(dirname "$0")" || exit 1\nexec {shlex.join(relative_paths(argv, here))}\n')
+
+
+def relative_paths(argv: list[str], here: Path) -> list[str]:
+    """ARGV with each absolute path (an argument, or the value of `--flag=PATH`) made relative to HERE."""
+    def relative(arg: str) -> str:
+        flag, eq, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+        if not Path(value).is_absolute():
+            return arg
+        return f"{flag}{eq}{os.path.relpath(value, here)}"
+
+    return [relative(arg) for arg in argv]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def evaluate(model: str | Path, dataset: str | None = None, *, tokenizer: Path |
     bound what fits; a Hugging Face model runs whole in transformers (float32, CPU).
     """
     if max_samples is not None and max_samples < 1:
-        raise UserError(f"--max-samples must be positive (got {max_samples})")
+        raise UserError(f"--eval-samples must be positive (got {max_samples})")
     description, texts = load_texts(dataset)
     texts = texts[:max_samples] if max_samples else texts
     kind, runner, tok_dir = open_model(str(model), tokenizer, device)

@@ -139,11 +139,33 @@ def check_output_is_no_input(out: Path, inputs: dict) -> None:
                         "input (--force never replaces an input)")
 
 
-def check_output_free(out: Path, force: bool) -> None:
-    """Refuse to overwrite an existing output unless --force was given."""
-    if out.exists() and not force:
-        raise UserError(f"output directory {out} already exists (made from other inputs); "
-                        "choose another -o or pass --force to replace it")
+def check_output_free(out: Path, force: bool, written_by_trtpipe=lambda out: read_manifest(out) is not None) -> None:
+    """Refuse an output folder that cannot be written: a file there (never replaced), a folder trtpipe did not write
+    (replaced only with --force, which is not suggested for it), or an output of trtpipe's made from other inputs
+    (replaced with --force; WRITTEN_BY_TRTPIPE tells them apart, by default a stage's manifest.json). An empty
+    folder is free."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise UserError(f"{out} is a file, and this command writes a folder there: choose another -o")
+    if force or not any(out.iterdir()):
+        return
+    if not written_by_trtpipe(out):
+        raise UserError(f"{out} exists and trtpipe did not write it: choose another -o (trtpipe replaces only "
+                        "its own outputs)")
+    raise UserError(f"output directory {out} already exists (made from other inputs); "
+                    "choose another -o or pass --force to replace it")
+
+
+def check_output_file(path: Path, written_by_trtpipe) -> None:
+    """Refuse an output file that cannot be written: a folder there, or a file WRITTEN_BY_TRTPIPE(path) says
+    trtpipe did not write (never replaced: choose another name)."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, and this command writes a file there: name the file, e.g. "
+                        f"{path / 'plan.json'}")
+    if path.exists() and not written_by_trtpipe(path):
+        raise UserError(f"{path} exists and trtpipe did not write it: choose another -o (trtpipe replaces only "
+                        "its own files)")
 
 
 def link_or_copy(source: str | Path, dest: str | Path) -> None:

@@ -15,13 +15,14 @@ at least one sequence of the workload.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from .arch import ModelArch
 from .backends import backend_serving
 from .errors import UserError
-from .plan.policy import (PlanRequest, check_checkpoint_agrees, check_target_supports, choose_max_context,
-                          engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
+from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoint_agrees, check_target_supports,
+                          choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
 from .precisions import PRECISIONS
 from .targets import Target
@@ -51,7 +52,7 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     dtype = engine_dtype(precision, arch)
     kv_dtype = resolve_kv_cache_dtype(kv_cache, precision, dtype,
                                       (model.checkpoint_quantization or {}).get("kv_cache_quant_algo"),
-                                      is_checkpoint)
+                                      is_checkpoint, target)
     warnings = check_target_supports(target, precision, kv_dtype, tp, pp, arch)
     if model.checkpoint_sparsity and not server.sparse_kernels:
         warnings.append(f"{model.checkpoint_sparsity} sparse checkpoint on the {server.name} backend, which has no "
@@ -106,15 +107,144 @@ def instance_share(target: Target, instances: int) -> Target:
     return replace(target, memory_bytes=target.memory_bytes // instances)
 
 
-def plan_instances(model, target: Target, precision: str, instances: int, **plan_options) -> Plan:
-    """The plan of one of `instances` instances of MODEL at PRECISION on TARGET; UserError when it does not fit."""
+def plan_instances(model, target: Target, precision: str, instances: int, advise: bool = False,
+                   **plan_options) -> Plan:
+    """The plan of one of `instances` instances of MODEL at PRECISION on TARGET; UserError when it does not fit.
+    With `advise`, a Refusal comes with the changes to the request that do plan (`answer`)."""
     try:
         return make_plan(model, instance_share(target, instances), precision, **plan_options)
     except UserError as exc:
-        if instances == 1:
+        refusal = exc if isinstance(exc, Refusal) else None
+        if instances > 1:
+            message = (f"{instances} instances do not fit on one {target.name} (each gets "
+                       f"{target.memory_bytes // instances / 2**30:.2f} GiB): {refusal.message if refusal else exc}")
+            refusal = refusal.reworded(message) if refusal else Refusal(message, MEMORY)
+        if refusal is None:
             raise
-        raise UserError(f"{instances} instances do not fit on one {target.name} (each gets "
-                        f"{target.memory_bytes // instances / 2**30:.2f} GiB): {exc}") from None
+        if advise:
+            answer(refusal, model, target, precision, instances, plan_options)
+        raise refusal from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Advice that plans: the changes tried for a Refusal
+
+
+#: bytes of a weight at each precision (a lower precision: fewer)
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8-sq": 1}
+#: tries of a budget or an output length, each from the figures of the try before
+RETRIES = 3
+
+
+def answer(refusal: Refusal, model, target: Target, precision: str, instances: int, options: dict) -> None:
+    """Fill `refusal.alternatives` with the changes to the request (as `trtpipe plan` flags) that plan: a larger P99
+    budget or a shorter output (latency), a smaller --max-batch-size, a lower precision or an 8-bit KV cache (memory,
+    and latency for the precision), more GPUs (--tp) or fewer --instances. Each is planned before it is named."""
+    workload = options.get("workload") or Workload()
+    overrides = options.get("overrides") or Overrides()
+    info = model if isinstance(model, ModelInfo) else None
+    fixed_model = info is not None and info.source == "checkpoint"   # precision, KV cache and tp are the checkpoint's
+
+    def attempt(flags: dict):
+        changed, p, n = dict(options), precision, instances
+        for flag, value in flags.items():
+            if flag == "--p99-latency":
+                changed["workload"] = replace(workload, p99_latency_s=value)
+            elif flag == "--output-len":
+                changed["workload"] = replace(workload, output_len=value)
+            elif flag == "--max-batch-size":
+                changed["overrides"] = replace(overrides, max_batch_size=value)
+            elif flag == "--tp":
+                changed["tp"] = value
+            elif flag == "--kv-cache":
+                changed["kv_cache"] = value
+            elif flag == "--precision":
+                p = value
+            elif flag == "--instances":
+                n = value
+        try:
+            return plan_instances(model, target, p, n, **changed)
+        except UserError as exc:
+            return exc
+
+    found: list[tuple[dict, str]] = []
+
+    def first(why: str, candidates) -> None:
+        for flags in candidates:
+            if not isinstance(attempt(flags), UserError):
+                found.append((flags, why))
+                return
+
+    fixed = overrides.max_batch_size
+    if fixed and fixed > 1:
+        first("a smaller batch", ({"--max-batch-size": fixed >> k} for k in range(1, fixed.bit_length())))
+    if refusal.kind == LATENCY and workload.p99_latency_s:
+        budget = larger_budget(refusal, attempt)
+        if budget:
+            found.append(({"--p99-latency": budget}, "a larger budget"))
+        output = shorter_output(refusal, workload, attempt)
+        if output:
+            found.append(({"--output-len": output}, "a shorter output"))
+    if target.is_gpu and not fixed_model:
+        lower = [p for p in PRECISIONS if WEIGHT_BYTES[p] < WEIGHT_BYTES[precision]
+                 and (p != "fp8" or target.supports_fp8)]
+        first("a lower precision", ({"--precision": p} for p in lower))
+        kv = resolve_kv_cache_dtype(options.get("kv_cache", "auto"), precision,
+                                    engine_dtype(precision, model_arch(model)), target=target)
+        if refusal.kind == MEMORY and kv not in ("fp8", "int8"):
+            eight_bit = [k for k in ("fp8", "int8") if k != "fp8" or target.supports_fp8]
+            first("an 8-bit KV cache", ({"--kv-cache": k} for k in eight_bit))
+        tp, pp = options.get("tp", 1), options.get("pp", 1)
+        more = [tp << k for k in range(1, 4) if (tp << k) * pp <= target.max_gpus]
+        first("more GPUs", ({"--tp": n} for n in more))
+    if instances > 1:
+        first("fewer instances", ({"--instances": n} for n in range(instances - 1, 0, -1)))
+    refusal.alternatives = found
+
+
+def model_arch(model) -> ModelArch:
+    return model if isinstance(model, ModelArch) else model.arch
+
+
+def round_up(seconds: float) -> float:
+    """A budget a little above `seconds`, in two significant figures."""
+    step = 10 ** (math.floor(math.log10(seconds * 1.05)) - 1)
+    return round(math.ceil(seconds * 1.05 / step) * step, 6)
+
+
+def larger_budget(refusal: Refusal, attempt) -> float | None:
+    """The smallest round budget above what the planner predicts at batch 1, tried (again from the figures of a
+    refusal that predicts more: a speed-of-light bound is below what measured kernels give)."""
+    latency = refusal.latency_s
+    for _ in range(RETRIES):
+        if latency <= 0:
+            return None
+        budget = round_up(latency)
+        outcome = attempt({"--p99-latency": budget})
+        if not isinstance(outcome, UserError):
+            return budget
+        if not (isinstance(outcome, Refusal) and outcome.kind == LATENCY and outcome.latency_s > latency):
+            return None
+        latency = outcome.latency_s
+    return None
+
+
+def shorter_output(refusal: Refusal, workload: Workload, attempt) -> int | None:
+    """The longest output whose predicted latency (TTFT + output x TPOT) meets the budget, tried."""
+    ttft, tpot = refusal.ttft_s, refusal.tpot_s
+    for _ in range(RETRIES):
+        if tpot <= 0 or workload.p99_latency_s <= ttft:
+            return None
+        tokens = min(int((workload.p99_latency_s - ttft) / tpot), workload.output_len - 1)
+        if tokens < 1:
+            return None
+        outcome = attempt({"--output-len": tokens})
+        if not isinstance(outcome, UserError):
+            return tokens
+        if not (isinstance(outcome, Refusal) and outcome.kind == LATENCY):
+            return None
+        ttft, tpot = outcome.ttft_s, outcome.tpot_s
+    return None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .assets import cache_dir, smollm2_gguf_path
 from .errors import UserError, read_config_json
 from .model import GGUF_MODEL_TYPES
 from .outputs import atomic_output_dir
-from .presets import PRESETS, Preset
+from .presets import PRESETS, SEE_MODELS, Preset
 from .tokenizer import label_tokenizer_as_saved
 from .model.arch_config import arch_from_hf_config
 
@@ -38,7 +38,9 @@ class ModelSource:
     """A resolved model: what the user named, the architecture numbers, and where weights are."""
 
     spec: str
-    kind: str                 # "hf-dir" | "gguf" | "hub" (downloaded on first use) | "preset" (no weights here)
+    kind: str                 # "hf-dir" | "gguf" | "hub" (downloaded on first use) | "preset" (no weights here) |
+    #                           "config" (a hub id of which only config.json is here, as `hf download ID config.json`
+    #                           leaves it: the architecture without weights)
     arch: ModelArch
     path: Path | None = None  # the HF directory or the GGUF file
     missing_weights_hint: str = ""
@@ -69,14 +71,14 @@ def resolve_model(spec: str, model_dir: Path | None = None) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
             raise UserError(f"{path} is a file but not a GGUF file; pass a Hugging Face directory, "
-                            "a .gguf file, a preset name or a hub id")
+                            f"a .gguf file, a preset name or a hub id ({SEE_MODELS})")
         return ModelSource(spec, "gguf", read_gguf_arch(path), path.resolve())
     preset = PRESETS.get(spec)
     if preset and preset.hub_id is None:
         return ModelSource(spec, "gguf", preset.arch, smollm2_gguf_path())
     if not preset and spec.count("/") != 1:
-        raise UserError(f"model {spec!r} is not a directory, a .gguf file, a preset "
-                        f"({', '.join(PRESETS)}) or a hub id (org/name)")
+        raise UserError(f"model {spec!r} is not a directory, a .gguf file, a preset or a hub id (org/name); "
+                        f"{SEE_MODELS}")
     return resolve_hub_model(spec, preset.hub_id if preset else spec, preset, model_dir)
 
 
@@ -96,8 +98,14 @@ def resolve_hub_model(spec: str, hub_id: str, preset: Preset | None, model_dir: 
             f"to download them (set HF_TOKEN for gated models), or download them where the network is reachable "
             f"(`hf download {hub_id}`) and pass --model-dir DIR or set $TRTPIPE_MODEL_DIR")
     if preset:
-        return ModelSource(spec, "preset", preset.arch, None, hint)
-    raise UserError(hint)
+        return ModelSource(spec, "preset", preset.arch, None, hint, hub_id)
+    config = cached_config(hub_id)
+    if config is None:
+        raise UserError(f"neither the config.json nor the weights of {hub_id} are on this machine (looked in "
+                        f"{', '.join([*looked, f'the Hugging Face cache {hub_cache()}'])}) and HF_HUB_OFFLINE is set: "
+                        f"fetch its config.json where the network is reachable (`hf download {hub_id} config.json`, "
+                        "enough to plan it or --dry-run a build), or unset HF_HUB_OFFLINE")
+    return ModelSource(spec, "config", read_hf_arch(config), None, hint, hub_id)
 
 
 def find_user_model(hub_id: str, name: str, model_dir: Path | None) -> tuple[Path | None, list[str]]:
@@ -149,6 +157,14 @@ def cached_model(hub_id: str) -> Path | None:
     return snap if (snap / "config.json").is_file() and any(snap.glob("*.safetensors")) else None
 
 
+def cached_config(hub_id: str) -> Path | None:
+    """The directory of `hub_id`'s cached config.json (its snapshot, weights or not); None when it is not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(hub_id, "config.json", cache_dir=hub_cache())
+    return Path(found).parent if isinstance(found, str) else None
+
+
 def download_model(hub_id: str) -> Path:
     """The files conversion reads, downloaded into the hub cache (what is already there is not fetched again)."""
     snap = hub_snapshot(hub_id, HUB_FILES)
@@ -179,12 +195,12 @@ def hub_error(exc: Exception, hub_id: str) -> Exception:
     login = "set HF_TOKEN or run `huggingface-cli login`"
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, HFValidationError):
-        return UserError(f"{hub_id!r} is not a valid Hugging Face hub id (org/name)")
+        return UserError(f"{hub_id!r} is not a valid Hugging Face hub id (org/name); {SEE_MODELS}")
     if isinstance(exc, GatedRepoError):
         return UserError(f"{hub_id} is a gated model: accept its license at {page} while logged in, then give "
                          f"trtpipe a token of that account: {login}")
     if isinstance(exc, RepositoryNotFoundError):
-        return UserError(f"{hub_id} was not found on the Hugging Face Hub: check the id ({page}); "
+        return UserError(f"{hub_id} was not found on the Hugging Face Hub: check the id ({page}) or {SEE_MODELS}; "
                          f"if the model is private, {login}")
     if isinstance(exc, LocalEntryNotFoundError):
         return UserError(f"{hub_id} could not be downloaded (the Hugging Face Hub is not reachable) and is not in "

@@ -95,10 +95,10 @@ def catalogue() -> dict[str, Target]:
 
 def get_target(name: str) -> Target:
     targets = catalogue()
-    if name not in targets:
+    if name.lower() not in targets:
         raise UserError(f"unknown target {name!r}; known targets: {', '.join(targets)} "
                         "(see `trtpipe targets`)")
-    return targets[name]
+    return targets[name.lower()]
 
 
 def render_targets() -> object:

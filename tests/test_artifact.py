@@ -307,7 +307,7 @@ def pytorch_build(tiny_llama, tmp_path_factory) -> Path:
     model = tiny_model_with_tokenizer(tiny_llama("gqa"), root / "tiny")
     out = root / "builds" / "tiny-rtx4090-fp8-pytorch"
     result = invoke("build", model, "--target", "rtx4090", "--precision", "fp8", "--backend", "pytorch",
-                    "--samples", "4", "-o", out)
+                    "--samples", "4", "--checkpoints-on-cpu", "-o", out)
     assert result.exit_code == 0, result.output
     assert not (out / "engine").exists()
     return out

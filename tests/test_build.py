@@ -1,18 +1,19 @@
 """`trtpipe build`: the main job end to end on the embedded default, the fail-fast cases before it, and what
-a GPU target's build does when the engine is built, fails to build, or cannot be built on this machine
-(the requirement check monkeypatched both ways, a fake trtllm-build on PATH: see test_compile)."""
+a GPU target's build does when the engine is built, fails to build, or cannot be built on this machine with
+--checkpoints-on-cpu (the requirement check monkeypatched both ways, a fake trtllm-build on PATH: see test_compile).
+A GPU target's dry run and its refusal without a GPU: test_build_dry_run."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from contextlib import chdir
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from test_compile import pretend_gpu_box, pretend_no_gpu
 
-import pipeline.compile as compile_module
 from pipeline.cli import main
 from pipeline.model_repository import read_deployment
 
@@ -29,6 +30,9 @@ def build(*args):
     (["smollm2-135m", "--target", "cpu", "--precision", "fp8", "--input-len", "9000"],
      "raise --max-context or shorten the workload"),
     (["smollm2-135m", "--target", "cpu", "--precision", "fp8", "--max-context", "1"], "--max-context"),
+    (["smollm2-135m", "--target", "cpu", "--precision", "fp8", "--checkpoints-on-cpu"], "is for GPU targets"),
+    (["smollm2-135m", "--target", "rtx4090", "--precision", "fp16", "--checkpoints-on-cpu", "--device", "cuda"],
+     "drop --device cuda"),
 ])
 def test_impossible_builds_stop_before_any_work(tmp_path, args, message):
     out = tmp_path / "out"
@@ -55,9 +59,11 @@ def test_the_workload_flags_reach_the_plan(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
-    """The README's main job (with a smaller calibration): every stage, every check passed, then a no-op re-run."""
-    out = tmp_path / "smollm2-cpu-fp8"
+def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path, monkeypatch):
+    """The README's main job (with a smaller calibration, -o relative as the README has it): every stage, every
+    check passed, a build folder a person can read, then a no-op re-run."""
+    monkeypatch.chdir(tmp_path)
+    out = Path("out") / "smollm2-cpu-fp8"
     result = build("smollm2-135m", "--target", "cpu", "--precision", "fp8", "-o", out, "--samples", "16", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout[result.stdout.index("{"):])
@@ -71,7 +77,10 @@ def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
     assert checks["golden"]["data"]["mean_token_agreement"] >= 0.7
     quant = json.loads((out / "checkpoint-fp8" / "config.json").read_text())["quantization"]
     assert quant["quant_algo"] == "FP8"
-    assert json.loads((out / "build.json").read_text())["passed"] is True
+    record = json.loads((out / "build.json").read_text())
+    assert record["passed"] is True and record["options"]["out"] == "."
+    assert {s["stage"]: s["path"] for s in record["stages"]}["calibrate"] == "checkpoint-fp8"   # relative to OUT
+    assert_summary_leads_somewhere(out)
     assert (report["repo"], report["server_log"]) == ("model_repo", "validation/server.log")
     # `trtpipe validate out/model_repo` compares with the model the build was made from, as the build's own validate
     assert read_deployment(out / "model_repo").model == "smollm2-135m"
@@ -82,6 +91,23 @@ def test_smollm2_fp8_on_cpu_builds_validates_and_rebuilds_nothing(tmp_path):
     assert again.exit_code == 0, again.output
     rerun = {s["stage"]: s for s in json.loads(again.stdout[again.stdout.index("{"):])["stages"]}
     assert all(rerun[name]["skipped"] for name in ("convert", "calibrate", "plan", "deploy"))
+
+
+def assert_summary_leads_somewhere(out: Path) -> None:
+    """SUMMARY.md: the verdict, every stage's folder, and next commands the CLI parses from the build folder."""
+    import shlex
+
+    import click
+
+    text = (out / "SUMMARY.md").read_text()
+    assert "**Verdict:** passed" in text and "`model_repo`" in text and "`checkpoint-fp8`" in text
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
+    assert [c[1] for c in commands] == ["serve", "validate", "tune", "package", "k8s"]
+    with chdir(out):
+        for words in commands:
+            command = main.get_command(click.Context(main), words[1])
+            command.make_context(words[1], words[2:])      # parses: every flag and argument exists
 
 
 def test_the_deployment_records_the_model_the_build_serves(tmp_path, monkeypatch):
@@ -159,26 +185,19 @@ def test_gpu_build_stops_loudly_when_trtllm_build_fails(tiny_model, tmp_path, mo
     assert [s["stage"] for s in summary["stages"]] == ["convert", "plan", "compile"]
 
 
-def test_gpu_build_without_a_gpu_writes_the_command_and_exits_2(tiny_model, tmp_path, monkeypatch):
+def test_checkpoints_on_cpu_without_a_gpu_say_their_cost_then_write_the_command_and_exit_2(tiny_model, tmp_path,
+                                                                                          monkeypatch):
+    """The explicit choice of making a GPU target's checkpoints here: the cost first, then the old no-GPU path."""
     pretend_no_gpu(monkeypatch, "no CUDA GPU is visible on this machine")
     out = tmp_path / "out"
-    result, summary = gpu_build(tiny_model, out)
+    result, summary = gpu_build(tiny_model, out, "--checkpoints-on-cpu")
     assert result.exit_code == 2, result.output
+    said = "--checkpoints-on-cpu: making the checkpoints here on the CPU: about "
+    assert said in result.output and result.output.index(said) < result.output.index("[convert]")
     assert "command written, not built here: no CUDA GPU is visible on this machine" in result.output
-    assert "pass --dry-run" in result.output and "Traceback" not in result.output
+    assert "with --checkpoints-on-cpu, --dry-run stops there with exit 0" in result.output
+    assert "Traceback" not in result.output
     assert "trtllm-build --checkpoint_dir" in (out / "engine" / "trtllm-build.sh").read_text()
     assert not (out / "model_repo").exists()
     assert compile_stage(summary)["status"] == "not built" and summary["passed"] is None
-
-
-def test_gpu_dry_run_prints_the_command_and_never_asks_for_a_gpu(tiny_model, tmp_path, monkeypatch):
-    def unexpected():
-        raise AssertionError("a dry run must not check for a GPU")
-
-    monkeypatch.setattr(compile_module, "missing_build_requirements", unexpected)
-    out = tmp_path / "out"
-    result, summary = gpu_build(tiny_model, out, "--dry-run")
-    assert result.exit_code == 0, result.output
-    assert "engine build command (run it on the GPU machine):\n  trtllm-build --checkpoint_dir" in result.output
-    assert compile_stage(summary)["detail"] == "dry run: command written"
-    assert summary["verdict"] == "not validated: dry run"
+    assert summary["options"]["device"] == "cpu"

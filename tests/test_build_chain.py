@@ -1,6 +1,6 @@
 """Features chained the way a user chains them: `trtpipe build` for every precision the cpu target accepts, and a
-GPU build made with `--dry-run`, each fed to `trtpipe tune`. The cpu fp8 build (the README's main job) is tuned
-for real on the embedded Triton; the others with the serving and load generator stood in for (test_tune's
+GPU build made with `--checkpoints-on-cpu --dry-run`, each fed to `trtpipe tune`. The cpu fp8 build (the README's main
+job) is tuned for real on the embedded Triton; the others with the serving and load generator stood in for (test_tune's
 FakeLoad), since what failed there was the planning that comes before any trial is served."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_tune_serves_the_readmes_cpu_fp8_build(cpu_fp8_build):
 
 @pytest.mark.slow
 def test_tune_takes_a_gpu_dry_run_build(model, fake_load, tmp_path):  # noqa: F811
-    out = build(model, tmp_path / "gpu", "rtx4090", "fp8", "--dry-run")
+    out = build(model, tmp_path / "gpu", "rtx4090", "fp8", "--checkpoints-on-cpu", "--dry-run")
     fake = fake_load()
     result = tune(out, "--url", "http://127.0.0.1:9")
     assert result.exit_code == 0, result.output
@@ -142,7 +142,8 @@ def test_a_sparse_distilled_cpu_build_validates_against_its_own_sparse_model(mod
 
 @pytest.mark.slow
 def test_a_sparse_gpu_dry_run_writes_the_weight_sparsity_build(model, tmp_path):
-    out = build(model, tmp_path / "gpu-sparse", "rtx4090", "fp16", "--sparsity", "2:4", "--dry-run")
+    out = build(model, tmp_path / "gpu-sparse", "rtx4090", "fp16", "--sparsity", "2:4", "--checkpoints-on-cpu",
+                "--dry-run")
     assert "--weight_sparsity" in (out / "engine" / "trtllm-build.sh").read_text()
     plan = load_plan(out / "plan.json")
     assert plan.build_config.weight_sparsity and plan.plugin_config.gemm_plugin is None

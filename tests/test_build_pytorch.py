@@ -2,8 +2,8 @@
 
 No compile stage; the plan is the pytorch backend's; deploy serves the Hugging Face twin of the build's
 checkpoint (calibrate --format both for fp8, the float checkpoint exported back for fp16), copied into the
-repository. Nothing here needs a GPU, so the build deploys on this CPU-only machine; nothing is served or
-validated (that needs a GPU and TensorRT-LLM), and the verdict says so."""
+repository. Nothing here needs TensorRT-LLM, so with --checkpoints-on-cpu the build deploys on this CPU-only machine;
+nothing is served or validated (that needs a GPU and TensorRT-LLM), and the verdict says so."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def assert_portable(repo, tmp_path):
 def test_fp8_build_deploys_calibrates_hf_fp8_export_with_no_compile_stage(tiny_model, tmp_path):
     out = tmp_path / "out"
     result = build(tiny_model, "--target", "rtx4090", "--precision", "fp8", "--backend", "pytorch",
-                   "--samples", "4", "-o", out)
+                   "--samples", "4", "--checkpoints-on-cpu", "-o", out)
     assert result.exit_code == 0, result.output
     summary = summary_of(out)
     assert [s["stage"] for s in summary["stages"]] == ["convert", "calibrate", "plan", "deploy"]
@@ -87,7 +87,8 @@ def test_fp8_build_deploys_calibrates_hf_fp8_export_with_no_compile_stage(tiny_m
 
 def test_fp16_build_exports_the_float_checkpoint_and_rebuilds_nothing(tiny_model, tmp_path):
     out = tmp_path / "out"
-    args = (tiny_model, "--target", "rtx4090", "--precision", "fp16", "--backend", "pytorch", "-o", out)
+    args = (tiny_model, "--target", "rtx4090", "--precision", "fp16", "--backend", "pytorch", "--checkpoints-on-cpu",
+            "-o", out)
     result = build(*args)
     assert result.exit_code == 0, result.output
     assert [s["stage"] for s in summary_of(out)["stages"]] == ["convert", "export", "plan", "deploy"]
@@ -110,7 +111,7 @@ def test_fp16_build_exports_the_float_checkpoint_and_rebuilds_nothing(tiny_model
 def test_pytorch_dry_run_deploys_and_says_so(tiny_model, tmp_path):
     out = tmp_path / "out"
     result = build(tiny_model, "--target", "rtx4090", "--precision", "fp16", "--backend", "pytorch", "--dry-run",
-                   "-o", out)
+                   "--checkpoints-on-cpu", "-o", out)
     assert result.exit_code == 0, result.output
     assert summary_of(out)["verdict"] == "not validated: dry run"
     assert (out / "model_repo" / "tensorrt_llm" / "1" / "model" / "model.safetensors").is_file()

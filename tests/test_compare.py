@@ -210,7 +210,7 @@ def test_fp16_vs_fp8_smollm2_end_to_end(smollm2_builds, tmp_path):
 
     a, b, out = smollm2_builds["fp16"], smollm2_builds["fp8"], tmp_path / "report"
     result = CliRunner().invoke(main, [
-        "compare", str(a), str(b), "-o", str(out), "--num-prompts", "6", "--max-tokens", "16", "--ppl-samples", "3",
+        "compare", str(a), str(b), "-o", str(out), "--num-prompts", "6", "--max-tokens", "16", "--eval-samples", "3",
         "--load-test", "--concurrency", "2", "--requests-per-client", "2",
         "--max-ppl-increase", "-50%", "--min-bleu", "0", "--max-p99-latency-increase", "1000000%"])
     assert result.exit_code == 1, result.output          # B cannot halve A's perplexity

@@ -145,7 +145,12 @@ def test_dry_run_command_and_build_config(fp16_checkpoint, gpu_plan, tmp_path):
             assert argv[argv.index(f"--{name}") + 1] == expected, name
     assert argv[argv.index("--tokens_per_block") + 1] == "32" and "--dtype" not in argv
     script = (out / COMMAND_FILE).read_text()
-    assert shlex.join(argv) in script
+    assert 'cd "$(dirname "$0")"' in script and str(tmp_path) not in script   # names no machine path
+    ran = shlex.split(script.splitlines()[-1])[1:]
+    assert ran == [str(p) if p not in (str(fp16_checkpoint.absolute()), str(out.absolute()), str(config_path))
+                   else os.path.relpath(p, out) for p in argv]
+    assert (out / ran[ran.index("--checkpoint_dir") + 1]).resolve() == fp16_checkpoint.resolve()
+    assert ran[ran.index("--build_config") + 1] == "build_config.json"
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "compile" and manifest["dry_run"] is True
     assert not list(out.glob("*.engine"))
@@ -411,7 +416,7 @@ def test_compile_onnx_writes_trtexec_next_to_trtllm_build(fp16_checkpoint, gpu_p
     assert "unverified" in script[1]
     argv = shlex.split(script[1].splitlines()[-1])[1:]
     flags = dict(a.split("=", 1) for a in argv if "=" in a)
-    assert argv[0] == "trtexec" and flags["--onnx"] == str((tmp_path / "onnx" / "model.onnx").absolute())
+    assert argv[0] == "trtexec" and flags["--onnx"] == "../onnx/model.onnx"   # relative to the script's folder
     batch = gpu_plan.optimization_profiles[0].batch_size_beam_width
     for k, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
         shapes = dict(s.split(":") for s in flags[flag].split(","))
@@ -641,3 +646,27 @@ def test_the_summary_of_names_only_and_of_several_profiles():
     assert summary["profiles"] == 3 and summary["layers_all_profiles"] == 4
     with pytest.raises(ValueError, match="no \"Layers\" list"):
         summarise_layers({"Bindings": []})
+
+
+def test_a_dtype_mismatch_names_the_plan_command_that_matches_and_compiling_with_it_works(fp16_checkpoint, tiny_llama,
+                                                                                         tmp_path):
+    """compile of a float16 checkpoint with a bfloat16 plan used to say "plan this checkpoint", and `plan CKPT
+    --precision bf16` failed the same way (plan has no dtype): now it names the command, with the checkpoint's own
+    precision, and that command and the compile after it succeed."""
+    bf16 = tmp_path / "bf16-plan.json"
+    planned = CliRunner().invoke(main, ["plan", str(tiny_llama("gqa")), "--target", "rtx4090", "--precision", "bf16",
+                                        "--input-len", "64", "--output-len", "32", "-o", str(bf16), "--json"])
+    assert planned.exit_code == 0, planned.output
+    refused = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", str(bf16), "-o",
+                                        str(tmp_path / "engine"), "--dry-run"])
+    assert refused.exit_code == 2 and "dtype 'float16' (plan: 'bfloat16')" in refused.output, refused.output
+    command = re.search(r"`(trtpipe plan [^`]+)`", refused.output).group(1)
+    args = shlex.split(command)[1:]
+    assert args[args.index("--precision") + 1] == "fp16"
+    followed = CliRunner().invoke(main, args)
+    assert followed.exit_code == 0, followed.output
+    plan_path = re.search(r"--plan (\S+?)\s", refused.output + " ").group(1)
+    assert plan_path == args[args.index("-o") + 1]
+    compiled = CliRunner().invoke(main, ["compile", str(fp16_checkpoint), "--plan", plan_path, "-o",
+                                         str(tmp_path / "engine"), "--dry-run"])
+    assert compiled.exit_code == 0, compiled.output

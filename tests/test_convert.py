@@ -376,7 +376,7 @@ def test_a_second_writer_of_the_same_output_is_refused_and_a_killed_runs_partial
                                           "-1"], "--eval-samples"),
                                         (["calibrate", "CKPT", "-o", "OUT", "--precision", "fp8", "--samples", "0"],
                                          "--samples"),
-                                        (["eval", "CKPT", "--max-samples", "0"], "--max-samples")])
+                                        (["eval", "CKPT", "--eval-samples", "0"], "--eval-samples")])
 def test_a_count_below_its_range_is_exit_2_naming_the_option(args, flag, tmp_path):
     """`--eval-samples -1` was accepted (issue 25, unclear cases)."""
     args = [str(tmp_path / a) if a in ("CKPT", "OUT") else a for a in args]

@@ -65,7 +65,7 @@ def sharp_ckpt(smollm2_hf_dir, tmp_path_factory) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (hf / name).write_bytes((smollm2_hf_dir / name).read_bytes())
     out = tmp_path_factory.mktemp("sharp") / "ckpt"
-    assert cli("convert", hf, "-o", out, "--dtype", "float32").exit_code == 0
+    assert cli("convert", hf, "-o", out, "--precision", "fp32").exit_code == 0
     return out
 
 
@@ -207,7 +207,7 @@ def test_bad_input_exits_2_and_writes_nothing(case, tiny_sparse_ckpt, tiny_ckpt,
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             (hf / name).write_bytes((smollm2_hf_dir / name).read_bytes())
         teacher = tmp_path / "ck-2"
-        assert cli("convert", hf, "-o", teacher, "--dtype", "float32").exit_code == 0
+        assert cli("convert", hf, "-o", teacher, "--precision", "fp32").exit_code == 0
     elif case == "lr":
         extra = ["--lr", "0"]
     result = distill(student, out, teacher, text_file, *budget, *extra)

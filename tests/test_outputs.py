@@ -120,3 +120,47 @@ def test_a_parent_without_write_permission_is_a_user_error(tmp_path, inputs, mon
     with stage_output(tmp_path / "out", "convert", inputs, {}) as output:
         (output.dir / "x").write_text("y")
     assert (tmp_path / "out" / "x").read_text() == "y"
+
+
+def test_a_file_where_a_folder_goes_is_refused_even_with_force_and_never_offered_force(tmp_path, inputs):
+    notes = tmp_path / "README.md"
+    notes.write_text("mine")
+    for force in (False, True):
+        with pytest.raises(UserError, match="is a file, and this command writes a folder there") as refused:
+            with stage_output(notes, "convert", inputs, {}, force=force):
+                pass
+        assert "--force" not in str(refused.value)
+    assert notes.read_text() == "mine"
+
+
+def test_a_folder_trtpipe_did_not_write_is_replaced_only_with_force_which_is_not_suggested(tmp_path, inputs):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="trtpipe did not write it") as refused:
+        with stage_output(theirs, "convert", inputs, {}):
+            pass
+    assert "--force" not in str(refused.value) and (theirs / "keep.txt").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with stage_output(empty, "convert", inputs, {}) as output:   # an empty folder is free
+        (output.dir / "x").write_text("1")
+    assert (empty / "x").is_file()
+
+
+def test_plan_writes_a_file_only_over_its_own_plans(tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    args = ["plan", "smollm2-135m", "--target", "cpu", "--precision", "fp16", "-o"]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for where, says in ((notes, "trtpipe did not write it"), (tmp_path, "is a folder")):
+        result = CliRunner().invoke(main, [*args, str(where)])
+        assert result.exit_code == 2 and says in result.output and "--force" not in result.output, result.output
+        assert "Traceback" not in result.output
+    assert notes.read_text() == "mine"
+    plan = tmp_path / "plan.json"
+    for _ in range(2):                                          # its own plan is written again
+        assert CliRunner().invoke(main, [*args, str(plan)]).exit_code == 0

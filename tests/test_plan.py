@@ -329,9 +329,14 @@ def test_a_plan_saved_without_max_seq_len_loads_with_the_context_it_was_sized_fo
 
 
 def test_cpu_accepts_fp8_which_the_reference_runtime_simulates():
+    """fp8 weights simulated in float32; the KV cache unquantized under auto (the build's), fp8-rounded when asked
+    for, float32 either way."""
     plan = plan_for("smollm2-135m", target="cpu", precision="fp8")
-    assert plan.quantization == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
-    assert plan.kv_cache_dtype == "fp8"
+    assert plan.quantization == {"quant_algo": "FP8", "kv_cache_quant_algo": None}
+    assert plan.kv_cache_dtype == "float32"
+    asked = plan_for("smollm2-135m", target="cpu", precision="fp8", kv="fp8")
+    assert asked.quantization == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    assert asked.kv_cache_dtype == "fp8" and asked.kv_bytes_per_token == plan.kv_bytes_per_token
 
 
 def test_no_p2p_tensor_parallel_warns():
@@ -460,8 +465,8 @@ def test_a_plan_naming_an_unknown_backend_is_one_clear_message(tmp_path):
 def test_cli_plan_table_says_which_backend_serves_and_whose_memory_it_budgets():
     for target, backend, memory in (("cpu", "reference: no engine", "Memory budget (host)"),
                                     ("l40s", "engine: a TensorRT-LLM", "Memory budget (per GPU)")):
-        result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", target, "--precision", "fp16"],
-                                    terminal_width=200)
+        result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", target, "--precision", "fp16",
+                                           "--details"], terminal_width=200)
         assert result.exit_code == 0, result.output
         assert backend in result.output and memory in result.output
 
@@ -495,7 +500,7 @@ def test_plan_from_a_converted_checkpoint(tp2_checkpoint):
         make_plan(info, get_target("rtx4090"), "fp16", "auto", 1, Workload(input_len=64, output_len=32))
     with pytest.raises(UserError, match="quant_algo"):
         make_plan(info, get_target("rtx4090"), "fp8", "auto", 2, Workload(input_len=64, output_len=32))
-    with pytest.raises(UserError, match="convert again with --dtype bfloat16"):
+    with pytest.raises(UserError, match="convert again with --precision bf16"):
         make_plan(info, get_target("rtx4090"), "bf16", "auto", 2, Workload(input_len=64, output_len=32))
 
 
@@ -543,12 +548,15 @@ def test_cli_plan_json_is_the_saved_plan(tmp_path):
 
 
 def test_cli_plan_human_table():
-    result = CliRunner().invoke(main, ["plan", "mistral-7b", "--target", "l40s", "--precision", "fp16"],
-                                terminal_width=200)
+    result = CliRunner().invoke(main, ["plan", "mistral-7b", "--target", "l40s", "--precision", "fp16",
+                                       "--details"], terminal_width=200)
     assert result.exit_code == 0, result.output
     for text in ("Memory budget", "kv_bytes_per_token", "131072", "optimization_profiles", "triton_max_batch_size",
-                 "Roofline", "tokens/s", "Performance", "output tokens/J"):
+                 "Speed of light", "roofline", "tokens/s", "Performance", "output tokens/J"):
         assert text in result.output
+    short = CliRunner().invoke(main, ["plan", "mistral-7b", "--target", "l40s", "--precision", "fp16"])
+    assert short.exit_code == 0 and len(short.output.splitlines()) < 15, short.output   # the details on request
+    assert "optimization_profiles" not in short.output and "max_queue_size_reason" not in short.output
 
 
 @pytest.mark.parametrize("args, message", [
@@ -695,3 +703,181 @@ def test_plan_json_names_no_machine_path_and_a_moved_build_reads_its_own_checkpo
               tmp_path / "plans" / "p.json")
     assert json.loads((tmp_path / "plans" / "p.json").read_text())["model"]["path"] == "~/models/m"
     assert load_plan(tmp_path / "plans" / "p.json").model.path == str(home_model)
+
+
+# ------------------------------------------------------------------------- the verdict first (issue: first hour)
+
+
+def plan_cli(*args: str):
+    return CliRunner().invoke(main, ["plan", *args])
+
+
+def first_lines(output: str, n: int = 10) -> dict[str, str]:
+    """The first n lines of `trtpipe plan`, by their first word."""
+    return {line.split(maxsplit=1)[0]: line for line in output.splitlines()[:n] if line.strip()}
+
+
+def test_plan_leads_with_its_verdict_and_where_each_figure_comes_from():
+    """Fits, batch, KV-cache tokens, TTFT, TPOT and tokens/s in the first 10 lines, each speed with its source, the
+    same figures plan.json holds; the build parameters only with --details."""
+    args = ["llama-3-8b", "--target", "rtx4090", "--precision", "fp8"]
+    result, data = plan_cli(*args), json.loads(plan_cli(*args, "--json").output)
+    assert result.exit_code == 0, result.output
+    head, p = first_lines(result.output), data["performance"]
+    assert "yes" in head["Fits"] and "8.46" in head["Fits"] and "23.99 GiB" in head["Fits"]
+    assert f"{data['triton']['triton_max_batch_size']} sequences" in head["Batch"]
+    assert f"{data['memory']['kv_cache_tokens']} tokens" in head["KV"] and "fp8, 65536 B/token" in head["KV"]
+    assert f"{p['ttft_s'] * 1e3:.0f} ms" in head["TTFT"] and f"{p['tpot_s'] * 1e3:.2f} ms" in head["TPOT"]
+    assert f"{p['output_tokens_per_s']:.0f}" in head["tokens/s"]
+    for figure in ("TTFT", "TPOT", "tokens/s"):
+        assert "derived: l40s's measured kernels scaled to rtx4090" in head[figure]
+        assert "≤" not in head[figure] and "≥" not in head[figure] and "bound" not in head[figure]
+    assert "plugin_config" not in result.output and "optimization_profiles" not in result.output
+    details = plan_cli(*args, "--details")
+    assert details.output.startswith(result.output.split("\n")[0]) and "optimization_profiles" in details.output
+
+
+def test_a_speed_of_light_figure_is_shown_as_a_bound_with_a_warning_naming_what_lacks_data():
+    """int8-sq on rtx4090: aiconfigurator-core has no INT8 kernel data, so the figures are speed-of-light bounds:
+    TTFT and TPOT at least, tokens/s at most, and a warning in the first lines says which precision lacks data."""
+    result = plan_cli("llama-3-8b", "--target", "rtx4090", "--precision", "int8-sq")
+    assert result.exit_code == 0, result.output
+    head = first_lines(result.output)
+    assert head["TTFT"].split()[1] == "≥" and head["TPOT"].split()[1] == "≥"
+    assert head["tokens/s"].split()[1] == "≤"
+    assert all("bound" in head[figure] for figure in ("TTFT", "TPOT", "tokens/s"))
+    assert "int8-sq" in head["Warning"] and "no measured data" in head["Warning"]
+    plan = make_plan(preset("llama-3-8b"), get_target("rtx4090"), "int8-sq")
+    assert any(w.startswith("no measured data") and "int8-sq" in w for w in plan.warnings)
+
+
+def test_one_speed_of_light_per_quantity_and_the_second_memory_check_says_why_it_differs():
+    """The prefill's speed of light was stated twice (AIC's 50.1 ms, trtpipe's roofline 44.1 ms) and AIC's runtime
+    reserve (3.50 GiB) beside the budget's (1.15 GiB) without a word; now the roofline and AIC's memory check are
+    labelled with why they differ, and a tp 4 plan says why AIC's weights per GPU are smaller."""
+    from rich.console import Console
+
+    from pipeline.cli.plan_render import render_plan
+
+    def text(plan) -> str:
+        console = Console(width=400, record=True)
+        for part in render_plan(plan):
+            console.print(part)
+        return console.export_text()
+
+    plan = make_plan(preset("llama-3-8b"), get_target("rtx4090"), "fp8")
+    out = text(plan)
+    sol = f"{plan.performance.speed_of_light['prefill_s'] * 1e3:.1f} ms"
+    roof = f"{plan.roofline.prefill_s_per_request * 1e3:.1f} ms"
+    assert sol != roof and out.count(sol) == 1 and out.count(roof) == 1
+    assert "Roofline estimate" not in out and "a coarser bound" in out
+    assert "safety reserve" in out and "It sizes the batch" in out
+    seventy = text(make_plan(preset("llama-3.1-70b"), get_target("h100"), "fp8", tp=4))
+    assert "split the input embedding table over the tp ranks" in seventy
+
+
+def test_a_cpu_fp8_plan_states_the_kv_cache_its_build_serves(smollm2_hf_dir, text_file, tmp_path):
+    """`plan MODEL --target cpu --precision fp8` said "KV cache fp8" with a float32 size while the build of the same
+    flags serves a float32 KV cache (it calibrates no KV scales for --kv-cache auto, and the reference runtime
+    stores every cache in float32): now the plan says float32, as the build's own plan.json does, at the bytes per
+    token the runtime's cache takes."""
+    import shutil
+
+    from support.models import make_tiny_model
+
+    from pipeline.build import BuildOptions, run_calibration
+    from pipeline.convert import convert_model
+    from pipeline.runtime.model import KVCache
+    from pipeline.sources import resolve_model
+
+    tiny_hf = make_tiny_model(tmp_path / "hf", vocab_size=49152, num_attention_heads=8, num_key_value_heads=2,
+                              max_position_embeddings=512)   # room for the build's calibration windows
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(smollm2_hf_dir / name, tiny_hf / name)
+    tiny_ckpt = convert_model(resolve_model(str(tiny_hf)), tmp_path / "checkpoint", dtype="float32",
+                              progress=False).path
+    cpu = get_target("cpu")
+    small = Workload(input_len=32, output_len=16)
+    planned = make_plan(resolve_model_info(str(tiny_hf)), cpu, "fp8", workload=small)
+    options = BuildOptions(model=str(tiny_hf), target="cpu", precision="fp8", out=tmp_path,
+                           calibration_dataset=str(text_file), calibration_samples=4, progress=False)
+    built_checkpoint = run_calibration(tiny_ckpt, tmp_path / "checkpoint-fp8", options).path
+    built = make_plan(resolve_model_info(str(built_checkpoint)), cpu, "fp8", workload=small)   # as build plans it
+    assert (planned.kv_cache_dtype, planned.kv_bytes_per_token) == (built.kv_cache_dtype, built.kv_bytes_per_token)
+    assert planned.kv_cache_dtype == "float32" and planned.quantization == built.quantization
+    a = planned.model.arch
+    cache = KVCache(a.num_hidden_layers, 1, 1, a.num_key_value_heads, a.head_size)
+    assert planned.kv_bytes_per_token == 2 * cache.k.element_size() * a.num_hidden_layers * \
+        a.num_key_value_heads * a.head_size
+    result = plan_cli("smollm2-135m", "--target", "cpu", "--precision", "fp8")
+    assert result.exit_code == 0, result.output
+    assert "(float32, 46080 B/token)" in first_lines(result.output)["KV"]
+    asked = make_plan(preset("smollm2-135m"), cpu, "fp8", "fp8")    # an fp8 cache asked for: rounded, stored float32
+    from pipeline.plan.policy import describe_kv_cache
+
+    assert describe_kv_cache(asked) == "float32 holding fp8-rounded values, 46080 B/token"
+
+
+# ------------------------------------------------------------------------------- advice that works when followed
+
+
+def advised_commands(output: str) -> list[list[str]]:
+    """Every `trtpipe plan ...` the message advises, as CliRunner arguments."""
+    import shlex
+    import re
+
+    return [shlex.split(command)[1:] for command in re.findall(r"`(trtpipe plan [^`]+)`", output)]
+
+
+@pytest.mark.parametrize("args, wrong, expected", [
+    # at fp8 there is no lower precision that helps: a larger budget and a shorter output do
+    (["--precision", "fp8", "--p99-latency", "0.5"], "lower precision", ("--p99-latency", "--output-len")),
+    # fp16: fp8 halves the weights read each step
+    (["--precision", "fp16", "--p99-latency", "3"], "an fp8 KV cache", ("--precision", "--p99-latency")),
+    # the KV cache is fp8 already: not advised again; more GPUs or fewer instances
+    (["--precision", "fp8", "--instances", "2"], "--kv-cache", ("--tp", "--instances")),
+    (["--precision", "fp8", "--max-batch-size", "200"], "lower precision", ("--max-batch-size",)),
+])
+def test_every_refusal_of_plan_names_commands_that_plan(args, wrong, expected):
+    refused = plan_cli("llama-3-8b", "--target", "rtx4090", *args)
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert wrong not in refused.output, refused.output
+    advised = advised_commands(refused.output)
+    assert advised, refused.output
+    for flag in expected:
+        assert any(flag in command and (flag not in args or command[command.index(flag) + 1] !=
+                                        args[args.index(flag) + 1]) for command in advised), (flag, refused.output)
+    for command in advised:
+        followed = CliRunner().invoke(main, command)
+        assert followed.exit_code == 0, (command, followed.output)
+
+
+def test_a_path_that_does_not_exist_is_said_to_be_missing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spec in ("./does-not-exist", "../nope/model", str(tmp_path / "gone"), "~/no-such-model-dir-xyz"):
+        result = plan_cli(spec, "--target", "rtx4090", "--precision", "fp8")
+        assert result.exit_code == 2 and "no such file or directory" in result.output, result.output
+        assert "hub id (org/name)" not in result.output.split(";")[0] and "not a valid" not in result.output
+
+
+def test_an_uncached_hub_id_offline_asks_for_its_config_json_alone_which_then_plans(tmp_path, monkeypatch):
+    """Offline, a hub id that is not a preset: fetch its config.json (`hf download ORG/NAME config.json`), not the
+    weights; with that file in the Hugging Face cache, as hf download leaves it, the plan is made."""
+    import re
+
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("TRTPIPE_MODEL_DIR", raising=False)
+    refused = plan_cli("someorg/some-llama", "--target", "rtx4090", "--precision", "fp8")
+    assert refused.exit_code == 2, refused.output
+    command = re.search(r"`(hf download [^`]+)`", refused.output).group(1)
+    assert command == "hf download someorg/some-llama config.json"
+    snapshot = cache / "models--someorg--some-llama" / "snapshots" / "0123abcd"   # what that command leaves
+    snapshot.mkdir(parents=True)
+    (cache / "models--someorg--some-llama" / "refs").mkdir()
+    (cache / "models--someorg--some-llama" / "refs" / "main").write_text("0123abcd")
+    (snapshot / "config.json").write_text(json.dumps(PRESETS["llama-3-8b"].hf_config))
+    followed = plan_cli("someorg/some-llama", "--target", "rtx4090", "--precision", "fp8")
+    assert followed.exit_code == 0, followed.output
+    assert "yes" in first_lines(followed.output)["Fits"]

@@ -93,8 +93,16 @@ def test_cached_config_without_weights_is_not_a_model(tiny_llama, hub_cache):
         source.hf_dir()
     assert str(hub_cache) in str(err.value)
     cache_model(hub_cache, "some-org/config-only", [tiny_llama("gqa") / "config.json"])
+    config_only = resolve_model("some-org/config-only")  # its architecture plans and dry-runs a build
+    assert config_only.kind == "config" and config_only.arch.num_attention_heads == 8
     with pytest.raises(UserError, match="some-org/config-only.*not on this machine"):
-        resolve_model("some-org/config-only")
+        config_only.hf_dir()
+
+
+def test_a_hub_id_without_its_config_offline_says_what_to_fetch(hub_cache):
+    with pytest.raises(UserError, match="hf download some-org/absent config.json") as err:
+        resolve_model("some-org/absent")
+    assert "\n" not in str(err.value)
 
 
 def test_user_directories_come_before_the_cache(tiny_llama, hub_cache, tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ def sparsify(ckpt: Path, out: Path, data: Path, *extra):
 
 
 def convert(hf: Path, out: Path, tp: int = 1) -> Path:
-    result = cli("convert", hf, "-o", out, "--dtype", "float32", "--tp", tp)
+    result = cli("convert", hf, "-o", out, "--precision", "fp32", "--tp", tp)
     assert result.exit_code == 0, result.output
     return out
 

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import click
 
@@ -18,8 +19,8 @@ from ..errors import UserError
 
 #: The image the Dockerfile builds (`docker build -t trtpipe:VERSION .`), for `trtpipe k8s` and `build --k8s`.
 DEFAULT_IMAGE = f"trtpipe:{__version__}"
-MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...), a Hugging Face directory, a GGUF file "
-              "or a hub id.")
+MODEL_HELP = ("MODEL is a preset name (smollm2-135m, llama-3-8b, ...: `trtpipe models` lists them), a Hugging Face "
+              "directory, a GGUF file or a hub id.")
 
 
 #: Each command -> the module of this package that registers it on `main` when imported. A command's module is
@@ -29,6 +30,7 @@ COMMAND_MODULES = {
     **dict.fromkeys(("setup", "convert", "calibrate", "eval", "export-onnx", "targets", "plan", "compile", "deploy",
                      "build"), "stages"),
     **dict.fromkeys(("sparsify", "distill"), "compress"),
+    "models": "models",
     **dict.fromkeys(("check", "validate", "serve", "probe", "compare", "tune", "doctor", "profile"),
                      "serving"),
     **dict.fromkeys(("k8s", "versions", "matrix", "ci", "package", "verify", "unpack"), "shipping"),
@@ -91,6 +93,78 @@ class TrtpipeGroup(click.Group):
             sys.exit(1)
 
 
+#: The folder of a `trtpipe build` that holds its Triton repository.
+BUILD_REPOSITORY = "model_repo"
+
+
+def repository_in(ctx, param, value: Path | None) -> Path | None:
+    """A build folder given where a repository is read stands for the repository inside it (BUILD/model_repo)."""
+    if value is not None and not (value / "config.pbtxt").exists() and (value / BUILD_REPOSITORY).is_dir() \
+            and not any(value.glob("*/config.pbtxt")):
+        return value / BUILD_REPOSITORY
+    return value
+
+
+def repository_argument(required: bool = True):
+    """REPO of the commands that read a Triton repository: the repository, or a build folder holding one."""
+    return click.argument("repo", type=click.Path(path_type=Path), required=required, callback=repository_in)
+
+
+def choice(values) -> click.Choice:
+    """The one kind of choice option: matched case-insensitively (`--precision FP8` is fp8), the value passed on as
+    the choice is spelt in VALUES."""
+    return click.Choice(list(values), case_sensitive=False)
+
+
+class Concurrency(click.ParamType):
+    """--concurrency, one spelling in every command: N, or N,N,... for the commands that sweep levels (validate,
+    tune); the others run one level and refuse a list."""
+
+    name = "concurrency"
+
+    def __init__(self, sweep: bool):
+        self.sweep = sweep
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, tuple)):
+            return value
+        from ..tune.trial import parse_concurrencies
+
+        try:
+            levels = parse_concurrencies(str(value))
+        except UserError:
+            self.fail(f"{value!r}: whole numbers of at least 1, comma-separated", param, ctx)
+        if self.sweep:
+            return levels
+        if len(levels) != 1:
+            self.fail(f"{value!r}: this command runs one level (validate and tune sweep N,N,...)", param, ctx)
+        return levels[0]
+
+
+def concurrency_option(help_text: str, default=None, sweep: bool = False):
+    return click.option("--concurrency", type=Concurrency(sweep), default=default, show_default=default is not None,
+                        metavar="N,N,..." if sweep else "N", help=help_text)
+
+
+#: Tokens generated per request by every command that sends requests (validate, compare, tune, profile).
+MAX_TOKENS = 16
+
+
+def max_tokens_option():
+    return click.option("--max-tokens", type=click.IntRange(2, 4096), default=MAX_TOKENS, show_default=True,
+                        help="Tokens generated per request.")
+
+
+def json_option(what: str):
+    """--json, one spelling for every command that prints a result."""
+    return click.option("--json", "as_json", is_flag=True, help=f"Print {what} as JSON.")
+
+
+def echo_result(result, as_json: bool) -> None:
+    """A command's result: its `to_dict()` as JSON with --json, else its `summary()` for a person."""
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
+
+
 def price_option(help_text: str = "What an hour of this deployment costs, in US dollars: the load figures then "
                  "include the cost per million output tokens."):
     """--price-per-hour, checked while the options are parsed (`pipeline.k8s.monitoring.check_price`: one line,
@@ -105,7 +179,7 @@ def price_option(help_text: str = "What an hour of this deployment costs, in US 
 
 def device_option(what: str):
     """--device of the stages that run the model a decoder layer at a time (one spelling for all)."""
-    return click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+    return click.option("--device", type=choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                         help=f"Where {what}, one decoder layer in memory at a time (auto: CUDA when torch sees a GPU).")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .base import calibration_data_options, device_option, main
+from .base import calibration_data_options, choice, device_option, main
 
 
 @main.command()
@@ -16,7 +16,7 @@ from .base import calibration_data_options, device_option, main
               help="Directory for the 2:4 sparse float checkpoint.")
 @click.option("--pattern", default="2:4", show_default=True,
               help="Structured sparsity pattern (2:4: at most 2 nonzeros in every 4 consecutive input weights).")
-@click.option("--method", type=click.Choice(["sparsegpt", "magnitude"]), default="sparsegpt", show_default=True,
+@click.option("--method", type=choice(["sparsegpt", "magnitude"]), default="sparsegpt", show_default=True,
               help="sparsegpt: mask and weight update from the calibration inputs; magnitude: the 2 largest of 4.")
 @calibration_data_options
 @click.option("--damp", type=float, default=None,

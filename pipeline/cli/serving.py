@@ -10,11 +10,12 @@ import click
 
 from ..errors import UserError
 from ..server import MODEL_CONTROL_MODES
-from .base import MODEL_HELP, device_option, main, price_option, report_verification
+from .base import (MODEL_HELP, choice, concurrency_option, device_option, json_option, main, max_tokens_option,
+                   price_option, report_verification, repository_argument)
 
 
 @main.command()
-@click.argument("repo", type=click.Path(path_type=Path))
+@repository_argument()
 @click.option("--engine", type=click.Path(path_type=Path), default=None,
               help="Engine directory to check against (default: the tensorrt_llm model's gpt_model_path).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
@@ -36,10 +37,10 @@ def check(repo, engine, as_json):
 
 
 @main.command()
-@click.argument("repo", type=click.Path(path_type=Path), required=False)
+@repository_argument(required=False)
 @click.option("--url", default=None, help="HTTP URL of a running Triton server serving REPO (default: start the "
               "embedded server on REPO), or with --api openai of an OpenAI-compatible server.")
-@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+@click.option("--api", type=choice(["triton", "openai"]), default="triton", show_default=True,
               help="What --url speaks: Triton's (the repository's contract: engine ensemble or llmapi, told from "
               "deploy's record) or the OpenAI-compatible API of trtllm-serve / vLLM (/v1/completions, "
               "/v1/chat/completions, /v1/models, /health; REPO optional, for the golden reference).")
@@ -54,9 +55,8 @@ def check(repo, engine, as_json):
 @click.option("--golden", default=None, metavar="MODEL", help="Reference model for the golden outputs (default: the "
               "model deploy recorded in the repository's manifest). " + MODEL_HELP)
 @click.option("--load-test", is_flag=True, help="Also run a bounded concurrency sweep (TTFT, ITL, latency, tokens/s).")
-@click.option("--concurrency", default="1,2,4,8", show_default=True, help="Load-test concurrency levels.")
-@click.option("--max-tokens", type=click.IntRange(2, 4096), default=16, show_default=True,
-              help="Tokens generated per request.")
+@concurrency_option("Load-test concurrency levels.", "1,2,4,8", sweep=True)
+@max_tokens_option()
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Report directory (default: validation/ beside REPO).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
@@ -79,10 +79,6 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
     from ..validate import ValidateOptions, reference_for, render_report, validate_repository
     from ..validate.openai import validate_openai
 
-    try:
-        levels = tuple(int(c) for c in concurrency.split(","))
-    except ValueError:
-        raise UserError(f"--concurrency must be comma-separated integers, got {concurrency!r}") from None
     if price_per_hour is not None and not load_test:
         raise UserError("--price-per-hour prices the load test's tokens: pass it with --load-test")
     if metrics_url and not url:
@@ -100,8 +96,9 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
     if repo is None and url is None:
         raise UserError("give a model repository to serve, or --url of a running server")
     out = out or (Path(repo).absolute().parent if repo else Path.cwd()) / "validation"
-    options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test, concurrencies=levels,
-                              max_tokens=max_tokens, metrics=not skip_metrics, price_per_hour=price_per_hour)
+    options = ValidateOptions(golden=reference_for(repo, golden, device), load_test=load_test,
+                              concurrencies=concurrency, max_tokens=max_tokens, metrics=not skip_metrics,
+                              price_per_hour=price_per_hour)
     progress = lambda step: click.echo(f"... {step}", err=True)  # noqa: E731
     report = (validate_openai(url, out, options, model=served_model, progress=progress) if api == "openai" else
               validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
@@ -111,7 +108,7 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
 
 
 @main.command()
-@click.argument("repo", type=click.Path(path_type=Path))
+@repository_argument()
 @click.option("--port", type=click.IntRange(0, 65533), default=8000, show_default=True,
               help="HTTP port; gRPC uses PORT+1 and metrics PORT+2. 0 picks free ports.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for all).")
@@ -119,7 +116,7 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
               help="Server log file (default: a temporary file, removed on exit).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for every model to be ready.")
-@click.option("--model-control-mode", "model_control", type=click.Choice(MODEL_CONTROL_MODES), default="none",
+@click.option("--model-control-mode", "model_control", type=choice(MODEL_CONTROL_MODES), default="none",
               show_default=True, help="explicit: every model loaded at start and reloadable through Triton's "
               "model-control API, so `trtpipe versions serve --url` and `trtpipe tune --url` can switch it live.")
 @click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
@@ -150,7 +147,8 @@ def serve(repo, port, host, log_path, timeout, model_control, drain_timeout):
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The Triton server's HTTP URL.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the answer (a slower one counts as alive: the server is busy).")
-def probe(url, timeout):
+@json_option("the answer")
+def probe(url, timeout, as_json):
     """Whether the served models still work: one token through the ensemble (exit 0), exit 1 when a model's
     process died or the server does not answer. Triton's /v2/health endpoints stay 200 when a Python model's
     process died, so the Kubernetes liveness probe trtpipe writes runs this.
@@ -163,10 +161,13 @@ def probe(url, timeout):
     from ..serve import model_problem
 
     problem = model_problem(url.rstrip("/"), timeout)
-    if problem:
+    if as_json:
+        click.echo(json.dumps({"url": url, "alive": problem is None, "problem": problem}))
+    elif problem:
         click.echo(f"error: {problem}", err=True)
-        sys.exit(1)
-    click.echo(f"{url}: the models answer")
+    else:
+        click.echo(f"{url}: the models answer")
+    sys.exit(1 if problem else 0)
 
 
 def _percent(ctx, param, value):
@@ -181,14 +182,14 @@ def _percent(ctx, param, value):
 @click.option("--prompts", default=None, metavar="FILE|RECIPE",
               help="A text file (one prompt per line) or a recipe: heldout (default: the start of held-out news "
                    "documents) or validate (validate's four prompts).")
-@click.option("--num-prompts", type=int, default=16, show_default=True, help="Prompts to use at most.")
-@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True, help="New tokens per prompt.")
-@click.option("--ppl-samples", type=int, default=16, show_default=True,
+@click.option("--num-prompts", type=click.IntRange(1), default=16, show_default=True, help="Prompts to use at most.")
+@max_tokens_option()
+@click.option("--eval-samples", "ppl_samples", type=click.IntRange(1), default=16, show_default=True,
               help="Held-out documents the perplexity of each checkpoint is computed over.")
 @click.option("--load-test", is_flag=True, help="Also measure TTFT/ITL/latency and tokens/s under the same load.")
-@click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True,
-              help="Concurrent clients of the load test (the same for both).")
-@click.option("--requests-per-client", type=click.IntRange(1), default=4, show_default=True)
+@concurrency_option("Concurrent clients of the load test (the same for both).", 4)
+@click.option("--requests-per-client", type=click.IntRange(1), default=4, show_default=True,
+              help="Requests each load-test client sends, one after another.")
 @click.option("--url-a", default=None, help="Use A's running Triton server instead of serving BUILD_A/model_repo.")
 @click.option("--url-b", default=None, help="Use B's running Triton server instead of serving BUILD_B/model_repo.")
 @click.option("--max-ppl-increase", callback=_percent, default=None, metavar="PCT",
@@ -254,14 +255,15 @@ def compare(build_a, build_b, prompts, num_prompts, max_tokens, ppl_samples, loa
                    "needs a readable energy counter).")
 @click.option("--trials", type=click.IntRange(1), default=8, show_default=True,
               help="Trials to serve in the study (a resumed study runs up to this many in all).")
-@click.option("--concurrency", default="1,4,8", show_default=True, help="The load's concurrency sweep.")
-@click.option("--requests-per-client", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(2, 4096), default=32, show_default=True,
-              help="Tokens generated per request.")
+@concurrency_option("The load's concurrency sweep.", "1,4,8", sweep=True)
+@click.option("--requests-per-client", type=click.IntRange(1), default=2, show_default=True,
+              help="Requests each client of a load level sends, one after another.")
+@max_tokens_option()
 @click.option("--prompts", default=None, metavar="FILE|RECIPE",
               help="heldout (default: held-out calibration-corpus documents), validate, or a file of prompts.")
-@click.option("--num-prompts", type=click.IntRange(1), default=16, show_default=True)
-@click.option("--load-generator", type=click.Choice(["builtin", "aiperf"]), default="builtin", show_default=True)
+@click.option("--num-prompts", type=click.IntRange(1), default=16, show_default=True, help="Prompts to use at most.")
+@click.option("--load-generator", type=choice(["builtin", "aiperf"]), default="builtin", show_default=True,
+              help="What sends the load: trtpipe's own client, or NVIDIA's aiperf (its own environment).")
 @click.option("--url", default=None, help="A running Triton with --model-control-mode=explicit serving the "
               "repository: each trial's configs are loaded into it (GPU targets need it).")
 @click.option("--rebuild", is_flag=True, help="GPU: also search the build's max_batch_size, max_num_tokens and "
@@ -297,12 +299,11 @@ def tune(build_or_repo, out, as_json, trials, url, rebuild, seed, timeout, **loa
 
 
 @main.command()
-@click.argument("repo", type=click.Path(path_type=Path))
+@repository_argument()
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds of load captured.")
-@click.option("--concurrency", type=click.IntRange(1), default=1, show_default=True, help="Concurrent clients.")
-@click.option("--max-tokens", type=click.IntRange(2, 4096), default=16, show_default=True,
-              help="Tokens generated per request.")
+@concurrency_option("Concurrent clients.", 1)
+@max_tokens_option()
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Operators in the table.")
 @click.option("--capture-iterations", default="100-300", show_default=True, metavar="FIRST-LAST",
               help="GPU: the runtime iterations Nsight Systems captures (TensorRT-LLM's start/stop variable).")
@@ -310,7 +311,8 @@ def tune(build_or_repo, out, as_json, trials, url, rebuild, seed, timeout, **loa
               help="Trace directory (default: profile/ beside REPO).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the server to be ready.")
-def profile(repo, duration, concurrency, max_tokens, top, capture_iterations, out, timeout):
+@json_option("the load, the stages and the top operators")
+def profile(repo, duration, concurrency, max_tokens, top, capture_iterations, out, timeout, as_json):
     """Serve REPO, drive validate's load for --duration seconds and leave a trace of where the time went.
 
     \b
@@ -330,7 +332,7 @@ def profile(repo, duration, concurrency, max_tokens, top, capture_iterations, ou
                              prompts=DEFAULT_PROMPTS, top=top, ready_timeout=timeout,
                              capture_iterations=capture_iterations)
     result = profile_repository(repo, out, options, say=lambda m: click.echo(f"... {m}", err=True))
-    click.echo(result.render())
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.render())
 
 
 @main.command()

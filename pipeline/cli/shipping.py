@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..versions.commands import versions
+from .versions import versions
 from ..errors import UserError
-from .base import DEFAULT_IMAGE, main, price_option, report_verification
+from .base import DEFAULT_IMAGE, echo_result, json_option, main, price_option, report_verification
 
 
 @main.command()
@@ -41,8 +41,9 @@ from .base import DEFAULT_IMAGE, main, price_option, report_verification
               help="With --canary-of: the Gateway the HTTPRoute attaches to.")
 @price_option("What an hour of one pod (its GPUs) costs, in US dollars: the dashboard then shows the cost per "
               "million output tokens.")
+@json_option("what was written")
 def k8s(build_or_repo, out, image, replicas, namespace, repo_source, scale_ratio, name, force, canary_of, weight,
-        gateway, price_per_hour):
+        gateway, price_per_hour, as_json):
     """Kubernetes manifests for a built model repository: Triton, autoscaling, alerts, a Grafana dashboard.
 
     \b
@@ -62,7 +63,7 @@ def k8s(build_or_repo, out, image, replicas, namespace, repo_source, scale_ratio
     options = K8sOptions(image=image, replicas=replicas, namespace=namespace, repo_source=repo_source,
                          scale_ratio=scale_ratio, name=name, force=force, canary_of=canary_of, weight=weight,
                          gateway=gateway, price_per_hour=price_per_hour)
-    click.echo(write_k8s(build_or_repo, out, options).summary())
+    echo_result(write_k8s(build_or_repo, out, options), as_json)
 
 
 main.add_command(versions)   # trtpipe versions list|add|serve|remove
@@ -100,8 +101,9 @@ def ci():
 @click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None,
               help="Build matrix (default: trtpipe.toml when it exists; without one, only the SmolLM2 job).")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path),
-              default=Path(".github/workflows/trtpipe.yml"), show_default=True)
-def github(matrix_path, out):
+              default=Path(".github/workflows/trtpipe.yml"), show_default=True, help="The workflow file to write.")
+@json_option("what was written")
+def github(matrix_path, out, as_json):
     """Write the GitHub Actions workflow: SmolLM2 end to end on a hosted runner, the matrix's builds.
 
     \b
@@ -119,6 +121,9 @@ def github(matrix_path, out):
     matrix = load_matrix(matrix_path) if matrix_path else None
     write_workflow(github_workflow(matrix, workflow_matrix_path(matrix_path) if matrix else None), out)
     jobs = 1 + (len(matrix.entries) if matrix else 0)
+    if as_json:
+        click.echo(json.dumps({"out": str(out), "builds": jobs, "matrix": str(matrix_path) if matrix else None}))
+        return
     click.echo(f"wrote {out}: {jobs} build(s) (SmolLM2 on the cpu target{' and the matrix' if matrix else ''})")
 
 
@@ -128,7 +133,8 @@ def github(matrix_path, out):
 @click.option("--key", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Sign the archive with this Ed25519 private key (PEM; `openssl genpkey -algorithm ed25519 -out "
                    "signing.pem`): verify and unpack then prove its origin with the public key.")
-def package(build_dir, out, key):
+@json_option("the archive's record (files, bytes, sha256, artifact.json)")
+def package(build_dir, out, key, as_json):
     """Pack BUILD_DIR (the model repository with the served checkpoint or Hugging Face model, the engine for the
     engine backend, build.json, the validation report) into one archive with artifact.json: every file's sha256,
     the model's fingerprint, versions, target, SM and backend.
@@ -140,7 +146,7 @@ def package(build_dir, out, key):
     """
     from ..artifact import package_build
 
-    click.echo(package_build(build_dir, out, key).summary())
+    echo_result(package_build(build_dir, out, key), as_json)
 
 
 def origin_options(command):

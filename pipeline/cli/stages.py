@@ -14,12 +14,13 @@ from ..backends.names import NAMES, RUNTIMES
 from ..engine_inspect import DEFAULT_PROFILING_VERBOSITY, PROFILING_VERBOSITIES
 from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
-from ..precisions import CALIBRATION_FORMATS, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
-from .base import DEFAULT_IMAGE, calibration_data_options, device_option, main
+from ..precisions import CALIBRATION_FORMATS, FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
+from .base import DEFAULT_IMAGE, calibration_data_options, choice, concurrency_option, device_option, main
 
 
 @main.command()
-def setup():
+@click.option("--json", "as_json", is_flag=True, help="Print where the assets are as JSON.")
+def setup(as_json):
     """Fetch the offline assets (SmolLM2 GGUF check, calibration corpus) into the cache.
 
     \b
@@ -28,33 +29,39 @@ def setup():
     """
     from ..assets import calibration_corpus_path, smollm2_gguf_path
 
-    click.echo(f"SmolLM2 GGUF:        {smollm2_gguf_path()}")
-    click.echo(f"calibration corpus:  {calibration_corpus_path()}")
+    assets = {"SmolLM2 GGUF": str(smollm2_gguf_path()), "calibration corpus": str(calibration_corpus_path())}
+    if as_json:
+        click.echo(json.dumps(assets))
+        return
+    for name, path in assets.items():
+        click.echo(f"{name + ':':<20} {path}")
 
 
 @main.command()
 @click.argument("source")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="Checkpoint directory to write.")
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
-              help="Weight dtype of the checkpoint (default: the model's own dtype).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
+@click.option("--precision", type=choice(FLOAT_DTYPES), default=None,
+              help="Weight precision of the checkpoint, as in plan and build (default: the model's own dtype).")
+@click.option("--tp", "--tensor-parallel-size", type=click.IntRange(1), default=1, show_default=True,
+              help="Tensor-parallel size.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel size.")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
+def convert(source, out, precision, tp, pp, model_dir, force, as_json):
     """Convert SOURCE to a TensorRT-LLM 1.2.x checkpoint (config.json + rank<N>.safetensors).
 
     \b
     SOURCE is a preset name, a Hugging Face directory, a GGUF file or a hub id.
     Examples:
       trtpipe convert smollm2-135m -o out/ckpt
-      trtpipe convert ./Meta-Llama-3-8B -o out/ckpt-tp2 --dtype float16 --tp 2
+      trtpipe convert ./Meta-Llama-3-8B -o out/ckpt-tp2 --precision fp16 --tp 2
     """
     from ..convert import convert_model
     from ..sources import resolve_model
 
+    dtype = FLOAT_DTYPES[precision] if precision else None
     result = convert_model(resolve_model(source, model_dir), out, dtype=dtype, tp=tp, pp=pp, force=force)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -69,18 +76,24 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
                    "the directory above them (default: the matrix's `output`).")
 @click.option("--only", multiple=True, metavar="NAME", help="With --matrix: only this build (repeatable).")
 @click.option("--target", default="cpu", show_default=True, help="Target from `trtpipe targets` (cpu, rtx4090, ...).")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True)
-@click.option("--kv-cache", type=click.Choice(KV_CACHE_CHOICES), default="auto", show_default=True)
+@click.option("--precision", type=choice(PRECISIONS), default="fp16", show_default=True,
+              help="Weight precision (`trtpipe targets` says which each target runs).")
+@click.option("--kv-cache", type=choice(KV_CACHE_CHOICES), default="auto", show_default=True,
+              help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else unquantized.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Build directory (default: out/<model>-<target>-<precision>[-<backend>]).")
-@click.option("--dry-run", is_flag=True, help="Do everything that needs no GPU; print the engine build command.")
+@click.option("--dry-run", is_flag=True,
+              help="GPU targets: say what the build would do, in seconds, from the model's config alone: the plan, "
+                   "each stage's command (trtllm-build's too), the download and each stage's estimated time here; "
+                   "nothing is downloaded, converted or written. cpu (or with --checkpoints-on-cpu): every stage but "
+                   "compile's trtllm-build and validation.")
 @click.option("--url", default=None, help="Validate on this running Triton server instead of the embedded one.")
 @click.option("--load-test", is_flag=True, help="Add the bounded load test to validation.")
 @click.option("--samples", type=click.IntRange(min=1), default=None,
               help="Calibration samples (default: the recipe's).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @device_option("calibration and the golden reference run")
-@click.option("--backend", type=click.Choice(sorted(NAMES)), default=None,
+@click.option("--backend", type=choice(sorted(NAMES)), default=None,
               help="What serves the model: engine (default on GPUs; compiled by trtllm-build) or pytorch "
                    "(TensorRT-LLM LLM API on the Hugging Face checkpoint, no compile); reference (default on cpu), "
                    "reference-llmapi or reference-onnx on the cpu target.")
@@ -89,16 +102,21 @@ def convert(source, out, dtype, tp, pp, model_dir, force, as_json):
 @click.option("--input-len", type=click.IntRange(1), default=None, help="Typical prompt length the plan is for "
               "(default 1024, as `trtpipe plan`).")
 @click.option("--output-len", type=click.IntRange(1), default=None, help="Typical generated length (default 256).")
-@click.option("--max-context", type=click.IntRange(2), default=None,
+@click.option("--max-context", "--max-model-len", type=click.IntRange(2), default=None,
               help="Longest prompt + output a request may have (default: min(model context, 8192)).")
-@click.option("--sparsity", type=click.Choice(["2:4"]), default=None,
+@click.option("--sparsity", type=choice(["2:4"]), default=None,
               help="Prune the converted checkpoint to 2:4 (SparseGPT) before calibration; on a GPU target the "
               "engine is built with --weight_sparsity (no speedup assumed: docs/sparsity.md).")
 @click.option("--distill-tokens", type=int, default=None,
               help="With --sparsity: distill the sparse checkpoint from the dense one on this many tokens.")
+@click.option("--checkpoints-on-cpu", is_flag=True,
+              help="GPU targets: download, convert and calibrate here on this machine's CPU, without a GPU (hours for "
+                   "an 8B model; the download and time are printed before it starts), then write the engine build "
+                   "command. Without it, a GPU target's build needs the GPU machine.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
-          device, backend, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens, as_json):
+          device, backend, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens,
+          checkpoints_on_cpu, as_json):
     """Run every stage: convert, [sparsify, distill,] calibrate, plan, compile, deploy, validate.
 
     \b
@@ -126,7 +144,8 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
             raise UserError("--input-len, --output-len and --max-context plan one build; a matrix build takes its "
                             "matrix's settings")
         return build_matrix(model, matrix_path, only, out, as_json, dry_run=dry_run, url=url, load_test=load_test,
-                            model_dir=model_dir, device=device, progress=not as_json)
+                            model_dir=model_dir, device=device, progress=not as_json,
+                            checkpoints_on_cpu=checkpoints_on_cpu)
     if model is None:
         raise UserError("give MODEL (a preset, Hugging Face directory, GGUF file or hub id) or --matrix FILE")
     if only:
@@ -140,12 +159,14 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
                            dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
                            calibration_samples=samples, device=device, progress=not as_json, backend=backend,
                            workload=Workload(**lengths) if lengths else None, sparsity=sparsity,
-                           distill_tokens=distill_tokens)
+                           distill_tokens=distill_tokens, checkpoints_on_cpu=checkpoints_on_cpu)
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:
         sys.exit(1)
-    if k8s_manifests:
+    if k8s_manifests and summary.preview is not None:
+        click.echo("--k8s: a dry run has no repository to write manifests for", err=True)
+    elif k8s_manifests:
         from ..k8s import K8sOptions, write_k8s
 
         written = write_k8s(out, out / "k8s", K8sOptions(image=DEFAULT_IMAGE, force=True))
@@ -173,18 +194,18 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="Directory for the quantized checkpoint (with calibration/ report, plots and TensorRT cache).")
-@click.option("--precision", type=click.Choice(["fp8", "int8-sq"]), required=True,
+@click.option("--precision", type=choice(["fp8", "int8-sq"]), required=True,
               help="fp8: FP8 E4M3 weights and activations; int8-sq: SmoothQuant W8A8 (per-channel weights).")
-@click.option("--kv-cache", type=click.Choice(sorted(KV_CACHE_QUANT_ALGO)), default=None,
+@click.option("--kv-cache", type=choice(sorted(KV_CACHE_QUANT_ALGO)), default=None,
               help="Also quantize the KV cache (per-layer scales from the K and V values).")
-@click.option("--method", type=click.Choice(["entropy", "percentile", "mse", "max"]), default=None,
+@click.option("--method", type=choice(["entropy", "percentile", "mse", "max"]), default=None,
               help="Activation amax method (default: max for both precisions, chosen by measurement; "
                    "see docs/calibrate.md).")
 @calibration_data_options
 @click.option("--alpha", type=float, default=None,
               help="SmoothQuant migration strength (int8-sq; default 0.8, chosen by measurement).")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --method percentile.")
-@click.option("--weight-rounding", type=click.Choice(["gptq", "nearest"]), default=None,
+@click.option("--weight-rounding", type=choice(["gptq", "nearest"]), default=None,
               help="gptq (default): round weights with error feedback through the calibration inputs (same "
                    "format, lower error); nearest: round each weight independently (as modelopt does).")
 @click.option("--damp", type=float, default=None,
@@ -195,7 +216,7 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--eval-samples", type=click.IntRange(min=0), default=40, show_default=True,
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
 @device_option("the model runs")
-@click.option("--format", "formats", type=click.Choice(CALIBRATION_FORMATS), default="trtllm", show_default=True,
+@click.option("--format", "formats", type=choice(CALIBRATION_FORMATS), default="trtllm", show_default=True,
               help="both: also write OUT/hf, the same calibration as a Hugging Face FP8 checkpoint in modelopt's "
                    "layout (the PyTorch backend, vLLM and SGLang load it); hf: that Hugging Face checkpoint alone, "
                    "as OUT (no TensorRT-LLM checkpoint; its perplexity is the Hugging Face checkpoint's).")
@@ -236,7 +257,8 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
               help="Tokenizer directory (default: CHECKPOINT/tokenizer, or the model's own).")
 @click.option("--window", type=click.IntRange(min=2), default=512, show_default=True,
               help="Tokens per scored window.")
-@click.option("--max-samples", type=click.IntRange(min=1), default=None, help="Score only the first N samples.")
+@click.option("--eval-samples", "max_samples", type=click.IntRange(min=1), default=None,
+              help="Held-out documents scored: only the first N (default: all of them).")
 @device_option("the model runs")
 @click.option("--json", "as_json", is_flag=True, help='Print {"perplexity": ..., "tokens": ...}.')
 def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
@@ -263,7 +285,7 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="Output directory (model.onnx, genai_config.json).")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "int8-sq", "fp8"]), default="auto",
+@click.option("--precision", type=choice(["auto", "fp32", "fp16", "int8-sq", "fp8"]), default="auto",
               show_default=True, help="auto follows the checkpoint; int8-sq/fp8 need a calibrated checkpoint "
               "(Q/DQ nodes from its scales); fp16 stores float weights in half precision.")
 @click.option("--opset", type=int, default=21, show_default=True, help="ONNX opset (19 or newer).")
@@ -320,23 +342,26 @@ def targets(as_json):
 @main.command()
 @click.argument("model")
 @click.option("--target", required=True, help="A target from `trtpipe targets` (rtx4090, h100, cpu, ...).")
-@click.option("--precision", type=click.Choice(PRECISIONS), required=True, help="Weight precision.")
-@click.option("--kv-cache", type=click.Choice(KV_CACHE_CHOICES), default="auto",
+@click.option("--precision", type=choice(PRECISIONS), required=True, help="Weight precision.")
+@click.option("--kv-cache", type=choice(KV_CACHE_CHOICES), default="auto",
               show_default=True, help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else "
-              "unquantized (a checkpoint's own KV quantization when MODEL is a checkpoint).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs per engine).")
-@click.option("--input-len", type=int, default=1024, show_default=True, help="Typical prompt length in tokens.")
-@click.option("--output-len", type=int, default=256, show_default=True, help="Typical generated length in tokens.")
-@click.option("--max-context", type=int, default=None,
+              "unquantized (a checkpoint's own KV quantization when MODEL is a checkpoint; unquantized on the cpu "
+              "target, whose reference runtime stores every KV cache in float32, as its build does).")
+@click.option("--tp", "--tensor-parallel-size", type=click.IntRange(1), default=1, show_default=True,
+              help="Tensor-parallel size (GPUs per engine).")
+@click.option("--input-len", type=click.IntRange(1), default=1024, show_default=True,
+              help="Typical prompt length in tokens.")
+@click.option("--output-len", type=click.IntRange(1), default=256, show_default=True,
+              help="Typical generated length in tokens.")
+@click.option("--max-context", "--max-model-len", type=click.IntRange(2), default=None,
               help="Longest prompt + output a request may have (max_seq_len); default min(model context, 8192).")
-@click.option("--concurrency", type=int, default=None,
-              help="Target number of concurrent requests; default: as many as the KV cache holds.")
+@concurrency_option("Target number of concurrent requests; default: as many as the KV cache holds.")
 @click.option("--p99-latency", type=float, default=None,
               help="Optional end-to-end latency budget per request, in seconds (bounds the batch).")
 @click.option("--max-batch-size", type=int, default=None, help="Override the planned engine max_batch_size.")
 @click.option("--max-num-tokens", type=int, default=None,
               help="Override the planned max_num_tokens (on cpu: the tokens of one scheduler step).")
-@click.option("--batch-scheduler-policy", type=click.Choice(BATCH_SCHEDULER_POLICIES), default=None,
+@click.option("--batch-scheduler-policy", type=choice(BATCH_SCHEDULER_POLICIES), default=None,
               help="guaranteed_no_evict (default: a request starts only when its whole KV fits) or max_utilization "
                    "(start more, pause the latest when the KV cache runs out).")
 @click.option("--priority-levels", type=click.IntRange(1), default=None,
@@ -354,9 +379,9 @@ def targets(as_json):
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Directory holding downloaded models.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None, help="Also write plan.json here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the form other stages read).")
-@click.option("--server", type=click.Choice(["vllm", "tgi"]), default=None,
+@click.option("--server", type=choice(["vllm", "tgi"]), default=None,
               help="Print the launch line of that server with the plan's batch, context and KV-cache budget.")
-@click.option("--backend", type=click.Choice(sorted(NAMES)), default=None,
+@click.option("--backend", type=choice(sorted(NAMES)), default=None,
               help="What serves the model: engine (default on GPUs) or pytorch (TensorRT-LLM LLM API, no engine); "
                    "reference (default on cpu) or reference-llmapi (the llmapi contract on the cpu target).")
 @click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
@@ -365,17 +390,26 @@ def targets(as_json):
 @click.option("--measured", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Correct the performance model for this machine with a load test of the same deployment: "
                    "validate --load-test's load_test.json (or report.json), or tune's result/trials.json.")
+@click.option("--details", is_flag=True,
+              help="After the verdict, every section: the memory budget, build_config, plugin_config, profiles, "
+                   "Triton parameters, performance, speed of light, energy.")
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
          kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, priority_levels, default_priority_level, model_dir,
-         out, as_json, server, backend, instances, measured):
-    """Memory budget, build configuration and Triton parameters for MODEL on a target.
+         out, as_json, server, backend, instances, measured, details):
+    """Whether MODEL fits a target, its batch, KV cache and speed; its build configuration and Triton parameters.
+
+    \b
+    The first lines are the verdict: fits, batch, KV-cache tokens, TTFT, TPOT and output tokens/s with where each
+    figure comes from (measured kernels, derived from another card, timed on this host, or a speed-of-light
+    bound, shown as >= or <=). --details adds every section; --json prints plan.json.
 
     \b
     MODEL is a preset name, a Hugging Face directory, a GGUF file, a hub id or a TensorRT-LLM checkpoint
     directory. Nothing is downloaded: presets carry their architecture numbers.
     Examples:
       trtpipe plan llama-3-8b --target rtx4090 --precision fp8
+      trtpipe plan llama-3-8b --target rtx4090 --precision fp8 --details
       trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --input-len 2048 --output-len 512 --concurrency 16
       trtpipe plan out/ckpt-fp8 --target rtx4090 --precision fp8 --p99-latency 5 --json > plan.json
       trtpipe plan smollm2-135m --target cpu --precision fp16 -o out/plan.json
@@ -386,22 +420,27 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     from rich.console import Console
 
     from ..plan import Overrides, Workload, plan_document, resolve_model_info, save_plan
-    from .plan_render import render_plan
+    from ..plan.policy import Refusal
+    from .plan_render import other_warnings, performance_table, plan_command_line, render_plan, verdict
     from ..planner import densities, plan_instances
     from ..plan.servers import server_settings
     from ..targets import get_target
 
     info, gpu = resolve_model_info(model, model_dir), get_target(target)
-    result = plan_instances(
-        info, gpu, precision, instances, kv_cache=kv_cache, tp=tp,
-        workload=Workload(input_len=input_len, output_len=output_len, max_context=max_context,
-                          concurrency=concurrency, p99_latency_s=p99_latency),
-        overrides=Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, opt_num_tokens=opt_num_tokens,
-                            multiple_profiles=multiple_profiles, use_paged_context_fmha=paged_context_fmha,
-                            enable_kv_cache_reuse=kv_cache_reuse,
-                            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
-                            batch_scheduler_policy=batch_scheduler_policy, priority_levels=priority_levels,
-                            default_priority_level=default_priority_level), backend=backend)
+    try:
+        result = plan_instances(
+            info, gpu, precision, instances, advise=True, kv_cache=kv_cache, tp=tp,
+            workload=Workload(input_len=input_len, output_len=output_len, max_context=max_context,
+                              concurrency=concurrency, p99_latency_s=p99_latency),
+            overrides=Overrides(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
+                                opt_num_tokens=opt_num_tokens, multiple_profiles=multiple_profiles,
+                                use_paged_context_fmha=paged_context_fmha, enable_kv_cache_reuse=kv_cache_reuse,
+                                kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+                                batch_scheduler_policy=batch_scheduler_policy, priority_levels=priority_levels,
+                                default_priority_level=default_priority_level), backend=backend)
+    except Refusal as exc:   # each "instead" as the whole command, planned before it is named
+        ctx = click.get_current_context()
+        raise UserError(exc.explained(lambda flags: plan_command_line(ctx, flags))) from None
     if measured is not None:
         from ..plan.feedback import correct, read_measured
 
@@ -421,10 +460,19 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
         for note in equivalent.notes:
             click.echo(f"  note: {note}")
         return
+    for line in verdict(result):
+        click.echo(line)
+    for warning in other_warnings(result):
+        click.echo(f"warning: {warning}")
     console = Console()
-    for renderable in render_plan(result):
-        console.print(renderable)
+    if details:
         console.print()
+        for renderable in render_plan(result):
+            console.print(renderable)
+            console.print()
+    elif measured is not None and result.performance is not None:   # the correction asked for, and what it changed
+        console.print()
+        console.print(performance_table(result))
     if out is not None:
         console.print(f"plan written to {out}")
     if instances > 1:
@@ -448,7 +496,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
 @click.option("--onnx", "onnx_dir", type=click.Path(path_type=Path), default=None,
               help="An `export-onnx` directory: also write ENGINE/trtexec.sh, TensorRT's build of that graph with "
                    "the plan's shapes (unverified: never run here).")
-@click.option("--profiling-verbosity", type=click.Choice(PROFILING_VERBOSITIES),
+@click.option("--profiling-verbosity", type=choice(PROFILING_VERBOSITIES),
               default=DEFAULT_PROFILING_VERBOSITY, show_default=True,
               help="trtllm-build --profiling_verbosity: what the engine keeps about its layers. With detailed, a "
                    "real build also writes ENGINE/rankN.layers.json (TensorRT's engine inspector) and the layer "
@@ -497,7 +545,7 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, profiling_v
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
               help="Directory with the tokenizer files (default: CHECKPOINT/tokenizer or ENGINE/tokenizer).")
 @click.option("--force", is_flag=True, help="Replace an existing repository made from other inputs.")
-@click.option("--runtime", type=click.Choice(list(RUNTIMES)), default=None,
+@click.option("--runtime", type=choice(list(RUNTIMES)), default=None,
               help="cpu target: what the tensorrt_llm Python model computes with (default: the plan's backend; "
                    "onnxruntime exports the checkpoint to ONNX into the repository). Same repository contract.")
 @click.option("--python-models", default="trtpipe", metavar="trtpipe|nvidia|DIR",

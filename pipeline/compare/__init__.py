@@ -47,7 +47,7 @@ def compare_builds(options: CompareOptions, say=lambda message: None) -> Compare
     a, b = load_build(options.build_a, "A"), load_build(options.build_b, "B")
     options.thresholds.check(options.serve.load_test)
     if options.ppl_samples < 1:
-        raise UserError(f"--ppl-samples must be at least 1 (got {options.ppl_samples})")
+        raise UserError(f"--eval-samples must be at least 1 (got {options.ppl_samples})")
     source, prompts = load_prompts(options.prompts, options.num_prompts)
     tok_a, tok_b = AutoTokenizer.from_pretrained(a.tokenizer), AutoTokenizer.from_pretrained(b.tokenizer)
     differences = identity_differences(a, b, tok_a, tok_b)

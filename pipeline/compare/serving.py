@@ -20,7 +20,7 @@ PROMPT_WORDS = 12
 
 @dataclass(frozen=True)
 class ServeOptions:
-    max_tokens: int = 32
+    max_tokens: int = 16
     load_test: bool = False
     concurrency: int = 4
     requests_per_client: int = 4

@@ -59,6 +59,10 @@ class K8sResult:
     scale_ratio: float
     notes: tuple[str, ...] = ()   # what the user should know (a canary's assumed stable name)
 
+    def to_dict(self) -> dict:
+        return {"out": str(self.out), "files": list(self.files), "name": self.name, "scale_ratio": self.scale_ratio,
+                "notes": list(self.notes)}
+
     def summary(self) -> str:
         fill = (f"the model repository goes onto its volume with {LOADER}" if LOADER in self.files
                 else "every pod fetches and verifies the artifact before Triton starts")
@@ -128,7 +132,7 @@ def write_k8s(path: Path, out: Path, options: K8sOptions) -> K8sResult:
 
         stable = stable_name(options.canary_of)
         canary = check_canary(stable.name, src.name, options.weight, options.gateway, stable.read)
-    check_output_free(Path(out), options.force)
+    check_output_free(Path(out), options.force, lambda out: (out / "kustomization.yaml").is_file())
     with atomic_output_dir(Path(out)) as tmp:
         for name, obj in objects.items():
             (tmp / name).write_text(yaml.safe_dump(obj, sort_keys=False))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..outputs import portable, write_atomic
+from ..outputs import check_output_file, portable, write_atomic
 from .schema import Plan
 from .servers import equivalents
 
@@ -24,5 +24,13 @@ def plan_json(plan: Plan, directory: Path) -> str:
 
 
 def save_plan(plan: Plan, path: Path) -> Path:
-    """Write plan.json atomically (temporary sibling, then rename)."""
+    """Write plan.json atomically (temporary sibling, then rename); only over a plan trtpipe wrote."""
+    check_output_file(Path(path), is_plan_file)
     return write_atomic(path, plan_json(plan, Path(path).parent))
+
+
+def is_plan_file(path: Path) -> bool:
+    try:
+        return json.loads(Path(path).read_text()).get("plan_version") is not None
+    except (OSError, ValueError, AttributeError):
+        return False

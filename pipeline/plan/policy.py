@@ -33,6 +33,43 @@ def queue_bound(batch: int) -> dict:
         "of every queued request waiting out its client's timeout")}
 
 
+#: what a Refusal is about: the P99 budget, or the memory of the card (or of an instance's share of it)
+LATENCY, MEMORY = "latency", "memory"
+
+
+class Refusal(UserError):
+    """A request no plan meets as asked, which a change to the request may: `kind` (LATENCY, MEMORY) and what the
+    planner found at `batch`, the smallest batch it tried (`latency_s`, `ttft_s`, `tpot_s` for LATENCY).
+
+    `pipeline.planner.plan_instances(advise=True)` (the `plan` command) tries the changes that answer it and keeps
+    those it plans (`alternatives`: the flags of `trtpipe plan` and why), so every "instead" it names works;
+    `explained` words them, as whole commands where the caller can spell them."""
+
+    def __init__(self, message: str, kind: str, batch: int = 1, latency_s: float = 0.0, ttft_s: float = 0.0,
+                 tpot_s: float = 0.0):
+        super().__init__(message)
+        self.message, self.kind, self.batch = message, kind, batch
+        self.latency_s, self.ttft_s, self.tpot_s = latency_s, ttft_s, tpot_s
+        self.alternatives: list[tuple[dict, str]] | None = None   # None: not tried
+
+    def reworded(self, message: str) -> "Refusal":
+        return Refusal(message, self.kind, self.batch, self.latency_s, self.ttft_s, self.tpot_s)
+
+    def explained(self, command=None) -> str:
+        """The message with the alternatives found, each as `command(flags)` (default: the flags alone)."""
+        if self.alternatives is None:
+            return self.message
+        if not self.alternatives:
+            return (f"{self.message}; no larger budget, shorter output, smaller batch, lower precision, 8-bit KV "
+                    "cache, more GPUs or fewer instances that trtpipe tried plans it")
+        spell = command or (lambda flags: " ".join(f"{flag} {value}" for flag, value in flags.items()))
+        return f"{self.message}; instead: " + " or ".join(f"`{spell(flags)}` ({why})"
+                                                       for flags, why in self.alternatives)
+
+    def __str__(self) -> str:
+        return self.explained()
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A request `make_plan` has checked, for a backend's planner."""
@@ -62,15 +99,21 @@ def engine_dtype(precision: str, arch: ModelArch) -> str:
 
 
 def resolve_kv_cache_dtype(kv_cache: str, precision: str, dtype: str,
-                           checkpoint_kv_algo: str | None = None, is_checkpoint: bool = False) -> str:
-    """'fp8' | 'int8' | the engine dtype (an unquantized cache is stored in the engine dtype).
+                           checkpoint_kv_algo: str | None = None, is_checkpoint: bool = False,
+                           target: Target | None = None) -> str:
+    """'fp8' | 'int8' | the engine dtype (an unquantized cache is stored in the engine dtype): the one decision of
+    the KV cache a plan, and the build of the same flags, make.
 
-    'auto' follows a checkpoint's kv_cache_quant_algo; without a checkpoint it is FP8 for FP8
-    weights, INT8 for SmoothQuant, and unquantized otherwise.
+    'auto' follows a checkpoint's kv_cache_quant_algo; without a checkpoint it is FP8 for FP8 weights, INT8 for
+    SmoothQuant, and unquantized otherwise. On the cpu target 'auto' is unquantized: its reference runtime stores
+    every KV cache in float32 (`stored_kv_cache_dtype`), so an 8-bit one would save no memory, and `trtpipe build`
+    calibrates no KV scales for 'auto' (its cpu fp8 build serves a float32 KV cache).
     """
     if kv_cache == "auto":
         if is_checkpoint:
             return {"FP8": "fp8", "INT8": "int8"}.get(checkpoint_kv_algo, dtype)
+        if target is not None and not target.is_gpu:
+            return dtype
         return {"fp8": "fp8", "int8-sq": "int8"}.get(precision, dtype)
     if kv_cache in FLOAT_DTYPES:
         if FLOAT_DTYPES[kv_cache] != dtype:
@@ -80,6 +123,26 @@ def resolve_kv_cache_dtype(kv_cache: str, precision: str, dtype: str,
     if kv_cache not in KV_CACHE_QUANT_ALGO:
         raise UserError(f"--kv-cache must be one of {', '.join(KV_CACHE_CHOICES)}, not {kv_cache!r}")
     return kv_cache
+
+
+#: the dtype the cpu target's reference runtime computes and stores everything in
+CPU_DTYPE = "float32"
+
+
+def stored_kv_cache_dtype(target: Target, kv_cache_dtype: str) -> str:
+    """What the KV cache is stored as: its own dtype on a GPU; float32 on the cpu target, whose reference runtime
+    rounds a quantized cache's values to fp8/int8 with the checkpoint's scales and keeps them in float32
+    (`runtime.model.KVCache`). kv_bytes_per_token is of this dtype."""
+    return kv_cache_dtype if target.is_gpu else CPU_DTYPE
+
+
+def describe_kv_cache(plan: Plan) -> str:
+    """The KV cache as plan and build have it: '65536 B/token fp8', or on the cpu target '46080 B/token float32
+    (values rounded to fp8)'."""
+    stored = stored_kv_cache_dtype(plan.target, plan.kv_cache_dtype)
+    rounded = f" holding {plan.kv_cache_dtype}-rounded values" if plan.kv_cache_dtype in KV_CACHE_QUANT_ALGO \
+        and stored != plan.kv_cache_dtype else ""
+    return f"{stored}{rounded}, {plan.kv_bytes_per_token} B/token"
 
 
 def kv_cache_request(plan: Plan) -> str:
@@ -97,6 +160,13 @@ def kv_cache_request(plan: Plan) -> str:
     return next(name for name, value in FLOAT_DTYPES.items() if value == dtype)
 
 
+def checkpoint_precision(quant_algo: str | None, dtype: str | None) -> str | None:
+    """The --precision that plans a checkpoint as it is: its quant_algo's, else its dtype's (None: neither known)."""
+    if quant_algo:
+        return next((p for p, name in QUANT_ALGO.items() if name == quant_algo), None)
+    return next((p for p, name in FLOAT_DTYPES.items() if name == dtype), None)
+
+
 def check_checkpoint_agrees(model: ModelInfo, precision: str, kv_cache_dtype: str, dtype: str,
                             tp: int, check_dtype: bool = True) -> None:
     """A checkpoint fixes its precision, KV quantization, dtype and tp: the request must match."""
@@ -105,16 +175,20 @@ def check_checkpoint_agrees(model: ModelInfo, precision: str, kv_cache_dtype: st
     q = model.checkpoint_quantization or {}
     have_algo, want_algo = q.get("quant_algo"), QUANT_ALGO.get(precision)
     where = model.path
+    own = checkpoint_precision(have_algo, model.arch.dtype)
     if have_algo != want_algo:
         raise UserError(f"checkpoint {where} has quant_algo {have_algo}, but --precision {precision} "
-                        f"needs {want_algo}; pass the matching --precision or calibrate a new checkpoint")
+                        f"needs {want_algo}; pass "
+                        + (f"its own --precision {own}" if own else "the matching --precision")
+                        + " or calibrate a new checkpoint")
     have_kv, want_kv = q.get("kv_cache_quant_algo"), KV_CACHE_QUANT_ALGO.get(kv_cache_dtype)
     if have_kv != want_kv:
         raise UserError(f"checkpoint {where} has kv_cache_quant_algo {have_kv}, but the requested KV "
                         f"cache {kv_cache_dtype} needs {want_kv}; pass a matching --kv-cache")
     if check_dtype and precision in FLOAT_DTYPES and model.arch.dtype != dtype:
         raise UserError(f"checkpoint {where} is {model.arch.dtype}, --precision {precision} needs {dtype}; "
-                        f"convert again with --dtype {dtype}")
+                        + (f"plan it at its own --precision {own}, or " if own else "")
+                        + f"convert again with --precision {precision}")
     if model.checkpoint_tp_size != tp:
         raise UserError(f"checkpoint {where} is sharded for tp={model.checkpoint_tp_size}, not --tp {tp}; "
                         f"convert again with --tp {tp}")
@@ -156,8 +230,9 @@ def latency_batch_cap(budget_s: float, prefill_s: float, workload: Workload, wei
     per_step = (budget_s - prefill_s) / workload.output_len
     base = weights_per_rank / target.bandwidth_bytes_per_s
     if per_step <= base:
-        raise UserError(f"the P99 latency budget {budget_s:g} s cannot be met on {target.name} even at batch 1: "
-                        f"estimated {prefill_s + workload.output_len * base:.3f} s (prefill {prefill_s:.3f} s + "
-                        f"{workload.output_len} decode steps of {base * 1e3:.2f} ms); shorten the output, "
-                        "use a lower precision or more GPUs")
+        latency = prefill_s + workload.output_len * base
+        raise Refusal(f"the P99 latency budget {budget_s:g} s cannot be met on {target.name} even at batch 1: "
+                      f"at least {latency:.3f} s, the speed-of-light bound (prefill {prefill_s:.3f} s + "
+                      f"{workload.output_len} decode steps of {base * 1e3:.2f} ms)", LATENCY, 1, latency,
+                      prefill_s, base)
     return max(1, int((per_step - base) * target.bandwidth_bytes_per_s / (context * kv_per_token)))

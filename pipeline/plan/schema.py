@@ -398,9 +398,19 @@ def is_trtllm_checkpoint(path: Path) -> bool:
     return isinstance(data, dict) and "architecture" in data and "architectures" not in data
 
 
+def looks_like_path(spec: str) -> bool:
+    """./x, ../x, /x, ~/x (and .\\x on Windows): what only a path is spelt as, never a preset or a hub id."""
+    return spec.startswith(("./", "../", "/", "~", ".\\", "..\\")) or spec in (".", "..")
+
+
 def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
-    """A preset, HF directory, GGUF, hub id (via pipeline.sources) or a TensorRT-LLM checkpoint."""
+    """A preset, HF directory, GGUF, hub id (via pipeline.sources) or a TensorRT-LLM checkpoint. A spec written as
+    a path (./, ../, / or ~ first) is a path: one that does not exist is said to be missing, not taken for a hub
+    id."""
     path = Path(spec).expanduser()
+    if looks_like_path(spec) and not path.exists():
+        raise UserError(f"{spec}: no such file or directory ({path.absolute()}); MODEL is a preset, a hub id "
+                        "(org/name), or an existing Hugging Face directory, GGUF file or TensorRT-LLM checkpoint")
     if path.is_dir() and is_trtllm_checkpoint(path):
         cfg = CheckpointConfig.read(path)
         return ModelInfo(name=spec, source="checkpoint", path=str(path.resolve()), arch=cfg.arch,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import UserError
 from ..targets import Target
 from .memory import format_gib
 from .performance import (
@@ -19,7 +18,7 @@ from .performance import (
     performance_of,
     speed_of_light_performance,
 )
-from .policy import PlanRequest
+from .policy import LATENCY, MEMORY, PlanRequest, Refusal
 from .schema import Workload
 
 
@@ -48,7 +47,7 @@ def plan_serving(request: PlanRequest, point: Workpoint, chunked: bool, max_seq_
     target, workload, overrides = request.target, request.workload, request.overrides
     found, why = estimate_or_reason(target, point)
     if found is None:
-        return point, speed_of_light_performance(target, point, prefill_s, sol_step_s, why), []
+        return point, speed_of_light_performance(target, point, prefill_s, sol_step_s, why), [bound_warning(why)]
     if overrides.max_num_tokens is not None:
         token_options = [point.max_num_tokens]
     else:
@@ -64,7 +63,7 @@ def plan_serving(request: PlanRequest, point: Workpoint, chunked: bool, max_seq_
             if best is None or found.output_tokens_per_s > best[1].output_tokens_per_s:
                 best = (candidate, found)
     if best is None:
-        raise UserError(serving_refusal(target, point, workload, overrides.max_batch_size))
+        raise serving_refusal(target, point, workload, overrides.max_batch_size)
     chosen, found = best
     if chosen.batch < point.batch:
         warnings.append(f"batch {chosen.batch} instead of {point.batch}: "
@@ -76,6 +75,14 @@ def plan_serving(request: PlanRequest, point: Workpoint, chunked: bool, max_seq_
     if chosen.max_num_tokens < chosen.isl:
         performance.notes.append(chunking_cost(target, chosen, found))
     return chosen, performance, warnings
+
+
+def bound_warning(why: str) -> str:
+    """What a plan without measured or derived figures says first: which data is missing, and that its figures
+    bound the GPU rather than predict it."""
+    return (f"no measured data: {why.split(': the figures are')[0]}. TTFT and TPOT are lower bounds (≥) and output "
+            "tokens/s an upper bound (≤) at the speed of light, not predictions: real serving is slower, so do not "
+            "compare them with a measured or derived plan's figures")
 
 
 def chunking_cost(target: Target, chosen: Workpoint, found) -> str:
@@ -125,18 +132,19 @@ def batch_options(target: Target, point: Workpoint, fixed: int | None) -> list[W
     return [replace(point, batch=b) for b in reversed(batches)]
 
 
-def serving_refusal(target: Target, point: Workpoint, workload: Workload, fixed: int | None) -> str:
+def serving_refusal(target: Target, point: Workpoint, workload: Workload, fixed: int | None) -> Refusal:
     """Why no batch works: AIC's memory estimate or the P99 budget, at the user's batch or at batch 1."""
     batch = fixed or 1
     one = estimate(target, replace(point, batch=batch))
     where = f"--max-batch-size {batch}" if fixed else "batch 1"
     if one.out_of_memory:
-        return (f"aiconfigurator-core's memory estimate does not fit {target.name} at {where}: "
-                f"{format_gib(one.memory_bytes['total'])} (weights {format_gib(one.memory_bytes['weights'])}, KV "
-                f"{format_gib(one.memory_bytes['kv_cache'])}, other {format_gib(one.memory_bytes['others'])}) of "
-                f"{format_gib(one.capacity_bytes)} usable; use a smaller batch, a lower precision, an fp8 KV cache or "
-                "more GPUs (--tp)")
+        memory = one.memory_bytes
+        return Refusal(f"aiconfigurator-core's memory estimate does not fit {target.name} at {where}: "
+                       f"{format_gib(memory['total'])} (weights {format_gib(memory['weights'])}, KV "
+                       f"{format_gib(memory['kv_cache'])}, other {format_gib(memory['others'])}) "
+                       f"of {format_gib(one.capacity_bytes)} usable", MEMORY, batch)
     latency = one.ttft_s + (point.osl - 1) * one.tpot_s
-    return (f"the P99 latency budget {workload.p99_latency_s:g} s cannot be met on {target.name}: aiconfigurator-core "
-            f"predicts {latency:.3f} s at {where} (TTFT {one.ttft_s * 1e3:.1f} ms + {point.osl - 1} x TPOT "
-            f"{one.tpot_s * 1e3:.2f} ms); shorten the output, use a lower precision or more GPUs")
+    return Refusal(f"the P99 latency budget {workload.p99_latency_s:g} s cannot be met on {target.name}: "
+                   f"aiconfigurator-core predicts {latency:.3f} s at {where} (TTFT {one.ttft_s * 1e3:.1f} ms + "
+                   f"{point.osl - 1} x TPOT {one.tpot_s * 1e3:.2f} ms)", LATENCY, batch, latency, one.ttft_s,
+                   one.tpot_s)

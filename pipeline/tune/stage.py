@@ -29,12 +29,12 @@ class TuneOptions:
     progress: bool = True
 
 
-def tune_options(*, slo: str, concurrency: str, prompts: str | None, num_prompts: int, max_tokens: int,
-                 requests_per_client: int, load_generator: str, price_per_hour: float | None = None,
+def tune_options(*, slo: str, concurrency: str | tuple[int, ...], prompts: str | None, num_prompts: int,
+                 max_tokens: int, requests_per_client: int, load_generator: str, price_per_hour: float | None = None,
                  **rest) -> TuneOptions:
     """TuneOptions from the command line's strings (each checked: UserError, exit 2)."""
     parsed = parse_slo(slo)
-    levels = parse_concurrencies(concurrency)
+    levels = parse_concurrencies(concurrency) if isinstance(concurrency, str) else concurrency
     check_load_generator(load_generator)
     described, texts = load_prompts(prompts, num_prompts)
     load = LoadSpec(tuple(texts), described, max_tokens, levels, requests_per_client, load_generator, price_per_hour,

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-REPO = click.argument("repo", type=click.Path(path_type=Path))
+from .base import repository_argument
+
+REPO = repository_argument()
 AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
@@ -38,7 +40,7 @@ def list_(repo, as_json):
     Examples:
       trtpipe versions list out/fp16/model_repo --json
     """
-    from .repository import read_repository
+    from ..versions.repository import read_repository
 
     r = read_repository(repo)
     rows = [{"version": v, "served": v in r.served, "previous": v == r.previous,
@@ -70,7 +72,7 @@ def add(repo, source, serve_it, as_json):
       trtpipe versions add out/fp16/model_repo out/fp8
       trtpipe versions add model_repo other_repo --serve
     """
-    from .edit import add_version
+    from ..versions.edit import add_version
 
     result = add_version(repo, source, serve=serve_it)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
@@ -95,7 +97,7 @@ def serve(repo, version, url, timeout, as_json):
       trtpipe versions serve out/fp16/model_repo 1
       trtpipe versions serve out/fp16/model_repo previous --url http://127.0.0.1:8000
     """
-    from .edit import serve_version
+    from ..versions.edit import serve_version
 
     result = serve_version(repo, version, url=url, timeout=timeout)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
@@ -104,14 +106,16 @@ def serve(repo, version, url, timeout, as_json):
 @versions.command()
 @REPO
 @click.argument("version")
-def remove(repo, version):
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
+def remove(repo, version, as_json):
     """Delete VERSION (not the served one) from REPO.
 
     \b
     Examples:
       trtpipe versions remove out/fp16/model_repo 1
     """
-    from .edit import remove_version
+    from ..versions.edit import remove_version
 
     path, removed = remove_version(repo, version)
-    click.echo(f"removed version {removed} of tensorrt_llm from {path}")
+    click.echo(json.dumps({"repository": str(path), "removed": removed}) if as_json
+               else f"removed version {removed} of tensorrt_llm from {path}")
