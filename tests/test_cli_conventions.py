@@ -122,3 +122,36 @@ def test_check_on_a_build_folder_checks_the_repository_inside(tiny_llama, tmp_pa
     result = CliRunner().invoke(main, ["check", str(build)])
     assert result.exit_code == 0, result.output
     assert str(build / "model_repo") in result.output
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_every_help_fits_the_terminal(width):
+    wide = {}
+    for name in commands():
+        result = CliRunner().invoke(main, [*name.split(), "--help"], terminal_width=width)
+        assert result.exit_code == 0, result.output
+        wide.update({name: line for line in result.output.splitlines() if len(line) > width})
+    assert not wide, wide
+
+
+def test_a_long_example_is_continued_with_a_backslash_and_pastes_as_the_same_command():
+    from pipeline.cli.base import fit_block
+
+    example = "    trtpipe k8s out/fp8 -o k8s/fp8 --canary-of out/fp16 --weight 10 --name smollm2-135m-cpu-fp8 --force"
+    fitted = fit_block(f"Examples:\n{example}", 60).splitlines()
+    assert fitted[0] == "Examples:" and all(len(line) <= 60 for line in fitted)
+    assert " ".join(line.rstrip(" \\").strip() for line in fitted[1:]) == example.strip()
+    prose = fit_block("A sentence wrapped\nby hand that runs on " + "and on " * 12 + "to its end.", 50)
+    assert all(len(line) <= 50 for line in prose.splitlines()) and "by hand" in prose.splitlines()[0]
+
+
+def test_verbose_shows_the_traceback_of_an_unexpected_failure(monkeypatch):
+    import pipeline.targets
+
+    monkeypatch.delenv("TRTPIPE_DEBUG", raising=False)
+    monkeypatch.setattr(pipeline.targets, "render_targets", lambda: 1 / 0)
+    quiet = CliRunner().invoke(main, ["targets"])
+    assert quiet.exit_code == 1 and "ZeroDivisionError" in quiet.output and "set TRTPIPE_DEBUG=1" in quiet.output
+    monkeypatch.setenv("TRTPIPE_DEBUG", "")          # restored after the test: -v sets it for the process
+    loud = CliRunner().invoke(main, ["-v", "targets"])
+    assert isinstance(loud.exception, ZeroDivisionError)

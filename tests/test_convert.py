@@ -222,8 +222,11 @@ def test_existing_output_is_not_overwritten(tiny_llama, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     code, output = run_cli("convert", tiny_llama("gqa"), "-o", tmp_path / "out")
-    assert code == 2 and "already exists" in output and "--force" in output
+    assert code == 2 and "trtpipe did not write it" in output and "--force" not in output   # never offered for it
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    assert run_cli("convert", tiny_llama("gqa"), "-o", tmp_path / "ckpt")[0] == 0
+    code, output = run_cli("convert", tiny_llama("tied"), "-o", tmp_path / "ckpt")     # its own, other inputs
+    assert code == 2 and "already exists" in output and "--force" in output
 
 
 def test_sharded_source_with_index(tiny_llama, tmp_path):

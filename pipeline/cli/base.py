@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 import click
@@ -59,9 +60,87 @@ def watch_interrupts() -> None:
         pass
 
 
+#: The first word of an example line in a help text (kept copy-pasteable: broken with a backslash, not re-wrapped).
+COMMAND_WORDS = ("trtpipe", "kubectl", "docker", "hf", "bash", "curl", "tritonserver", "eval")
+
+
+def indent_of(line: str) -> str:
+    return line[:len(line) - len(line.lstrip())]
+
+
+def is_command(line: str) -> bool:
+    return line.split(maxsplit=1)[0] in COMMAND_WORDS if line.strip() else False
+
+
+def fit_command(line: str, width: int) -> list[str]:
+    """An example command longer than WIDTH, broken with `\\` continuations so it still pastes as one."""
+    indent, words = indent_of(line), line.split()
+    lines, current = [], indent + words[0]
+    for word in words[1:]:
+        if len(current) + len(word) + 3 > width:
+            lines.append(current + " \\")
+            current = indent + "    " + word
+        else:
+            current += " " + word
+    return [*lines, current]
+
+
+def prose_runs(lines: list[str]) -> list[list[str]]:
+    """LINES cut into runs: each command line alone, and consecutive prose lines of one indent (a sentence wrapped
+    by hand) together; a heading (a line ending with ':') stands alone, and a list item ('- ') starts a run."""
+    runs: list[list[str]] = []
+    for line in lines:
+        last = runs[-1][-1] if runs else None
+        joins = (last is not None and line.strip() and last.strip() and "\b" not in (line, last)
+                 and not is_command(line) and not is_command(last) and indent_of(line) == indent_of(last)
+                 and not last.rstrip().endswith(":") and not line.rstrip().endswith(":")
+                 and not line.lstrip().startswith("- "))
+        if joins:
+            runs[-1].append(line)
+        else:
+            runs.append([line])
+    return runs
+
+
+def fit_block(text: str, width: int) -> str:
+    """A help text's unwrapped (`\\b`) block fitted to WIDTH columns: prose re-wrapped, commands continued."""
+    fitted = []
+    for run in prose_runs(text.splitlines()):
+        if is_command(run[0]):
+            fitted += fit_command(run[0], width) if len(run[0]) > width else run
+        elif any(len(line) > width for line in run):
+            indent = indent_of(run[0])
+            fitted += textwrap.wrap(" ".join(line.strip() for line in run), width, initial_indent=indent,
+                                    subsequent_indent=indent, break_on_hyphens=False)
+        else:
+            fitted += run
+    return "\n".join(fitted)
+
+
+class TrtpipeFormatter(click.HelpFormatter):
+    """Click's formatter, with the unwrapped blocks of a help text (examples, lists) fitted to the terminal too."""
+
+    def write_text(self, text: str) -> None:
+        super().write_text(fit_block(text, max(self.width - self.current_indent, 40)))
+
+
+class TrtpipeContext(click.Context):
+    formatter_class = TrtpipeFormatter
+
+
+def fitted_help(command: click.Command) -> click.Command:
+    """COMMAND (and a group's subcommands) formatting its help with `TrtpipeFormatter`."""
+    command.context_class = TrtpipeContext
+    for sub in getattr(command, "commands", {}).values():
+        fitted_help(sub)
+    return command
+
+
 class TrtpipeGroup(click.Group):
     """Turns user errors into one line on stderr and exit 2, other failures into exit 1; loads each command's
-    module when the command is asked for (COMMAND_MODULES)."""
+    module when the command is asked for (COMMAND_MODULES); every help text fitted to the terminal."""
+
+    context_class = TrtpipeContext
 
     def list_commands(self, ctx) -> list[str]:
         return sorted(set(COMMAND_MODULES) | set(self.commands))
@@ -69,7 +148,8 @@ class TrtpipeGroup(click.Group):
     def get_command(self, ctx, name: str):
         if name not in self.commands and name in COMMAND_MODULES:
             importlib.import_module(f"{__package__}.{COMMAND_MODULES[name]}")
-        return super().get_command(ctx, name)
+        command = super().get_command(ctx, name)
+        return fitted_help(command) if command is not None else None
 
     def invoke(self, ctx):
         watch_interrupts()
@@ -203,7 +283,9 @@ def calibration_data_options(command):
 
 @click.group(cls=TrtpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trtpipe")
-def main():
+@click.option("-v", "--verbose", is_flag=True, help="On an unexpected failure, print the traceback too (as "
+              "TRTPIPE_DEBUG=1 does).")
+def main(verbose):
     """trtpipe: a Hugging Face causal LM to a validated Triton deployment backed by TensorRT-LLM.
 
     \b
@@ -211,6 +293,8 @@ def main():
       trtpipe build smollm2-135m --target cpu --precision fp8 -o out/smollm2
       trtpipe build llama-3-8b --target rtx4090 --precision fp8 --dry-run
     """
+    if verbose:
+        os.environ["TRTPIPE_DEBUG"] = "1"
 
 
 def report_verification(result, as_json: bool) -> None:

@@ -341,8 +341,10 @@ def targets(as_json):
 
 @main.command()
 @click.argument("model")
-@click.option("--target", required=True, help="A target from `trtpipe targets` (rtx4090, h100, cpu, ...).")
-@click.option("--precision", type=choice(PRECISIONS), required=True, help="Weight precision.")
+@click.option("--target", default="cpu", show_default=True,
+              help="A target from `trtpipe targets` (cpu, rtx4090, h100, ...); the same default as build.")
+@click.option("--precision", type=choice(PRECISIONS), default="fp16", show_default=True,
+              help="Weight precision; the same default as build.")
 @click.option("--kv-cache", type=choice(KV_CACHE_CHOICES), default="auto",
               show_default=True, help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else "
               "unquantized (a checkpoint's own KV quantization when MODEL is a checkpoint; unquantized on the cpu "
