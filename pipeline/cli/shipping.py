@@ -73,12 +73,13 @@ main.add_command(versions)   # trtpipe versions list|add|serve|remove
 @click.argument("matrix_file", type=click.Path(path_type=Path), default="trtpipe.toml")
 @click.option("--json", "as_json", is_flag=True, help='Print {"include": [build...]}, the shape of a CI matrix.')
 def matrix_(matrix_file, as_json):
-    """The builds of MATRIX_FILE (trtpipe.toml, or pyproject.toml's [tool.trtpipe]).
+    """The builds of MATRIX_FILE (trtpipe.toml, or pyproject.toml's [tool.trtpipe]); docs/usage.md shows one to
+    start from (no checkout ships one).
 
     \b
     Examples:
-      trtpipe matrix
-      trtpipe matrix pyproject.toml --json
+      trtpipe matrix                        # ./trtpipe.toml
+      trtpipe matrix pyproject.toml --json  # its [tool.trtpipe] table
     """
     from ..matrix import entry_for_ci, load_matrix
 
