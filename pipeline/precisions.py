@@ -9,6 +9,11 @@ FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
 #: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
+#: NVIDIA's 4-bit groupwise (AWQ) checkpoints, which the reference runtime executes but trtpipe does not yet write:
+#: `quantization.quant_algo` -> the number format of the GEMM's activations (None: weight-only, float activations)
+INT4_QUANT_ALGOS = {"W4A16_AWQ": None, "W4A8_AWQ": "fp8"}
+#: signed int4 codes, two to a byte (docs/int4.md); modelopt's group scale maps the group's amax to INT4_MAX
+INT4_MIN, INT4_MAX = -8, 7
 #: --kv-cache of plan and build: auto (fp8 for fp8 weights, int8 for int8-sq, else unquantized), a float dtype or a
 #: quantized one (calibrate --kv-cache offers the quantized ones alone: KV_CACHE_QUANT_ALGO)
 KV_CACHE_CHOICES = ("auto", "fp16", "bf16", "fp32", *KV_CACHE_QUANT_ALGO)

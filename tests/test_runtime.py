@@ -320,7 +320,7 @@ def _damage_config(ckpt):
 
 def _damage_quant_algo(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
-    cfg["quantization"]["quant_algo"] = "W4A16_AWQ"
+    cfg["quantization"]["quant_algo"] = "NVFP4"
     (ckpt / "config.json").write_text(json.dumps(cfg))
 
 
@@ -346,7 +346,7 @@ def _damage_layer_count(ckpt):
     (_damage_extra_rank, r"unexpected rank2.safetensors for a 2-rank checkpoint"),
     (_damage_unreadable, r"rank0.safetensors: not a readable safetensors file"),
     (_damage_config, r"missing field 'hidden_size'"),
-    (_damage_quant_algo, r"quant_algo 'W4A16_AWQ' is not supported"),
+    (_damage_quant_algo, r"quant_algo 'NVFP4' is not supported"),
     (_damage_duplicated_kv, r"transformer.layers.0.attention.qkv: tp ranks 0 and 1 "
                             r"must hold the same duplicated K head"),
     (_damage_layer_count, r"holds 4 layers .* num_hidden_layers=5"),

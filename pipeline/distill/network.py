@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..checkpoint import CheckpointConfig
+from ..errors import UserError
 from ..runtime.model import decoder_layer, make_step, rms_norm
 from ..runtime.quant import FAKE_QUANT, TensorQuant
 from ..runtime.rope import RotaryTable
@@ -39,6 +40,11 @@ class StraightThrough:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x + (self.quant(x) - x).detach()
 
+
+def trainable_weight_kind(quant_algo: str) -> str | None:
+    """The quantizer distill trains a checkpoint's weights through: FP8, or INT8 for every SmoothQuant variant; None
+    for a format it cannot train (NVIDIA's 4-bit AWQ checkpoints, which the runtime only executes)."""
+    return "fp8" if quant_algo == "FP8" else "int8" if quant_algo.startswith("W8A8_SQ") else None
 
 @dataclass
 class Network:
@@ -112,7 +118,10 @@ def load_network(path, trainable: bool) -> Network:
         return net
     claim = cfg.sparsity
     if cfg.quant_algo is not None:
-        net.weight_kind = "fp8" if cfg.quant_algo == "FP8" else "int8"
+        net.weight_kind = trainable_weight_kind(cfg.quant_algo)
+        if net.weight_kind is None:
+            raise UserError(f"{path} is quantized as {cfg.quant_algo}; distill trains float, FP8 and "
+                            "INT8-SmoothQuant checkpoints: distill the float checkpoint it came from")
     for i, layer in enumerate(layers):
         for name, lin in layer.linears.items():
             module = f"transformer.layers.{i}.{name}"

@@ -54,7 +54,10 @@ class ExportResult:
 
 def resolve_precision(cfg: CheckpointConfig, precision: str, where: Path) -> str:
     """The export precision: `auto` follows the checkpoint; a quantized one must be what the checkpoint holds."""
-    found = {None: "fp32", "FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8-sq"}[cfg.quant_algo]
+    found = {None: "fp32", "FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8-sq"}.get(cfg.quant_algo)
+    if found is None:
+        raise UserError(f"{where} is quantized as {cfg.quant_algo}, which export-onnx does not write (it exports "
+                        "float, FP8 and INT8-SmoothQuant checkpoints); export the float checkpoint it came from")
     if precision == "auto":
         return found
     if QUANT_OF[precision] != cfg.quant_algo:

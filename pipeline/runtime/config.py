@@ -6,9 +6,9 @@ from pathlib import Path
 
 from ..checkpoint import CheckpointConfig
 from ..errors import UserError
-from ..precisions import KV_CACHE_QUANT_ALGO, QUANT_ALGO
+from ..precisions import INT4_QUANT_ALGOS, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
-QUANT_ALGOS = (None, *QUANT_ALGO.values())
+QUANT_ALGOS = (None, *QUANT_ALGO.values(), *INT4_QUANT_ALGOS)
 KV_CACHE_QUANT_ALGOS = (None, *KV_CACHE_QUANT_ALGO.values())
 ROPE_TYPES = (None, "default", "linear", "llama3")
 
@@ -36,9 +36,21 @@ def check_supported(cfg: CheckpointConfig, where: str) -> None:
              "(supported: linear, llama3)")
     if cfg.quant_algo not in QUANT_ALGOS:
         fail(f"quantization.quant_algo {cfg.quant_algo!r} is not supported by the reference runtime "
-             "(supported: FP8, W8A8_SQ_PER_CHANNEL or none)")
+             f"(supported: {', '.join(a for a in QUANT_ALGOS if a)} or none)")
+    if cfg.quant_algo in INT4_QUANT_ALGOS:
+        check_groupwise(cfg.quantization, fail)
     if cfg.kv_cache_quant_algo not in KV_CACHE_QUANT_ALGOS:
         fail(f"quantization.kv_cache_quant_algo {cfg.kv_cache_quant_algo!r} is not supported "
              "(supported: FP8, INT8 or none)")
     if (raw.get("moe") or {}).get("num_experts", 0):
         fail("mixture-of-experts checkpoints are not supported by the reference runtime")
+
+
+def check_groupwise(quantization: dict, fail) -> None:
+    """The keys of a 4-bit groupwise checkpoint's `quantization` the runtime reads (docs/int4.md)."""
+    group = quantization.get("group_size")
+    if isinstance(group, bool) or not isinstance(group, int) or group <= 0:
+        fail(f"quantization.group_size {group!r} must be a positive integer for {quantization['quant_algo']}")
+    if quantization.get("has_zero_point"):
+        fail("quantization.has_zero_point true (an additive zero per group) is not supported by the reference "
+             "runtime; only symmetric int4 groups (has_zero_point false, as nvidia-modelopt writes them)")

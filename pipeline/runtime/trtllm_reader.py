@@ -25,14 +25,17 @@ import torch
 from ..checkpoint import CheckpointConfig, RankFile, open_rank_files
 from ..errors import UserError
 from ..model.spec import QKV, ROW, LinearSpec, dims
-from ..precisions import DTYPE_CODES
+from ..precisions import DTYPE_CODES, INT4_QUANT_ALGOS
 from ..safetensors_stream import torch_dtype
+from . import int4
 from .config import read_config
 from .quant import TensorQuant, dequantize_weight, fake_quant_fp8
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 SCALAR = (1,)
 MAX_PROBLEMS = 12
+#: quant_algo -> the number format its GEMM quantizes activations to (None: float activations)
+ACTIVATION_FORMAT = {"FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8", **INT4_QUANT_ALGOS}
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Expect:
     shape: tuple[int, ...]
     dtypes: tuple[torch.dtype, ...]
     required: bool = True
+    note: str = ""          # what the shape means, added to a wrong-shape problem
 
 
 class CheckpointReader:
@@ -165,6 +169,9 @@ def expected_linear(cfg: CheckpointConfig, local: str, module: str, has_bias: bo
     if not cfg.quantizes(module):
         out[local + ".weight"] = Expect((o, i), dt)
         return out
+    if cfg.quant_algo in INT4_QUANT_ALGOS:
+        out.update(int4.expected_linear(cfg, local, module, o, i, Expect))
+        return out
     if cfg.quant_algo == "FP8":
         out[local + ".weight"] = Expect((o, i), (torch.float8_e4m3fn,))
         out[local + ".weights_scaling_factor"] = Expect(SCALAR, FLOATS)
@@ -195,7 +202,8 @@ def check_tensors(where: str, tensors, expected: dict[str, Expect]) -> list[str]
         dtype = torch_dtype(tensors.dtype_code(name))
         ok_shape = shape == exp.shape or (exp.shape == SCALAR and shape in ((), (1,)))
         if not ok_shape:
-            problems.append(f"{where}: tensor {name} has shape {list(shape)}, expected {list(exp.shape)}")
+            note = f" ({exp.note})" if exp.note else ""
+            problems.append(f"{where}: tensor {name} has shape {list(shape)}, expected {list(exp.shape)}{note}")
         if dtype not in exp.dtypes:
             allowed = "/".join(str(d).removeprefix("torch.") for d in exp.dtypes)
             problems.append(f"{where}: tensor {name} has dtype {tensors.dtype_code(name)}, expected {allowed}")
@@ -280,8 +288,7 @@ def check_finite(tensors: dict[str, torch.Tensor]) -> None:
 
 def merge_linear(cfg: CheckpointConfig, lin: LinearSpec, stage: list[RankFile], local: str, module: str) -> Linear:
     quantized = cfg.quantizes(module)
-    weights = [dequantize_weight(rf.read(local + ".weight"),
-                                 rf.read(local + ".weights_scaling_factor") if quantized else None) for rf in stage]
+    weights = [read_weight(cfg, rf, local, quantized) for rf in stage]
     biases = [rf.maybe(local + ".bias") for rf in stage]
     row = lin.parallel == ROW
     weight = merge_weights(cfg, lin, weights, module)
@@ -290,14 +297,30 @@ def merge_linear(cfg: CheckpointConfig, lin: LinearSpec, stage: list[RankFile], 
         bias = biases[0].float() if row else merge_weights(cfg, lin, [b.float() for b in biases], module)
     result = Linear(weight, bias)
     if quantized:
-        kind = "fp8" if cfg.quant_algo == "FP8" else "int8"
-        act = same_on_all_ranks(stage, local + ".activation_scaling_factor", module)
-        result.act_quant = TensorQuant(kind, float(act.reshape(-1)[0]))
-        if cfg.quant_algo == "W8A8_SQ_PER_CHANNEL":
+        if cfg.quant_algo in INT4_QUANT_ALGOS:
+            int4.check_input_scales(cfg, stage, local)
+        kind = ACTIVATION_FORMAT[cfg.quant_algo]
+        if kind is not None:
+            act = same_on_all_ranks(stage, local + ".activation_scaling_factor", module)
+            result.act_quant = TensorQuant(kind, float(act.reshape(-1)[0]))
+        if smooths(cfg):
             pre = [rf.read(local + ".prequant_scaling_factor").float() for rf in stage]
             result.prequant = (torch.cat(pre) if row
                                else same_on_all_ranks(stage, local + ".prequant_scaling_factor", module))
     return result
+
+
+def smooths(cfg: CheckpointConfig) -> bool:
+    """Whether the quantized linears scale their input per channel first (`prequant_scaling_factor`)."""
+    return cfg.quant_algo == "W8A8_SQ_PER_CHANNEL" or (cfg.quant_algo in INT4_QUANT_ALGOS and int4.has_prequant(cfg))
+
+
+def read_weight(cfg: CheckpointConfig, rf: RankFile, local: str, quantized: bool) -> torch.Tensor:
+    """One rank's share of a linear's weight in float32, dequantized with its own scales."""
+    if quantized and cfg.quant_algo in INT4_QUANT_ALGOS:
+        return int4.read_weight(cfg, rf, local)
+    return dequantize_weight(rf.read(local + ".weight"),
+                             rf.read(local + ".weights_scaling_factor") if quantized else None)
 
 
 def merge_weights(cfg: CheckpointConfig, lin: LinearSpec, per_rank: list[torch.Tensor], module: str) -> torch.Tensor:
