@@ -495,7 +495,7 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
     preview = BuildPreview(plan, tuple(steps), engine_command, cores)
     return replace(preview, notes=(
         f"to build: `{again}` on the {target.name} GPU machine, inside the trtpipe container; to make the "
-        f"checkpoints here on the CPU instead, add --checkpoints-on-cpu ({preview.checkpoint_cost()})"))
+        f"checkpoints here on the CPU instead, add --checkpoints-on-cpu ({preview.checkpoint_cost()})",))
 
 
 def checkpoint_steps(options: BuildOptions, source, out: Path, dtype: str, hf: bool,

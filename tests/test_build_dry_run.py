@@ -22,6 +22,7 @@ from test_sources import cache_model
 
 import pipeline.calibrate
 import pipeline.compile as compile_module
+from pipeline.compile import relative_paths
 import pipeline.convert
 import pipeline.sources
 from pipeline.build import BuildOptions, build
@@ -203,7 +204,8 @@ def test_the_dry_runs_plan_and_engine_command_are_what_the_build_makes(tiny_mode
     pretend_no_gpu(monkeypatch)
     build(gpu_options(tiny_model, out, dry_run=True, checkpoints_on_cpu=True, calibration_samples=4), say=print)
     assert plan_json(preview.plan, out) == plan_json(load_plan(out / "plan.json"), out)
-    assert f"exec {preview.engine_command}\n" in (out / "engine" / "trtllm-build.sh").read_text()
+    script = (out / "engine" / "trtllm-build.sh").read_text()   # the same command, its paths relative to engine/
+    assert f"exec {shlex.join(relative_paths(shlex.split(preview.engine_command), out / 'engine'))}\n" in script
 
 
 def trtpipe(*args: str, env: dict) -> tuple[subprocess.CompletedProcess, float]:

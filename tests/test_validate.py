@@ -511,7 +511,12 @@ def test_the_package_exports_what_the_cli_build_and_benchmarks_import():
 # ---------------------------------------------------------------------------------------------- the CLI
 
 
-def test_cli_validate_exits_1_and_writes_the_report_when_a_check_fails(triton_pool, tmp_path):
+def test_cli_validate_exits_1_and_writes_the_report_when_a_check_fails(triton_pool, tmp_path, monkeypatch):
+    import pipeline.validate.stage as stage
+
+    failed = CheckResult("golden", False, "0/4 identical", fix="pass --golden MODEL (the model the repository was "
+                         "built from)")
+    monkeypatch.setattr(stage, "check_golden", lambda client, options: failed)
     server = triton_pool.get(FIXTURE_REPO)
     out = tmp_path / "validation"
     result = CliRunner().invoke(main, ["validate", str(FIXTURE_REPO), "--url", server.http_url, "--grpc-url",
