@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py --shape 1.1b                            # TinyLlama-shaped, 22 layers
     python benchmarks/bench_scale.py --shape 8b --stages convert,eval         # Llama-3-8B, 32 layers, 16 GB
     python benchmarks/bench_scale.py --shape 8b --layers 1 --stages calibrate # Llama-3-8B widths, one layer
+    python benchmarks/bench_scale.py --shape 8b --layers 1 --stages calibrate --precision int4-awq,w4a8-awq
 
 A synthetic random fp16 checkpoint of the shape is written once into --cache (reused). Each command is
 its own process (`trtpipe ...`, as a user runs it); its peak RSS comes from wait4() and is printed next
@@ -10,7 +11,8 @@ to the goal of issue 11, with the convert time as a ratio to `cp -r` of the same
 --repeat, alternating, page cache synced before each run). Peak memory of a layer-streamed stage does
 not depend on the number of layers (one layer is held), so --layers trades run time (GPTQ of one
 Llama-3-8B layer takes minutes on 2 cores) for nothing but the total; the embedding and lm_head stay
-at full vocabulary size.
+at full vocabulary size. Each calibrated checkpoint's size is printed as measured and as the full shape's
+(the per-layer bytes times the shape's own layer count, plus everything outside the layers).
 
 The vocabulary of the 1.1b shape is SmolLM2's (49152, not TinyLlama's 32000) so the offline
 tokenizer's ids fit; calibration and eval text is the offline corpus.
@@ -132,7 +134,8 @@ def gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str, stages: set[str]) -> None:
+def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str, stages: set[str],
+          precisions: list[str]) -> None:
     cfg = dict(SHAPES[shape])
     if layers:
         cfg["num_hidden_layers"] = layers
@@ -162,7 +165,7 @@ def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str
 
     goal = STAGE_GOAL_BYTES[shape]
     if "calibrate" in stages:
-        calibrate(work, cfg, shape, trtpipe, goal)
+        calibrate(work, cfg, shape, trtpipe, goal, precisions)
     if "eval" in stages:
         seconds, rss, out = run([trtpipe, "eval", str(work / "ckpt"), "--eval-samples", "4", "--json", "--device",
                                  "cpu"])
@@ -171,14 +174,40 @@ def bench(shape: str, layers: int | None, cache: Path, repeat: int, trtpipe: str
     shutil.rmtree(work)
 
 
-def calibrate(work: Path, cfg: dict, shape: str, trtpipe: str, goal: int) -> None:
-    seconds, rss, _ = run([trtpipe, "calibrate", str(work / "ckpt"), "-o", str(work / "ckpt-fp8"), "--precision",
-                           "fp8", "--samples", "4", "--seq-len", "128", "--eval-samples", "0", "--quiet",
-                           "--device", "cpu"])
-    per_layer = seconds / cfg["num_hidden_layers"]
-    print(f"calibrate fp8 (GPTQ), 4 x 128 tokens: {seconds:.0f} s ({per_layer:.1f} s per layer -> "
-          f"{per_layer * SHAPES[shape]['num_hidden_layers']:.0f} s for all {SHAPES[shape]['num_hidden_layers']}); "
-          f"peak RSS {gib(rss)} (goal <= {gib(goal)})", flush=True)
+def calibrate(work: Path, cfg: dict, shape: str, trtpipe: str, goal: int, precisions: list[str]) -> None:
+    layers, full_layers = cfg["num_hidden_layers"], SHAPES[shape]["num_hidden_layers"]
+    float_layers, float_outside = checkpoint_bytes(work / "ckpt")
+    float_full = float_outside + float_layers / layers * full_layers
+    for precision in precisions:
+        out = work / f"ckpt-{precision}"
+        seconds, rss, _ = run([trtpipe, "calibrate", str(work / "ckpt"), "-o", str(out), "--precision", precision,
+                               "--samples", "4", "--seq-len", "128", "--eval-samples", "0", "--quiet", "--device",
+                               "cpu"])
+        per_layer = seconds / layers
+        in_layers, outside = checkpoint_bytes(out)
+        full = outside + in_layers / layers * full_layers
+        print(f"calibrate {precision} (GPTQ), 4 x 128 tokens: {seconds:.0f} s ({per_layer:.1f} s per layer -> "
+              f"{per_layer * full_layers:.0f} s for all {full_layers}); peak RSS {gib(rss)} (goal <= {gib(goal)}); "
+              f"checkpoint {gib(in_layers + outside)}, {full / 1e9:.2f} GB at {full_layers} layers (fp16: "
+              f"{float_full / 1e9:.2f} GB)", flush=True)
+        shutil.rmtree(out)
+
+
+def checkpoint_bytes(directory: Path) -> tuple[int, int]:
+    """(bytes of the decoder layers' tensors, bytes of the rest) from the rank files' safetensors headers."""
+    in_layers = outside = 0
+    for rank_file in directory.glob("rank*.safetensors"):
+        with rank_file.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            size = entry["data_offsets"][1] - entry["data_offsets"][0]
+            if ".layers." in name:
+                in_layers += size
+            else:
+                outside += size
+    return in_layers, outside
 
 
 def main() -> None:
@@ -194,11 +223,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="convert and cp runs (best of).")
     parser.add_argument("--stages", default="convert,calibrate,eval",
                         help="Which to measure (the checkpoint is always converted).")
+    parser.add_argument("--precision", default="fp8", help="calibrate's precisions, comma-separated "
+                        "(fp8, int8-sq, int4-awq, w4a8-awq).")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     trtpipe = str(Path(sys.executable).parent / "trtpipe")
     for shape in (SHAPES if args.shape == "both" else [args.shape]):
-        bench(shape, args.layers, args.cache, args.repeat, trtpipe, set(args.stages.split(",")))
+        bench(shape, args.layers, args.cache, args.repeat, trtpipe, set(args.stages.split(",")),
+              args.precision.split(","))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,17 @@ FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
 #: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
-#: NVIDIA's 4-bit groupwise (AWQ) checkpoints, which the reference runtime executes but trtpipe does not yet write:
-#: `quantization.quant_algo` -> the number format of the GEMM's activations (None: weight-only, float activations)
+#: NVIDIA's 4-bit groupwise (AWQ) checkpoints, which calibrate writes and the reference runtime executes (plan and
+#: build do not take them yet): `quantization.quant_algo` -> the number format of the GEMM's activations (None:
+#: weight-only, float activations)
 INT4_QUANT_ALGOS = {"W4A16_AWQ": None, "W4A8_AWQ": "fp8"}
+#: 4-bit precisions, as calibrate spells them -> checkpoint `quantization.quant_algo`
+INT4_PRECISIONS = {"int4-awq": "W4A16_AWQ", "w4a8-awq": "W4A8_AWQ"}
+#: every precision calibrate writes -> its `quant_algo`
+CALIBRATION_QUANT_ALGO = {**QUANT_ALGO, **INT4_PRECISIONS}
+#: the group sizes of TensorRT-LLM's groupwise int4 GEMMs (WeightOnlyGroupwiseQuantLinear); the first that divides every
+#: quantized input width is the default
+INT4_GROUP_SIZES = (128, 64)
 #: signed int4 codes, two to a byte (docs/int4.md); modelopt's group scale maps the group's amax to INT4_MAX
 INT4_MIN, INT4_MAX = -8, 7
 #: --kv-cache of plan and build: auto (fp8 for fp8 weights, int8 for int8-sq, else unquantized), a float dtype or a

@@ -9,6 +9,11 @@ which is what the engine quantizes; the same pass accumulates, for GPTQ, x^T x o
 `finish(i)` picks every amax of the layer, rounds its weights and hands them to the checkpoint writer,
 so statistics are only ever held for one layer (x^T x is in^2 floats per input: 0.8 GB for
 Llama-3-8B's mlp.proj).
+
+For 4-bit weights (int4-awq, w4a8-awq) the first pass records x^T x of every linear input, from which AWQ's
+smoothing search picks each input's prequant_scaling_factor (`int4.awq_smoothing`, with the layer's own weights);
+the statistics are then re-expressed for the smoothed input in place (GPTQ rounds against them), and a second pass,
+only where an activation or the KV cache is quantized (W4A8, --kv-cache), histograms the smoothed inputs.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import torch
 
 from ..runtime.stream import LoadedLayer
 from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, weight_statistics
+from ..precisions import INT4_PRECISIONS
 from .formats import FP8, INT8
 from .histogram import ChannelMax, StreamingHistogram
+from .int4 import awq_smoothing, smoothed_hessian
 from .report import TensorReport, tensor_report
 from .rounding import HessianStats
 from .smoothquant import smoothing_factors
@@ -34,6 +41,8 @@ class LayerStatistics:
     histograms: dict[str, StreamingHistogram] = field(default_factory=dict)
     hessians: dict[str, HessianStats] = field(default_factory=dict)
     prequant: dict[str, torch.Tensor] = field(default_factory=dict)
+    alphas: dict[str, float] = field(default_factory=dict)        # AWQ's chosen exponent per input (4-bit)
+    moments: dict[str, torch.Tensor] = field(default_factory=dict)  # E[x^2] per smoothed input channel (4-bit)
 
 
 class LayerCalibrator:
@@ -46,6 +55,7 @@ class LayerCalibrator:
         self.histograms: dict[str, StreamingHistogram] = {}
         self._layer: LayerStatistics | None = None
         self._weights = None
+        self.awq_alphas: dict[str, float] = {}
 
     def passes(self, loaded: LoadedLayer) -> Iterator:
         """The observers of the layer: channel maxima first for SmoothQuant, then histograms and x^T x."""
@@ -58,8 +68,34 @@ class LayerCalibrator:
                         if self.ckpt.source_of(k) in modules or k in modules}
             stats.prequant = smoothing_factors(recorded, self._weights.column_max, self.options.alpha,
                                                self.ckpt.dtype, self.ckpt.fused_partner)
+        if self.options.precision in INT4_PRECISIONS:
+            yield from self._int4_passes(loaded, stats, modules)
+            return
         gptq = {self.ckpt.source_of(m) for m in modules} if self.options.weight_rounding == "gptq" else set()
         yield lambda name, x: self._observe(stats, gptq, name, x)
+
+    def _int4_passes(self, loaded: LoadedLayer, stats: LayerStatistics, modules: list[str]) -> Iterator:
+        """x^T x of every linear input; AWQ's smoothing per input; then histograms of the smoothed inputs if any
+        activation or the KV cache is quantized."""
+        sources = {self.ckpt.source_of(m) for m in modules}
+        yield lambda name, x: self._observe_second_moments(stats, sources, name, x)
+        for source, stats_of in stats.hessians.items():
+            hessian = stats_of.finish()
+            sharing = [m for m in modules if self.ckpt.source_of(m) == source]
+            weight = torch.cat([loaded.linear(local_name(m)).weight for m in sharing])
+            prequant, alpha = awq_smoothing(weight, hessian, self.options.group_size)
+            stats.prequant[source] = prequant.to(self.ckpt.dtype)      # what the checkpoint holds and the engine uses
+            stats.alphas[source] = alpha
+            stats.moments[source] = torch.diagonal(smoothed_hessian(hessian, stats.prequant[source].float())).clone()
+        if self.options.weight_rounding != "gptq":
+            stats.hessians.clear()
+        if self.options.precision != "int4-awq" or self.options.kv_cache:
+            yield lambda name, x: self._observe(stats, set(), name, x)
+
+    def _observe_second_moments(self, stats: LayerStatistics, sources: set[str], name: str, x: torch.Tensor) -> None:
+        key = self.ckpt.stats_key(name)
+        if key in sources:
+            stats.hessians.setdefault(key, HessianStats()).collect(x)
 
     def _observe_channel_max(self, stats: LayerStatistics, name: str, x: torch.Tensor) -> None:
         key = self.ckpt.stats_key(name)
@@ -79,11 +115,11 @@ class LayerCalibrator:
     def finish(self, layer: int) -> None:
         """Pick the layer's amaxes, round its weights and write them; keep only reports and histograms."""
         stats, options, modules = self._layer, self.options, self.modules[layer]
-        act_fmt = FP8 if options.precision == "fp8" else INT8
+        act_fmt = FP8 if options.precision in ("fp8", "w4a8-awq") else INT8
         kv_fmt = FP8 if options.kv_cache == "fp8" else INT8
         reports = []
         for name, hist in stats.histograms.items():
-            if is_kv(name) and not options.kv_cache:
+            if (is_kv(name) and not options.kv_cache) or (not is_kv(name) and options.precision == "int4-awq"):
                 continue
             reports.append(tensor_report(name, "kv" if is_kv(name) else "activation", hist,
                                          kv_fmt if is_kv(name) else act_fmt, options.chosen_method,
@@ -94,13 +130,16 @@ class LayerCalibrator:
         source = {m: self.ckpt.source_of(m) for m in modules}
         plan = QuantPlan(
             precision=options.precision, kv_cache=options.kv_cache,
-            activation_amax={m: chosen[source[m]] for m in modules},
+            activation_amax={m: chosen[source[m]] for m in modules if source[m] in chosen},
             weight_amax=self._weights.amax,
             prequant={m: stats.prequant[source[m]] for m in modules if source[m] in stats.prequant},
             kv_amax={layer: (chosen[prefix + "k"], chosen[prefix + "v"])} if options.kv_cache else {},
             exclude=options.exclude, alpha=options.alpha if options.precision == "int8-sq" else None,
             hessians={m: hessians[source[m]] for m in modules if source[m] in hessians},
-            damp=options.damp, fused={m: p for m in modules if (p := self.ckpt.fused_partner(m))})
+            damp=options.damp, fused={m: p for m in modules if (p := self.ckpt.fused_partner(m))},
+            group_size=options.group_size if options.precision in INT4_PRECISIONS else None,
+            input_moments={m: stats.moments[source[m]] for m in modules if source[m] in stats.moments})
+        self.awq_alphas.update(stats.alphas)
         stats.hessians.clear()           # the plan holds the only reference: the writer releases each in turn
         del hessians
         self.writer.write_layer(layer, plan)
@@ -111,3 +150,9 @@ class LayerCalibrator:
     def close(self) -> dict:
         """Finish the checkpoint (config.json); returns its config."""
         return self.writer.close()
+
+
+def local_name(module: str) -> str:
+    """'transformer.layers.3.mlp.fc' -> 'mlp.fc'."""
+    return module.split(".", 3)[3]
+

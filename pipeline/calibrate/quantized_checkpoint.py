@@ -13,10 +13,19 @@ W8A8_SQ_PER_CHANNEL, per quantized linear:
   weights_scaling_factor     float32 [out]            = max_j |W'[o, j]| / 127
   prequant_scaling_factor    model dtype [in]         multiplies the input before it is quantized
   activation_scaling_factor  float32 [1]              = amax of (x * prequant) / 127
+W4A16_AWQ and W4A8_AWQ (docs/int4.md), per quantized linear:
+  weight                     int8 [out/2, in]         two int4 codes of W' = W / prequant (per input column) per byte,
+                                                      from adjacent output rows (`runtime.int4.pack_int4`)
+  weights_scaling_factor     float32 [out, in/group]  per row and group of inputs (`int4.group_scales`)
+  prequant_scaling_factor    model dtype [in]         AWQ's smoothing (`int4.awq_smoothing`): fc and gate share one
+  activation_scaling_factor  float32 [1], W4A8        amax of (x * prequant) / 448
+  weights_scaling_factor_2   float32 [1], W4A8        the FP8 grid of code x scale: 8/7 max|W'| / 448 (no code x scale
+                                                      can exceed it), the same on every tp rank
 KV cache, per layer: attention.{k,v}_cache_scaling_factor float32 [1] and
   attention.kv_cache_scaling_factor = max of the two; FP8 factors are amax / 448 raised to at least
   1.0 (modelopt's rule), INT8 factors amax / 127.
-config.json: quantization {quant_algo, kv_cache_quant_algo, exclude_modules: ["lm_head", ...]}.
+config.json: quantization {quant_algo, kv_cache_quant_algo, exclude_modules: ["lm_head", ...]}, and for 4-bit
+  group_size, has_zero_point false, pre_quant_scale true.
 lm_head and the embedding stay in the model dtype.
 GPTQ rounding of a row-parallel linear (dense, proj) sharded over tp ranks works on the full width
 (each shard with its own scales), so the ranks' errors cancel in their summed output; an FP8 tp=2
@@ -37,9 +46,11 @@ import torch
 from ..checkpoint import LAYER_TENSOR, CheckpointConfig, RankFile, is_excluded, open_rank_files
 from ..errors import UserError
 from ..model.spec import Family
-from ..precisions import DTYPE_CODES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
+from ..precisions import CALIBRATION_QUANT_ALGO, DTYPE_CODES, INT4_MAX, INT4_PRECISIONS, KV_CACHE_QUANT_ALGO
+from ..runtime.int4 import pack_int4
 from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code, torch_dtype
 from .formats import E4M3_MAX
+from .int4 import group_scales, int4_codes
 from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
 
 MIN_SCALE = 1e-12
@@ -154,7 +165,7 @@ def weight_statistics(ckpt: FloatCheckpoint, modules: set[str]) -> WeightStats:
 class QuantPlan:
     """Everything the writer needs, keyed by global module names."""
 
-    precision: str                                   # "fp8" | "int8-sq"
+    precision: str                                   # "fp8" | "int8-sq" | "int4-awq" | "w4a8-awq"
     kv_cache: str | None                             # "fp8" | "int8" | None
     activation_amax: dict[str, float]                # linear -> amax of its (smoothed) input
     weight_amax: dict[str, float]                    # linear -> max |W| (FP8)
@@ -165,6 +176,8 @@ class QuantPlan:
     hessians: dict[str, torch.Tensor] = field(default_factory=dict)  # linear -> E[x x^T] (GPTQ); absent: nearest
     damp: float = DEFAULT_DAMP
     fused: dict[str, str] = field(default_factory=dict)   # linear -> the partner the engine fuses it with
+    group_size: int | None = None                    # 4-bit: inputs per weight scale
+    input_moments: dict[str, torch.Tensor] = field(default_factory=dict)  # 4-bit: linear -> E[x^2] per (smoothed) input
     #: factors already made for a fused partner (fc and gate share their input, so theirs is made once)
     _inverses: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -188,8 +201,9 @@ class QuantizedCheckpointWriter:
     """The quantized twin of `ckpt` in `out`, written a decoder layer at a time (`write_layer`, in order)."""
 
     def __init__(self, ckpt: FloatCheckpoint, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
-                 alpha: float | None, out: Path):
+                 alpha: float | None, out: Path, group_size: int | None = None):
         self.ckpt, self.precision, self.kv_cache, self.exclude, self.alpha = ckpt, precision, kv_cache, exclude, alpha
+        self.group_size = group_size
         self.out = Path(out)
         self._writers: dict[int, SafetensorsWriter] = {}
         self._layer_names: dict[int, dict[int, list[str]]] = {}     # rank -> local layer -> float tensor names
@@ -218,6 +232,14 @@ class QuantizedCheckpointWriter:
             return [TensorSpec(name, "F8_E4M3", shape),
                     TensorSpec(prefix + ".weights_scaling_factor", "F32", one),
                     TensorSpec(prefix + ".activation_scaling_factor", "F32", one)]
+        if self.precision in INT4_PRECISIONS:
+            specs = [TensorSpec(name, "I8", (shape[0] // 2, shape[1])),
+                     TensorSpec(prefix + ".weights_scaling_factor", "F32", (shape[0], shape[1] // self.group_size)),
+                     TensorSpec(prefix + ".prequant_scaling_factor", dtype_code(self.ckpt.dtype), (shape[1],))]
+            if self.precision == "w4a8-awq":
+                specs += [TensorSpec(prefix + ".activation_scaling_factor", "F32", one),
+                          TensorSpec(prefix + ".weights_scaling_factor_2", "F32", one)]
+            return specs
         return [TensorSpec(name, "I8", shape),
                 TensorSpec(prefix + ".weights_scaling_factor", "F32", (shape[0],)),
                 TensorSpec(prefix + ".prequant_scaling_factor", dtype_code(self.ckpt.dtype), (shape[1],)),
@@ -257,7 +279,8 @@ class QuantizedCheckpointWriter:
         """Finish every rank file and write config.json; returns the config."""
         for writer in self._writers.values():
             writer.close()
-        config = quantized_config(self.ckpt.cfg, self.precision, self.kv_cache, self.exclude, self.alpha)
+        config = quantized_config(self.ckpt.cfg, self.precision, self.kv_cache, self.exclude, self.alpha,
+                                  self.group_size)
         config.write(self.out)
         return config.to_dict()
 
@@ -271,13 +294,15 @@ def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
 
 
 def quantized_config(cfg: CheckpointConfig, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
-                     alpha: float | None) -> CheckpointConfig:
+                     alpha: float | None, group_size: int | None = None) -> CheckpointConfig:
     quant = dict(cfg.quantization)
-    quant.update(quant_algo=QUANT_ALGO[precision],
+    quant.update(quant_algo=CALIBRATION_QUANT_ALGO[precision],
                  kv_cache_quant_algo=KV_CACHE_QUANT_ALGO[kv_cache] if kv_cache else None,
                  exclude_modules=["lm_head", *exclude])
     if precision == "int8-sq":
         quant["smoothquant_val"] = alpha
+    if precision in INT4_PRECISIONS:
+        quant.update(group_size=group_size, has_zero_point=False, pre_quant_scale=True)
     return cfg.with_quantization(quant)
 
 
@@ -293,6 +318,14 @@ def _quantized_tensors(rf: RankFile, name: str, tensor: torch.Tensor, ckpt: Floa
     if plan.precision == "fp8":
         return {name: codes.to(torch.float8_e4m3fn), prefix + ".weights_scaling_factor": wsf,
                 prefix + ".activation_scaling_factor": _act_scale(plan, module, E4M3_MAX)}
+    if plan.precision in INT4_PRECISIONS:
+        out = {name: pack_int4(codes.to(torch.int8)), prefix + ".weights_scaling_factor": wsf,
+               prefix + ".prequant_scaling_factor": local_prequant(plan.prequant[module], row, rf.tp_rank,
+                                                                   ckpt.tp_size).clone()}
+        if plan.precision == "w4a8-awq":
+            out[prefix + ".activation_scaling_factor"] = _act_scale(plan, module, E4M3_MAX)
+            out[prefix + ".weights_scaling_factor_2"] = _fp8_weight_scale(rf, name, module, ckpt, plan)
+        return out
     return {name: codes.to(torch.int8), prefix + ".weights_scaling_factor": wsf,
             prefix + ".prequant_scaling_factor": local_prequant(plan.prequant[module], row, rf.tp_rank,
                                                                 ckpt.tp_size).clone(),
@@ -307,7 +340,19 @@ def _rounding_input(plan: QuantPlan, module: str, row: bool, tensor: torch.Tenso
         amax = max(plan.weight_amax[module], plan.weight_amax.get(plan.fused.get(module), 0.0))
         return w, torch.tensor([max(amax / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
     smoothed = w / local_prequant(plan.prequant[module], row, tp_rank, tp_size).float()[None, :]
+    if plan.precision in INT4_PRECISIONS:
+        moments = local_prequant(plan.input_moments[module], row, tp_rank, tp_size)
+        return smoothed, group_scales(smoothed, moments, plan.group_size)
     return smoothed, (smoothed.abs().amax(dim=1) / 127.0).clamp(min=MIN_SCALE).to(torch.float32)
+
+
+def _fp8_weight_scale(rf: RankFile, name: str, module: str, ckpt: FloatCheckpoint, plan: QuantPlan) -> torch.Tensor:
+    """W4A8's weights_scaling_factor_2: 8/7 of the largest smoothed weight of every rank's share, over 448."""
+    row = ckpt.is_row_parallel(module)
+    amax = max(float((peer.file.read(name).float()
+                      / local_prequant(plan.prequant[module], row, peer.tp_rank, ckpt.tp_size).float()).abs().max())
+               for peer in ckpt.ranks if peer.pp_rank == rf.pp_rank)
+    return torch.tensor([max(amax * (INT4_MAX + 1) / INT4_MAX / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
 
 
 def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: torch.Tensor,
@@ -315,11 +360,11 @@ def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: to
     """This shard's quantized values. GPTQ rounds a row-parallel weight over its full width, since the
     engine sums the ranks' partial products: every rank rounds the whole weight (with each shard's own
     scales) and keeps its own columns."""
-    codes = fp8_codes if plan.precision == "fp8" else int8_codes
+    codes = {"fp8": fp8_codes, "int8-sq": int8_codes}.get(plan.precision, int4_codes)
     row = ckpt.is_row_parallel(module)
     sparse = ckpt.cfg.sparsity is not None and ckpt.cfg.sparsity.covers(module)
     if hinv is None or not row or ckpt.tp_size == 1:
-        return round_weight(w, wsf, codes, hinv, w != 0 if sparse else None)
+        return round_weight(w, _per_weight(wsf, plan), codes, hinv, w != 0 if sparse else None)
     shards = []
     for peer in (r for r in ckpt.ranks if r.pp_rank == rf.pp_rank):
         if peer is rf:
@@ -327,10 +372,16 @@ def _weight_codes(rf: RankFile, name: str, module: str, w: torch.Tensor, wsf: to
         else:
             shards.append(_rounding_input(plan, module, row, peer.file.read(name), peer.tp_rank, ckpt.tp_size))
     full = torch.cat([s[0] for s in shards], dim=1)
-    scale = torch.cat([s[1].reshape(-1, 1).expand(-1, s[0].shape[1]) for s in shards], dim=1)
+    scale = torch.cat([_per_weight(s[1], plan) if plan.group_size else s[1].reshape(-1, 1).expand(-1, s[0].shape[1])
+                       for s in shards], dim=1)
     width = w.shape[1]
     return round_weight(full, scale, codes, hinv, full != 0 if sparse else None)[:, rf.tp_rank * width:
                                                                                   (rf.tp_rank + 1) * width]
+
+
+def _per_weight(scale: torch.Tensor, plan: QuantPlan) -> torch.Tensor:
+    """A 4-bit scale [out, in/group] as one per weight [out, in]; other scales as they are."""
+    return scale.repeat_interleave(plan.group_size, dim=1) if plan.group_size else scale
 
 
 def local_prequant(full: torch.Tensor, row: bool, tp_rank: int, tp_size: int) -> torch.Tensor:

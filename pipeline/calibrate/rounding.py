@@ -46,8 +46,11 @@ class HessianStats:
         self.tokens += x.shape[0]
 
     def finish(self) -> torch.Tensor:
-        """The mean, computed in place: the running sum becomes it (no second [in, in] copy)."""
-        return self.sum.div_(max(self.tokens, 1))
+        """The mean, computed in place: the running sum becomes it (no second [in, in] copy), and a later call
+        returns it again (the mean may be changed in place in between: 4-bit smoothing re-expresses it)."""
+        mean = self.sum.div_(max(self.tokens, 1))
+        self.tokens = 1
+        return mean
 
 
 def fp8_codes(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The calibrate stage: float checkpoint + calibration data -> FP8 / INT8-SQ checkpoint + report.
+"""The calibrate stage: float checkpoint + calibration data -> FP8 / INT8-SQ / 4-bit (AWQ) checkpoint + report.
 
 Everything that can be wrong with the input (checkpoint, dataset, field, lengths, options) is checked
 before any output exists; the output directory appears only when complete (atomic rename).
@@ -10,18 +10,19 @@ import io
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
 from .. import __version__
 from ..errors import UserError
-from ..precisions import CALIBRATION_FORMATS, QUANT_ALGO
+from ..precisions import CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, INT4_GROUP_SIZES, INT4_PRECISIONS
 from ..outputs import fingerprint_inputs, stage_output
 from .amax import DEFAULT_PERCENTILE, METHODS
 from ..checkpoint import is_excluded, source_model
 from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
+from .int4 import default_group_size, group_size_problem
 from .hf_export import write_hf_checkpoint
 from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples
 from .rounding import DEFAULT_DAMP, ROUNDINGS
@@ -29,9 +30,9 @@ from .report import TensorReport, most_sensitive, plot_histograms, write_report_
 from .trtcache import write_calibration_cache
 
 STAGE = "calibrate"
-PRECISIONS = tuple(QUANT_ALGO)
-#: Chosen by measurement on SmolLM2-135M (docs/calibrate.md, "Defaults (measured)").
-DEFAULT_METHOD = {"fp8": "max", "int8-sq": "max"}
+PRECISIONS = tuple(CALIBRATION_QUANT_ALGO)
+#: Chosen by measurement on SmolLM2-135M (docs/calibrate.md, "Defaults (measured)"); 4-bit: W4A8's FP8 inputs as FP8's
+DEFAULT_METHOD = {"fp8": "max", "int8-sq": "max", "int4-awq": "max", "w4a8-awq": "max"}
 #: SmoothQuant alpha, measured on SmolLM2 (docs/calibrate.md; nearest rounding, 32 x 256 calibration):
 #: perplexity 0.5 +32.9%, 0.7 +6.0%, 0.8 +4.3%, 0.9 +4.5%
 DEFAULT_ALPHA = 0.8
@@ -58,6 +59,7 @@ class CalibrateOptions:
     eval_samples: int = 40
     device: str = "auto"
     format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf writes the HF FP8 checkpoint alone
+    group_size: int | None = None  # 4-bit: inputs per weight scale (None: the first of INT4_GROUP_SIZES that fits)
     force: bool = False
     progress: bool = True
 
@@ -75,7 +77,8 @@ class CalibrateOptions:
                 "alpha": self.alpha if self.precision == "int8-sq" else None, "percentile": self.percentile,
                 "exclude": list(self.exclude), "weight_rounding": self.weight_rounding,
                 "damp": self.damp if self.weight_rounding == "gptq" else None, "eval_samples": self.eval_samples,
-                "recipe": self.recipe.to_dict(), "format": self.format}
+                "recipe": self.recipe.to_dict(), "format": self.format,
+                **({"group_size": self.group_size} if self.precision in INT4_PRECISIONS else {})}
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,11 @@ class CalibrationResult:
     skipped: bool = False
     warnings: tuple[str, ...] = ()
     sparsity: dict | None = None     # the input's 2:4 claim, carried to the output and held by every code
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"checkpoint": str(self.path), "skipped": self.skipped, "method": self.method,
-                "warnings": list(self.warnings), "sparsity": self.sparsity,
+                "warnings": list(self.warnings), "notes": list(self.notes), "sparsity": self.sparsity,
                 "quantization": self.config.get("quantization"), "samples": self.samples,
                 "tokens": self.tokens, "seconds": round(self.seconds, 2), "perplexity": self.perplexity,
                 "report": str(self.path / REPORT_DIR / "report.json")}
@@ -114,7 +118,11 @@ class CalibrationResult:
             table.add_row(t.name, f"{t.chosen_amax:.4g}", f"{t.running_max:.4g}", f"{t.saturation:.1e}",
                           f"{t.snr_db:.1f}")
         console = Console(record=True, width=110, file=io.StringIO())
-        console.print(table)
+        if self.tensors:
+            console.print(table)
+        else:
+            console.print(f"{q['quant_algo']} (group size {q.get('group_size')}, KV model dtype): {self.samples} "
+                          f"samples, {self.tokens} tokens, {self.seconds:.0f} s; no activation is quantized")
         if self.perplexity:
             p = self.perplexity
             console.print(f"held-out perplexity: float {p['float']:.3f}, quantized {p['quantized']:.3f} "
@@ -123,6 +131,8 @@ class CalibrationResult:
             s = self.sparsity
             console.print(f"{s['pattern']} sparsity ({s['method']}) kept: every pruned weight of the "
                           f"{len(s['modules'])} claimed linears is a zero code (checked when the output was read back)")
+        for note in self.notes:
+            console.print(f"note: {note}")
         for warning in self.warnings:
             console.print(f"warning: {warning}")
         console.print(f"wrote {self.path} (report: {self.path / REPORT_DIR})")
@@ -134,6 +144,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
     checkpoint, out = Path(checkpoint), Path(out)
     ckpt = open_float_checkpoint(checkpoint)
     check_options(ckpt, options)
+    options, notes = resolve_group_size(ckpt, options)
     claim = ckpt.cfg.sparsity
     sparsity = None if claim is None else claim.to_dict()
     inputs = fingerprint_inputs([checkpoint] + dataset_inputs(options.recipe))
@@ -160,7 +171,8 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
         trtllm = tmp / TRTLLM_SCRATCH if options.format == "hf" else tmp
         trtllm.mkdir(exist_ok=True)
         writer = QuantizedCheckpointWriter(ckpt, options.precision, options.kv_cache, options.exclude,
-                                           options.alpha if options.precision == "int8-sq" else None, trtllm)
+                                           options.alpha if options.precision == "int8-sq" else None, trtllm,
+                                           options.group_size)
         calibrator = LayerCalibrator(ckpt, options, writer, quantized_modules(ckpt, options.exclude))
         stream.run_layers(samples, passes=calibrator.passes, after_layer=calibrator.finish,
                           desc="calibration" if options.progress else None)
@@ -181,11 +193,50 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
             CheckpointReader(tmp).check_every_layer()
         tokens = sum(len(s) for s in samples)
         write_reports(tmp / REPORT_DIR, options, calibrator.reports, calibrator.histograms, ppl, len(samples), tokens,
-                      sparsity)
+                      sparsity, calibrator.awq_alphas)
         seconds = time.monotonic() - started
         output.extra["seconds"] = round(seconds, 2)
     return CalibrationResult(out, config, options.chosen_method, calibrator.reports, ppl, len(samples), tokens,
-                             seconds, warnings=few_tokens_warning(len(samples), tokens), sparsity=sparsity)
+                             seconds, warnings=few_tokens_warning(len(samples), tokens), sparsity=sparsity,
+                             notes=notes)
+
+
+def resolve_group_size(ckpt: FloatCheckpoint, options: CalibrateOptions) -> tuple[CalibrateOptions, tuple[str, ...]]:
+    """A 4-bit calibration's group size, checked against every quantized input width (per tp rank): the one asked
+    for, or the default with a note when it is not INT4_GROUP_SIZES' first. Other precisions take none."""
+    if options.precision not in INT4_PRECISIONS:
+        if options.group_size is not None:
+            raise UserError(f"--group-size is for the 4-bit precisions ({', '.join(INT4_PRECISIONS)}); "
+                            f"{options.precision} has no weight groups")
+        return options, ()
+    widths = quantized_input_widths(ckpt, options.exclude)
+    if options.group_size is None:
+        size, note = default_group_size(widths)
+        return replace(options, group_size=size), (note,) if note else ()
+    if options.group_size not in INT4_GROUP_SIZES:
+        raise UserError(f"--group-size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, the group sizes "
+                        f"TensorRT-LLM's groupwise int4 kernels take (got {options.group_size})")
+    problem = group_size_problem(widths, options.group_size)
+    if problem:
+        raise UserError(f"--group-size {options.group_size}: {problem}")
+    return options, ()
+
+
+def _layer_order(name: str) -> tuple:
+    """transformer.layers.2.* before transformer.layers.10.*"""
+    parts = name.split(".")
+    return tuple(int(p) if p.isdigit() else 0 for p in parts[:3]), name
+
+
+def quantized_input_widths(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> dict[str, int]:
+    """Each quantized linear's input width as one tp rank holds it (a row-parallel linear's share), by global name."""
+    widths = {}
+    for rf in ckpt.ranks:
+        for name in sorted(rf.file.names(), key=_layer_order):
+            module = ckpt.linear_of(rf.global_name(name))
+            if module is not None and not is_excluded(module, exclude):
+                widths[module] = rf.file.shape(name)[1]
+    return widths
 
 
 #: fewer calibration tokens than this and the activation ranges rest on a handful of values
@@ -226,6 +277,9 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
                             "drop --kv-cache or the exclusion")
     if options.format not in CALIBRATION_FORMATS:
         raise UserError(f"--format must be one of {', '.join(CALIBRATION_FORMATS)} (got {options.format!r})")
+    if options.precision in INT4_PRECISIONS and options.format != "trtllm":
+        raise UserError(f"--format {options.format}: the 4-bit precisions write the TensorRT-LLM checkpoint only "
+                        "(--format trtllm) so far; the Hugging Face 4-bit formats are not written yet")
     if options.hf_export and (options.precision != "fp8" or options.kv_cache not in (None, "fp8")):
         raise UserError(f"--format {options.format} writes the Hugging Face FP8 layout (modelopt's): it needs "
                         "--precision fp8 "
@@ -267,7 +321,8 @@ def quantized_modules(ckpt: FloatCheckpoint, exclude: tuple[str, ...]) -> dict[i
 
 
 def write_reports(directory: Path, options: CalibrateOptions, tensors: list[TensorReport],
-                  histograms: dict, ppl: dict | None, samples: int, tokens: int, sparsity: dict | None) -> None:
+                  histograms: dict, ppl: dict | None, samples: int, tokens: int, sparsity: dict | None,
+                  awq_alphas: dict[str, float]) -> None:
     directory.mkdir()
     header = {"tool_version": __version__, "precision": options.precision, "kv_cache": options.kv_cache,
               "method": options.chosen_method, "default_method": DEFAULT_METHOD[options.precision],
@@ -275,7 +330,9 @@ def write_reports(directory: Path, options: CalibrateOptions, tensors: list[Tens
               "weight_rounding": options.weight_rounding,
               "damp": options.damp if options.weight_rounding == "gptq" else None, "recipe": options.recipe.to_dict(),
               "samples": samples, "tokens": tokens, "perplexity": ppl,
-              "sparsity": None if sparsity is None else {**sparsity, "kept": "every pruned weight is a zero code"}}
+              "sparsity": None if sparsity is None else {**sparsity, "kept": "every pruned weight is a zero code"},
+              **({"group_size": options.group_size, "awq_alpha": awq_alphas}
+                 if options.precision in INT4_PRECISIONS else {})}
     write_report_json(directory / "report.json", header, tensors)
     write_calibration_cache(directory / "calibration.cache",
                             {t.name: t.chosen_amax for t in tensors if t.kind == "activation"})

@@ -14,7 +14,8 @@ from ..backends.names import NAMES, RUNTIMES
 from ..engine_inspect import DEFAULT_PROFILING_VERBOSITY, PROFILING_VERBOSITIES
 from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
-from ..precisions import CALIBRATION_FORMATS, FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS
+from ..precisions import (CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, FLOAT_DTYPES, KV_CACHE_CHOICES,
+                          KV_CACHE_QUANT_ALGO, PRECISIONS)
 from .base import DEFAULT_IMAGE, calibration_data_options, choice, concurrency_option, device_option, main
 
 
@@ -194,8 +195,13 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="Directory for the quantized checkpoint (with calibration/ report, plots and TensorRT cache).")
-@click.option("--precision", type=choice(["fp8", "int8-sq"]), required=True,
-              help="fp8: FP8 E4M3 weights and activations; int8-sq: SmoothQuant W8A8 (per-channel weights).")
+@click.option("--precision", type=choice(CALIBRATION_QUANT_ALGO), required=True,
+              help="fp8: FP8 E4M3 weights and activations; int8-sq: SmoothQuant W8A8 (per-channel weights); "
+                   "int4-awq: 4-bit weights in groups, AWQ smoothing, float activations (W4A16); w4a8-awq: the same "
+                   "weights with FP8 activations (sm_89 and newer).")
+@click.option("--group-size", type=int, default=None,
+              help="4-bit: inputs per weight scale (default 128 where every quantized input width is a multiple of "
+                   "it, else 64, with a note).")
 @click.option("--kv-cache", type=choice(sorted(KV_CACHE_QUANT_ALGO)), default=None,
               help="Also quantize the KV cache (per-layer scales from the K and V values).")
 @click.option("--method", type=choice(["entropy", "percentile", "mse", "max"]), default=None,
@@ -223,14 +229,15 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field, samples, seq_len, seed, alpha,
-              percentile, weight_rounding, damp, exclude, eval_samples, device, formats, force, quiet, as_json):
-    """Calibrate the float CHECKPOINT into an FP8 or INT8-SmoothQuant TensorRT-LLM checkpoint.
+def calibrate(checkpoint, out, precision, group_size, kv_cache, method, dataset, text_field, samples, seq_len, seed,
+              alpha, percentile, weight_rounding, damp, exclude, eval_samples, device, formats, force, quiet, as_json):
+    """Calibrate the float CHECKPOINT into an FP8, INT8-SmoothQuant or 4-bit (AWQ) TensorRT-LLM checkpoint.
 
     \b
     Examples:
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8
       trtpipe calibrate out/ckpt -o out/ckpt-sq --precision int8-sq --alpha 0.8 --samples 64 --seq-len 256
+      trtpipe calibrate out/ckpt -o out/ckpt-int4 --precision int4-awq --group-size 64
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8 --format both   # + out/ckpt-fp8/hf
       trtpipe calibrate out/ckpt -o out/hf-fp8 --precision fp8 --kv-cache fp8 --format hf        # for vLLM only
@@ -242,6 +249,7 @@ def calibrate(checkpoint, out, precision, kv_cache, method, dataset, text_field,
     options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
                                percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
                                device=device, format=formats, force=force,
+                               group_size=group_size,
                                progress=not quiet and not as_json,
                                **{k: v for k, v in defaulted.items() if v is not None})
     result = calibrate_checkpoint(checkpoint, out, options)

@@ -63,6 +63,12 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.where(codes > 7, codes - 16, codes).to(torch.int8)
 
 
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Bytes [out/2, in] (int8) from int4 codes [out, in] in -8..7: row 2j in the low nibble, row 2j+1 in the high."""
+    pairs = codes.to(torch.int16).reshape(-1, 2, codes.shape[1]) & 0x0F
+    return (pairs[:, 0] | (pairs[:, 1] << 4)).to(torch.uint8).view(torch.int8)
+
+
 def dequantize_groupwise(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float32 [out, in]: each code times the scale of its group of inputs."""
     group = codes.shape[1] // scales.shape[1]
