@@ -17,9 +17,11 @@ INT4_QUANT_ALGOS = {"W4A16_AWQ": None, "W4A8_AWQ": "fp8"}
 INT4_PRECISIONS = {"int4-awq": "W4A16_AWQ", "w4a8-awq": "W4A8_AWQ"}
 #: every precision calibrate writes -> its `quant_algo`
 CALIBRATION_QUANT_ALGO = {**QUANT_ALGO, **INT4_PRECISIONS}
-#: the group sizes of TensorRT-LLM's groupwise int4 GEMMs (WeightOnlyGroupwiseQuantLinear); the first that divides every
-#: quantized input width is the default
+#: the group sizes of TensorRT-LLM's groupwise int4 GEMMs (fpA_intB_gemm_template.h, upstream-facts A1); the first that
+#: divides every quantized input width is the default
 INT4_GROUP_SIZES = (128, 64)
+#: the one group size of its W4A(fp)8 GEMM ("Only group size 128 supported for fine grained W4A(fp)8 kernels")
+W4A8_ENGINE_GROUP_SIZE = 128
 #: signed int4 codes, two to a byte (docs/int4.md); modelopt's group scale maps the group's amax to INT4_MAX
 INT4_MIN, INT4_MAX = -8, 7
 #: --kv-cache of plan and build: auto (fp8 for fp8 weights, int8 for int8-sq, else unquantized), a float dtype or a

@@ -242,6 +242,8 @@ def test_calibrated_4bit_checkpoint_has_nvidias_layout_and_runs_close_to_float(i
                      "kv_cache_quant_algo": None, "group_size": 64, "has_zero_point": False,
                      "pre_quant_scale": True, "exclude_modules": ["lm_head"]}
     assert result.notes and "--group-size 64" in result.notes[0] and "192" in result.notes[0]
+    engine_note = [n for n in result.notes if "W4A8 GEMM takes group 128 only" in n]
+    assert len(engine_note) == (precision == "w4a8-awq")
     q, f = tensors(out), tensors(wide_ckpt)
     for lin in LINEARS:
         p = f"transformer.layers.1.{lin}."
@@ -256,8 +258,14 @@ def test_calibrated_4bit_checkpoint_has_nvidias_layout_and_runs_close_to_float(i
                * q[p + "prequant_scaling_factor"].float()[None, :])
         rel = float((deq - f[p + "weight"]).norm() / f[p + "weight"].norm())
         assert rel < 0.2, (lin, rel)             # 4 bits of a Gaussian: ~0.1
+        if precision == "w4a8-awq":          # every code x scale fits W4A8's FP8 weight grid, code -8 included
+            on_grid = codes.float() * q[p + "weights_scaling_factor"].repeat_interleave(64, dim=1)
+            assert float(on_grid.abs().max() / q[p + "weights_scaling_factor_2"]) <= 448.0
     assert torch.equal(q["transformer.layers.1.mlp.fc.prequant_scaling_factor"],
                        q["transformer.layers.1.mlp.gate.prequant_scaling_factor"])   # one input, one smoothing
+    if precision == "w4a8-awq":        # one GEMM in the PyTorch backend: one FP8 weight scale
+        assert torch.equal(q["transformer.layers.1.mlp.fc.weights_scaling_factor_2"],
+                           q["transformer.layers.1.mlp.gate.weights_scaling_factor_2"])
     report = json.loads((out / "calibration" / "report.json").read_text())
     assert report["group_size"] == 64 and set(report["awq_alpha"]) == {
         f"transformer.layers.{i}.{lin}" for i in range(2) for lin in ("attention.qkv", "attention.dense", "mlp.fc",
@@ -330,7 +338,7 @@ def test_rerun_with_the_same_inputs_is_a_no_op(int4_out, wide_ckpt, text_file):
     (["--precision", "int4-awq", "--group-size", "96"], "--group-size must be one of 128, 64"),
     (["--precision", "int4-awq", "--group-size", "128"], "does not divide transformer.layers.0.attention.dense's 192"),
     (["--precision", "fp8", "--group-size", "64"], "--group-size is for the 4-bit precisions"),
-    (["--precision", "w4a8-awq", "--format", "hf"], "write the TensorRT-LLM checkpoint only"),
+    (["--precision", "w4a8-awq", "--format", "hf", "--kv-cache", "int8"], "with an fp8 or no --kv-cache"),
 ])
 def test_bad_4bit_options_are_one_line_and_exit_2_before_any_output(wide_ckpt, tmp_path, args, message):
     out = tmp_path / "out"

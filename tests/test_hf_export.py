@@ -107,7 +107,7 @@ def test_formats_the_hf_layout_cannot_hold_are_refused(tiny_llama, tmp_path):
     ckpt = convert_model(resolve_model(str(tiny_llama("gqa"))), tmp_path / "ckpt", progress=False).path
     result = CliRunner().invoke(main, ["calibrate", str(ckpt), "--precision", "int8-sq", "--format", "both",
                                        "-o", str(tmp_path / "sq")])
-    assert result.exit_code == 2 and "needs --precision fp8" in result.output
+    assert result.exit_code == 2 and "for --precision fp8, int4-awq, w4a8-awq" in result.output
     assert not (tmp_path / "sq").exists()
 
 

@@ -347,11 +347,17 @@ def _rounding_input(plan: QuantPlan, module: str, row: bool, tensor: torch.Tenso
 
 
 def _fp8_weight_scale(rf: RankFile, name: str, module: str, ckpt: FloatCheckpoint, plan: QuantPlan) -> torch.Tensor:
-    """W4A8's weights_scaling_factor_2: 8/7 of the largest smoothed weight of every rank's share, over 448."""
+    """W4A8's weights_scaling_factor_2: 8/7 of the largest smoothed weight of every rank's share, over 448, and of
+    the fused partner's (fc and gate: TensorRT-LLM's PyTorch backend runs them as one GEMM with one such scale)."""
     row = ckpt.is_row_parallel(module)
-    amax = max(float((peer.file.read(name).float()
-                      / local_prequant(plan.prequant[module], row, peer.tp_rank, ckpt.tp_size).float()).abs().max())
-               for peer in ckpt.ranks if peer.pp_rank == rf.pp_rank)
+    layer_prefix = name[: -len(module.split(".", 3)[3] + ".weight")]      # this rank file's transformer.layers.N.
+    amax = 0.0
+    for linear in filter(None, (module, plan.fused.get(module))):
+        tensor = layer_prefix + linear.split(".", 3)[3] + ".weight"
+        amax = max([amax] + [float((peer.file.read(tensor).float()
+                                    / local_prequant(plan.prequant[linear], row, peer.tp_rank,
+                                                     ckpt.tp_size).float()).abs().max())
+                             for peer in ckpt.ranks if peer.pp_rank == rf.pp_rank])
     return torch.tensor([max(amax * (INT4_MAX + 1) / INT4_MAX / E4M3_MAX, MIN_SCALE)], dtype=torch.float32)
 
 

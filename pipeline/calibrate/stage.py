@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import UserError
-from ..precisions import CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, INT4_GROUP_SIZES, INT4_PRECISIONS
+from ..precisions import (CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, INT4_GROUP_SIZES, INT4_PRECISIONS,
+                          W4A8_ENGINE_GROUP_SIZE)
 from ..outputs import fingerprint_inputs, stage_output
 from .amax import DEFAULT_PERCENTILE, METHODS
 from ..checkpoint import is_excluded, source_model
@@ -39,7 +40,7 @@ DEFAULT_ALPHA = 0.8
 DEFAULT_ROUNDING = "gptq"
 EVAL_WINDOW = 512
 REPORT_DIR = "calibration"
-#: where --format both puts the Hugging Face FP8 checkpoint inside the calibrated checkpoint's directory
+#: where --format both puts the Hugging Face checkpoint inside the calibrated checkpoint's directory
 HF_DIR = "hf"
 #: with --format hf, where the TensorRT-LLM checkpoint the export is made from lives until the export is written
 TRTLLM_SCRATCH = ".trtllm-checkpoint"
@@ -58,7 +59,7 @@ class CalibrateOptions:
     damp: float = DEFAULT_DAMP
     eval_samples: int = 40
     device: str = "auto"
-    format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf writes the HF FP8 checkpoint alone
+    format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf writes the HF checkpoint alone
     group_size: int | None = None  # 4-bit: inputs per weight scale (None: the first of INT4_GROUP_SIZES that fits)
     force: bool = False
     progress: bool = True
@@ -212,14 +213,20 @@ def resolve_group_size(ckpt: FloatCheckpoint, options: CalibrateOptions) -> tupl
     widths = quantized_input_widths(ckpt, options.exclude)
     if options.group_size is None:
         size, note = default_group_size(widths)
-        return replace(options, group_size=size), (note,) if note else ()
-    if options.group_size not in INT4_GROUP_SIZES:
-        raise UserError(f"--group-size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, the group sizes "
-                        f"TensorRT-LLM's groupwise int4 kernels take (got {options.group_size})")
-    problem = group_size_problem(widths, options.group_size)
-    if problem:
-        raise UserError(f"--group-size {options.group_size}: {problem}")
-    return options, ()
+        options, notes = replace(options, group_size=size), (note,) if note else ()
+    else:
+        if options.group_size not in INT4_GROUP_SIZES:
+            raise UserError(f"--group-size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, the group sizes "
+                            f"TensorRT-LLM's groupwise int4 kernels take (got {options.group_size})")
+        problem = group_size_problem(widths, options.group_size)
+        if problem:
+            raise UserError(f"--group-size {options.group_size}: {problem}")
+        notes = ()
+    if options.precision == "w4a8-awq" and options.group_size != W4A8_ENGINE_GROUP_SIZE:
+        notes += (f"w4a8-awq at group {options.group_size}: TensorRT-LLM's W4A8 GEMM takes group "
+                  f"{W4A8_ENGINE_GROUP_SIZE} only, so this checkpoint runs in trtpipe's runtime (eval, compare) "
+                  f"but not in a TensorRT-LLM engine (docs/int4.md)",)
+    return options, notes
 
 
 def _layer_order(name: str) -> tuple:
@@ -277,13 +284,11 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
                             "drop --kv-cache or the exclusion")
     if options.format not in CALIBRATION_FORMATS:
         raise UserError(f"--format must be one of {', '.join(CALIBRATION_FORMATS)} (got {options.format!r})")
-    if options.precision in INT4_PRECISIONS and options.format != "trtllm":
-        raise UserError(f"--format {options.format}: the 4-bit precisions write the TensorRT-LLM checkpoint only "
-                        "(--format trtllm) so far; the Hugging Face 4-bit formats are not written yet")
-    if options.hf_export and (options.precision != "fp8" or options.kv_cache not in (None, "fp8")):
-        raise UserError(f"--format {options.format} writes the Hugging Face FP8 layout (modelopt's): it needs "
-                        "--precision fp8 "
-                        f"and an fp8 or no --kv-cache (got {options.precision}, KV {options.kv_cache or 'none'})")
+    hf_precisions = ("fp8", *INT4_PRECISIONS)
+    if options.hf_export and (options.precision not in hf_precisions or options.kv_cache not in (None, "fp8")):
+        raise UserError(f"--format {options.format} writes modelopt's Hugging Face layout, which trtpipe writes for "
+                        f"--precision {', '.join(hf_precisions)} with an fp8 or no --kv-cache (got "
+                        f"{options.precision}, KV {options.kv_cache or 'none'})")
 
 
 def written_config(out: Path) -> dict:

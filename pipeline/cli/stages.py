@@ -223,9 +223,10 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
 @device_option("the model runs")
 @click.option("--format", "formats", type=choice(CALIBRATION_FORMATS), default="trtllm", show_default=True,
-              help="both: also write OUT/hf, the same calibration as a Hugging Face FP8 checkpoint in modelopt's "
-                   "layout (the PyTorch backend, vLLM and SGLang load it); hf: that Hugging Face checkpoint alone, "
-                   "as OUT (no TensorRT-LLM checkpoint; its perplexity is the Hugging Face checkpoint's).")
+              help="both: also write OUT/hf, the same calibration as a Hugging Face checkpoint in modelopt's "
+                   "unified layout (fp8, int4-awq, w4a8-awq; TensorRT-LLM's PyTorch backend loads it, vLLM and "
+                   "SGLang the FP8 one); hf: that Hugging Face checkpoint alone, as OUT (no TensorRT-LLM "
+                   "checkpoint; its perplexity is the Hugging Face checkpoint's).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

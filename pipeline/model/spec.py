@@ -47,6 +47,8 @@ class LinearSpec:
     bias: str                           # the ModelArch flag that gives it a bias
     shares_input_with: str | None = None    # reads the same input as that linear (statistics recorded once)
     fused_with: str | None = None           # the engine runs both as one GEMM: their scales must agree
+    input_norm: str | None = None           # the NormSpec whose output it reads (modelopt's HF layout folds AWQ's
+                                            # input smoothing into that norm's weight)
 
     def out_features(self, dims: Mapping[str, int]) -> int:
         return sum(dims[p.rows] for p in self.parts)

@@ -1,5 +1,6 @@
-"""Read a Hugging Face checkpoint — FP8 in nvidia-modelopt's unified layout (what `calibrate --format both`
-and modelopt's `export_hf_checkpoint` write), or float — as the reference runtime's merged pieces.
+"""Read a Hugging Face checkpoint — FP8, W4A16_AWQ or W4A8_AWQ in nvidia-modelopt's unified layout (what
+`calibrate --format both|hf` and modelopt's `export_hf_checkpoint` write), or float — as the reference runtime's
+merged pieces.
 
 The tensor names come from the family's spec (`pipeline.model.arch_config.hf_tensor_shapes`, each LinearSpec's
 Hugging Face parts); nothing here names a tensor of its own except modelopt's scale suffixes. The layout:
@@ -10,7 +11,14 @@ Hugging Face parts); nothing here names a tensor of its own except modelopt's sc
 - quantization from `hf_quant_config.json` (quant_algo, kv_cache_quant_algo, exclude_modules), else from
   config.json's `quantization_config` (quant_method "modelopt"); both, when present, must agree.
 
-It is executed as TensorRT-LLM's PyTorch backend loads it (tensorrt_llm/_torch/modules/linear.py,
+4-bit parts hold `weight` [out/2, in] (two int4 codes per byte along the output, as in TensorRT-LLM's checkpoint),
+`weight_scale` [out, in/group], a `pre_quant_scale` [in] where the smoothing was not folded into the norm before
+(o_proj, down_proj), and for W4A8 `input_scale` and `weight_scale_2` scalars; the group size comes from
+hf_quant_config.json (config.json's `quantization_config` does not carry it). A fused group's W4A8 input is
+quantized with its largest `input_scale` and its weights rounded to FP8 with its largest `weight_scale_2`
+(modelopt writes one value per group).
+
+FP8 is executed as TensorRT-LLM's PyTorch backend loads it (tensorrt_llm/_torch/modules/linear.py,
 `FP8QDQLinearMethod.rescale_fused_weights`): the parts the server runs as one GEMM (q/k/v; gate/up, the
 spec's `fused_with` pair) share the largest `weight_scale` of the group, each part's FP8 weight being
 dequantized in the model dtype with its own scale and quantized again with the shared one, and the
@@ -23,7 +31,6 @@ k_scale and v_scale, as the engine's `kv_cache_scaling_factor`.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +40,7 @@ from ..checkpoint import CheckpointConfig, is_excluded
 from ..errors import UserError, read_config_json
 from ..model.arch_config import arch_from_hf_config, hf_tensor_shapes
 from ..model.spec import HF_LAYER, LinearSpec, Part
-from ..precisions import DTYPE_CODES
+from ..precisions import DTYPE_CODES, INT4_QUANT_ALGOS
 from ..safetensors_stream import LazyWeights, torch_dtype
 from .trtllm_reader import (
     FLOATS,
@@ -48,34 +55,51 @@ from .trtllm_reader import (
     report,
 )
 from .config import check_supported
-from .quant import TensorQuant
+from .int4 import dequantize_groupwise, unpack_int4
+from .quant import TensorQuant, fake_quant_fp8
 
 #: where modelopt's HF layout keeps the KV-cache scales: K's on k_proj, V's on v_proj
 KV_SCALES = {"k": "self_attn.k_proj", "v": "self_attn.v_proj"}
 QUANT_CONFIG = "hf_quant_config.json"
 FP8 = "FP8"
+#: what the reference runtime executes from a Hugging Face checkpoint
+HF_QUANT_ALGOS = (FP8, *INT4_QUANT_ALGOS)
+#: the 4-bit parts' scale tensors (positive and finite, every value)
+INT4_SCALES = ("weight_scale", "pre_quant_scale", "input_scale", "weight_scale_2")
 
 
 @dataclass(frozen=True)
 class HfQuantization:
     """What a Hugging Face checkpoint says of its quantization (nothing: a float model)."""
 
-    quant_algo: str | None = None               # "FP8" or None
+    quant_algo: str | None = None               # one of HF_QUANT_ALGOS or None
     kv_cache_quant_algo: str | None = None      # "FP8" or None
     exclude: tuple[str, ...] = ()               # modules left in the model dtype (modelopt's patterns)
+    groupwise: dict | None = None               # 4-bit: group_size, has_zero_point, pre_quant_scale
 
     def quantizes(self, module: str) -> bool:
-        return self.quant_algo == FP8 and not is_excluded(module, self.exclude)
+        return self.quant_algo in HF_QUANT_ALGOS and not is_excluded(module, self.exclude)
+
+    @property
+    def int4(self) -> bool:
+        return self.quant_algo in INT4_QUANT_ALGOS
+
+    @property
+    def group_size(self) -> int:
+        return int(self.groupwise["group_size"])
 
 
 @dataclass(frozen=True)
 class ReadPart:
-    """One Hugging Face linear part as read: its weight as stored and, when FP8, its scales."""
+    """One Hugging Face linear part as read: its weight as stored (4-bit: dequantized) and, when quantized, its
+    scales."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     weight_scale: float | None = None
     input_scale: float | None = None
+    weight_scale_2: float | None = None         # W4A8
+    prequant: torch.Tensor | None = None        # 4-bit, not folded into a norm
 
 
 def is_hf_checkpoint(directory: Path) -> bool:
@@ -126,8 +150,10 @@ def read_hf_quantization(directory: Path, config: dict) -> HfQuantization:
     if record.is_file():
         try:
             q = json.loads(record.read_text())["quantization"]
+            groupwise = ({key: q.get(key) for key in ("group_size", "has_zero_point", "pre_quant_scale")}
+                         if q.get("quant_algo") in INT4_QUANT_ALGOS else None)
             quant = HfQuantization(q.get("quant_algo"), q.get("kv_cache_quant_algo"),
-                                   tuple(q.get("exclude_modules") or ()))
+                                   tuple(q.get("exclude_modules") or ()), groupwise)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UserError(f"{record} is not modelopt's quantization record ({type(exc).__name__}: {exc}); "
                             "export the checkpoint again") from None
@@ -135,10 +161,13 @@ def read_hf_quantization(directory: Path, config: dict) -> HfQuantization:
                 quant.quant_algo, quant.kv_cache_quant_algo):
             raise UserError(f"{record} says {quant.quant_algo} with KV cache {quant.kv_cache_quant_algo} but "
                             f"{where} says {from_config.quant_algo} with KV cache {from_config.kv_cache_quant_algo}")
-    if quant.quant_algo not in (None, FP8) or quant.kv_cache_quant_algo not in (None, FP8):
+    if quant.quant_algo not in (None, *HF_QUANT_ALGOS) or quant.kv_cache_quant_algo not in (None, FP8):
         raise UserError(f"{directory}: quant_algo {quant.quant_algo!r} with KV cache {quant.kv_cache_quant_algo!r} "
-                        "is not supported by the reference runtime for Hugging Face checkpoints (FP8 weights and "
-                        "activations, FP8 or unquantized KV cache)")
+                        "is not supported by the reference runtime for Hugging Face checkpoints (FP8, W4A16_AWQ or "
+                        "W4A8_AWQ, FP8 or unquantized KV cache)")
+    if quant.int4 and quant.groupwise is None:
+        raise UserError(f"{directory}: a {quant.quant_algo} checkpoint needs its {QUANT_CONFIG} (the group size is "
+                        "recorded there only); export it again")
     return quant
 
 
@@ -166,7 +195,7 @@ class HfCheckpointReader:
         self.quant = read_hf_quantization(self.path, config)
         self.cfg = CheckpointConfig.new(arch, arch.dtype).with_quantization(
             {"quant_algo": self.quant.quant_algo, "kv_cache_quant_algo": self.quant.kv_cache_quant_algo,
-             "exclude_modules": list(self.quant.exclude)})
+             **(self.quant.groupwise or {}), "exclude_modules": list(self.quant.exclude)})
         check_supported(self.cfg, where)
         self.weights = LazyWeights(self.path)
         self._names = self.weights.names()
@@ -190,6 +219,9 @@ class HfCheckpointReader:
         if arch.tie_word_embeddings:   # a saved copy of the tied table is allowed
             out[family.lm_head[0]] = Expect((arch.vocab_size, arch.hidden_size), FLOATS, required=False)
         for module in self.quantized_modules():
+            if self.quant.int4:
+                out.update(self.expected_int4(module, out[module + ".weight"].shape))
+                continue
             out[module + ".weight"] = Expect(out[module + ".weight"].shape, fp8)
             out[module + ".weight_scale"] = Expect(SCALAR, FLOATS)
             out[module + ".input_scale"] = Expect(SCALAR, FLOATS)
@@ -203,15 +235,45 @@ class HfCheckpointReader:
                 out.setdefault(name, Expect(self.weights.shape(name), FLOATS, required=False))
         return out
 
+    def expected_int4(self, module: str, shape: tuple[int, int]) -> dict[str, Expect]:
+        """The tensors of one 4-bit part of `shape` [out, in] (UserError where the shape cannot be packed)."""
+        (o, i), group = shape, self.quant.group_size
+        if o % 2 or i % group:
+            raise UserError(f"{self.path.name}: {module} is {o} x {i}: not packable as int4 pairs of output rows in "
+                            f"groups of {group} inputs")
+        out = {module + ".weight": Expect((o // 2, i), (torch.uint8, torch.int8), note="two int4 codes per byte "
+                                          "along the output: [out/2, in]"),
+               module + ".weight_scale": Expect((o, i // group), FLOATS, note=f"[out, in/{group}]")}
+        if not self.folds_smoothing(module):
+            out[module + ".pre_quant_scale"] = Expect((i,), FLOATS, note="one per input: [in]")
+        if INT4_QUANT_ALGOS[self.quant.quant_algo]:
+            out[module + ".input_scale"] = Expect(SCALAR, FLOATS)
+            out[module + ".weight_scale_2"] = Expect(SCALAR, FLOATS)
+        return out
+
+    def folds_smoothing(self, module: str) -> bool:
+        """Whether this part's input smoothing is in the norm before it (modelopt's fused layernorm), not its own
+        pre_quant_scale."""
+        part = module.split(".", 3)[-1]
+        return any(lin.input_norm is not None for lin in self.cfg.family.linears
+                   if any(p.hf == part for p in lin.parts))
+
     def quantized_modules(self) -> list[str]:
         return [HF_LAYER.format(i) + part.hf for i in range(self.num_layers) for lin in self.cfg.family.linears
                 for part in lin.parts if self.quant.quantizes(HF_LAYER.format(i) + part.hf)]
 
     def bad_scales(self) -> list[str]:
         """Scales that cannot be scales (zero, negative, not finite), and fused groups mixing FP8 with float."""
-        names = [n for n in self._names if n.endswith(("weight_scale", "input_scale", "k_scale", "v_scale"))]
-        problems = [f"{self.path.name}: {name} is {value}, not a positive finite scale" for name in sorted(names)
-                    if not (math.isfinite(value := float(self.weights.read(name).reshape(-1)[0])) and value > 0)]
+        names = [n for n in self._names if n.endswith((*INT4_SCALES, "k_scale", "v_scale"))]
+        problems = []
+        for name in sorted(names):
+            values = self.weights.read(name).float().reshape(-1)
+            bad = ~(torch.isfinite(values) & (values > 0))
+            if bool(bad.any()):
+                value = float(values[bad][0])
+                problems.append(f"{self.path.name}: {name} is {value}, not a positive finite scale" if values.numel()
+                                == 1 else f"{self.path.name}: {name} holds {int(bad.sum())} value(s) that are not "
+                                f"positive finite scales (e.g. {value})")
         for i in range(self.num_layers):
             for group in fused_groups(self.cfg.family.linears):
                 modules = [HF_LAYER.format(i) + part.hf for lin in group for part in lin.parts]
@@ -256,12 +318,30 @@ class HfCheckpointReader:
         """The group's linears by TensorRT-LLM name, FP8 ones sharing the group's largest scales."""
         parts = {lin.name: [self.read_part(prefix, part) for part in lin.parts] for lin in group}
         read = [p for ps in parts.values() for p in ps]
-        if read[0].weight_scale is None:
+        if not self.quant.quantizes(prefix + group[0].parts[0].hf):
             return {name: Linear(torch.cat([p.weight.float() for p in ps]), _bias(ps)) for name, ps in parts.items()}
+        if self.quant.int4:
+            return self.int4_linears(parts, read)
         weight_scale = max(p.weight_scale for p in read)
         act = TensorQuant("fp8", max(p.input_scale for p in read))
         return {name: Linear(torch.cat([self.rescaled(p, weight_scale) for p in ps]), _bias(ps), act)
                 for name, ps in parts.items()}
+
+    def int4_linears(self, parts: dict[str, list[ReadPart]], read: list[ReadPart]) -> dict[str, Linear]:
+        """A group's 4-bit linears: dequantized codes, W4A8's FP8 rounding and input quantizer at the group's largest
+        scales, the smoothing each part keeps (none where the norm holds it)."""
+        act, fp8_weight = None, None
+        if INT4_QUANT_ALGOS[self.quant.quant_algo]:
+            act = TensorQuant("fp8", max(p.input_scale for p in read))
+            fp8_weight = max(p.weight_scale_2 for p in read)
+        linears = {}
+        for name, ps in parts.items():
+            weight = torch.cat([p.weight for p in ps])
+            if fp8_weight is not None:
+                weight = fake_quant_fp8(weight, torch.tensor(fp8_weight))
+            prequant = ps[0].prequant.float() if ps[0].prequant is not None else None
+            linears[name] = Linear(weight, _bias(ps), act, prequant)
+        return linears
 
     def read_part(self, prefix: str, spec_part: Part) -> ReadPart:
         module = prefix + spec_part.hf
@@ -269,6 +349,13 @@ class HfCheckpointReader:
         weight = self.weights.read(module + ".weight")
         if not self.quant.quantizes(module):
             return ReadPart(weight, bias)
+        if self.quant.int4:
+            w4a8 = INT4_QUANT_ALGOS[self.quant.quant_algo] is not None
+            codes = unpack_int4(weight.view(torch.int8))
+            return ReadPart(dequantize_groupwise(codes, self.weights.read(module + ".weight_scale")), bias, None,
+                            self.scalar(module + ".input_scale") if w4a8 else None,
+                            self.scalar(module + ".weight_scale_2") if w4a8 else None,
+                            None if self.folds_smoothing(module) else self.weights.read(module + ".pre_quant_scale"))
         return ReadPart(weight, bias, self.scalar(module + ".weight_scale"), self.scalar(module + ".input_scale"))
 
     def rescaled(self, part: ReadPart, scale: float) -> torch.Tensor:

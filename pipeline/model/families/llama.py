@@ -11,12 +11,13 @@ from ..spec import COLUMN, QKV, ROW, Family, LinearSpec, NormSpec, Part
 
 DECODER_LINEARS = (
     LinearSpec("attention.qkv", (Part("self_attn.q_proj", "q"), Part("self_attn.k_proj", "kv"),
-                                 Part("self_attn.v_proj", "kv")), "hidden", QKV, bias="qkv_bias"),
+                                 Part("self_attn.v_proj", "kv")), "hidden", QKV, bias="qkv_bias",
+               input_norm="input_layernorm"),
     LinearSpec("attention.dense", (Part("self_attn.o_proj", "hidden"),), "q", ROW, bias="dense_bias"),
     LinearSpec("mlp.fc", (Part("mlp.gate_proj", "intermediate"),), "hidden", COLUMN, bias="mlp_bias",
-               fused_with="mlp.gate"),
+               fused_with="mlp.gate", input_norm="post_layernorm"),
     LinearSpec("mlp.gate", (Part("mlp.up_proj", "intermediate"),), "hidden", COLUMN, bias="mlp_bias",
-               shares_input_with="mlp.fc", fused_with="mlp.fc"),
+               shares_input_with="mlp.fc", fused_with="mlp.fc", input_norm="post_layernorm"),
     LinearSpec("mlp.proj", (Part("mlp.down_proj", "hidden"),), "intermediate", ROW, bias="mlp_bias"),
 )
 DECODER_NORMS = (
