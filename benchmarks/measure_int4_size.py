@@ -58,7 +58,7 @@ def modelopt_checkpoints(hf_dir: Path, work: Path, precision: str, group: int) -
             warnings.simplefilter("ignore")
             model = mtq.quantize(model, cfg, lambda m: [m(data[i:i + 1]) for i in range(len(data))])
             if fmt == "trtllm":
-                export_tensorrt_llm_checkpoint(model, "llama", torch.float16, out)
+                export_tensorrt_llm_checkpoint(model, "llama", torch.float16, out, inference_tensor_parallel=1)
             else:
                 export_hf_checkpoint(model.half(), dtype=torch.float16, export_dir=out)
         sizes[fmt] = weight_bytes(out)
