@@ -3,7 +3,6 @@ exporter writes (rewritten bit for bit from its own quantization), the runtime r
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
@@ -20,9 +19,9 @@ from pipeline.cli import main
 from pipeline.errors import UserError
 
 from support.models import make_tiny_model
+from support.modelopt_int4 import ALGOS, modelopt_int4, tiny_int4_llama
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
-ALGOS = {"W4A16_AWQ": "INT4_AWQ_CFG", "W4A8_AWQ": "W4A8_AWQ_BETA_CFG"}
 PRECISION = {"W4A16_AWQ": "int4-awq", "W4A8_AWQ": "w4a8-awq"}
 
 
@@ -109,22 +108,13 @@ def test_the_default_group_size_is_128_where_it_divides_every_width_else_64_with
 @pytest.fixture(scope="module")
 def modelopt_exports(tmp_path_factory):
     """modelopt 0.37's TensorRT-LLM export (float16, group 64) of a tiny model after its own AWQ, tp 1 and 2."""
-    import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
-    from transformers import AutoModelForCausalLM
 
     root = tmp_path_factory.mktemp("modelopt-int4")
-    hf = make_tiny_model(root / "hf", vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
-    data = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    hf = tiny_int4_llama(root / "hf")
     out = {}
-    for algo, preset in ALGOS.items():
-        cfg = copy.deepcopy(getattr(mtq, preset))
-        weight = cfg["quant_cfg"]["*weight_quantizer"]
-        (weight[0] if isinstance(weight, list) else weight)["block_sizes"][-1] = 64
-        model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-        with torch.no_grad():
-            model = mtq.quantize(model, cfg, lambda m: [m(data[i:i + 1]) for i in range(len(data))])
+    for algo in ALGOS:
+        model = modelopt_int4(hf, algo)
         for tp in (1, 2):
             export_tensorrt_llm_checkpoint(model, "llama", torch.float16, root / f"{algo}-tp{tp}",
                                            inference_tensor_parallel=tp)

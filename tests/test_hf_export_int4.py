@@ -6,7 +6,6 @@ the reference runtime reads it as the model the TensorRT-LLM checkpoint is."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import warnings
@@ -24,10 +23,9 @@ from pipeline.runtime import ReferenceModel
 from pipeline.runtime.int4 import dequantize_groupwise, unpack_int4
 
 from support.models import make_tiny_model
+from support.modelopt_int4 import ALGOS, GROUP, modelopt_int4, tiny_int4_llama
 
-ALGOS = {"W4A16_AWQ": "INT4_AWQ_CFG", "W4A8_AWQ": "W4A8_AWQ_BETA_CFG"}
 PRECISION = {"W4A16_AWQ": "int4-awq", "W4A8_AWQ": "w4a8-awq"}
-GROUP = 64
 #: TensorRT-LLM linear -> its Hugging Face parts, and whether the smoothing is folded into the norm before it
 LINEARS = {"attention.qkv": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), True),
            "attention.dense": (("self_attn.o_proj",), False), "mlp.fc": (("mlp.gate_proj",), True),
@@ -37,23 +35,15 @@ LINEARS = {"attention.qkv": (("self_attn.q_proj", "self_attn.k_proj", "self_attn
 @pytest.fixture(scope="module")
 def modelopt_hf(tmp_path_factory):
     """modelopt 0.37's unified HF export (float16, group 64) of a tiny Llama after its own AWQ, per algorithm."""
-    import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
-    from transformers import AutoModelForCausalLM
 
     root = tmp_path_factory.mktemp("modelopt-hf-int4")
-    hf = make_tiny_model(root / "hf", vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
-    data = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    hf = tiny_int4_llama(root / "hf")
     out = {}
-    for algo, preset in ALGOS.items():
-        cfg = copy.deepcopy(getattr(mtq, preset))
-        weight = cfg["quant_cfg"]["*weight_quantizer"]
-        (weight[0] if isinstance(weight, list) else weight)["block_sizes"][-1] = GROUP
-        model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    for algo in ALGOS:
+        model = modelopt_int4(hf, algo).half()
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = mtq.quantize(model, cfg, lambda m: [m(data[i:i + 1]) for i in range(len(data))]).half()
             export_hf_checkpoint(model, dtype=torch.float16, export_dir=root / algo)
         out[algo] = root / algo
     return out

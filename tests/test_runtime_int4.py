@@ -8,7 +8,6 @@ float32 rounding. The test unpacks the int4 codes itself, from modelopt's packin
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
@@ -21,26 +20,10 @@ from pipeline.cli import main
 from pipeline.errors import UserError
 from pipeline.runtime import ReferenceModel
 
-from support.models import make_tiny_model, save_word_tokenizer
+from support.models import save_word_tokenizer
+from support.modelopt_int4 import ALGOS, GROUP, modelopt_int4, tiny_int4_llama
 
-GROUP = 64
-ALGOS = {"W4A16_AWQ": "INT4_AWQ_CFG", "W4A8_AWQ": "W4A8_AWQ_BETA_CFG"}
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
-
-
-def modelopt_int4(hf_dir: Path, algo: str):
-    """The tiny model quantized by modelopt with ALGO's preset at group size GROUP, after 4 calibration batches."""
-    import modelopt.torch.quantization as mtq
-    from transformers import AutoModelForCausalLM
-
-    cfg = copy.deepcopy(getattr(mtq, ALGOS[algo]))
-    weight = cfg["quant_cfg"]["*weight_quantizer"]
-    int4 = weight[0] if isinstance(weight, list) else weight
-    int4["block_sizes"][-1] = GROUP
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    data = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        return mtq.quantize(model, cfg, lambda m: [m(data[i:i + 1]) for i in range(len(data))])
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +33,7 @@ def exported(tmp_path_factory):
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     root = tmp_path_factory.mktemp("int4")
-    hf_dir = make_tiny_model(root / "hf", vocab_size=128, hidden_size=128, intermediate_size=256,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    hf_dir = tiny_int4_llama(root / "hf")
     out = {}
     for algo in ALGOS:
         model = modelopt_int4(hf_dir, algo)

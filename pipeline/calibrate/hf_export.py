@@ -141,12 +141,21 @@ def _tensors(fp: CheckpointReader, q: CheckpointReader | None):
                     yield name + ".input_scale", torch.tensor(act.scale, dtype=torch.float32)
                 if bias is not None:
                     yield name + ".bias", cast(b)
-                if part.hf in kv_scales:
-                    key, value = kv_scales[part.hf]
-                    yield f"{name}.{key}", torch.tensor(value, dtype=torch.float32)
-    yield family.final_norm[0], cast(fp.final_norm())
-    if not arch.tie_word_embeddings:
-        yield family.lm_head[0], cast(fp.lm_head())
+                yield from _kv_scale(name, part.hf, kv_scales)
+    yield from _model_tail(fp, cast)
+
+
+def _kv_scale(name: str, module: str, kv_scales: dict[str, tuple[str, float]]):
+    if module in kv_scales:
+        key, value = kv_scales[module]
+        yield f"{name}.{key}", torch.tensor(value, dtype=torch.float32)
+
+
+def _model_tail(fp: CheckpointReader, cast):
+    """The final norm and, unless tied to the embedding, lm_head, in the model dtype."""
+    yield fp.cfg.family.final_norm[0], cast(fp.final_norm())
+    if not fp.cfg.arch.tie_word_embeddings:
+        yield fp.cfg.family.lm_head[0], cast(fp.lm_head())
 
 
 def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
@@ -200,12 +209,8 @@ def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
                     yield name + ".input_scale", merged["input_scale"].reshape(()).clone()
                     yield name + ".weight_scale_2", merged["weight_scale_2"].reshape(()).clone()
                 yield name + ".weight_scale", scales.contiguous()
-                if part.hf in kv_scales:
-                    key, value = kv_scales[part.hf]
-                    yield f"{name}.{key}", torch.tensor(value, dtype=torch.float32)
-    yield family.final_norm[0], cast(fp.final_norm())
-    if not arch.tie_word_embeddings:
-        yield family.lm_head[0], cast(fp.lm_head())
+                yield from _kv_scale(name, part.hf, kv_scales)
+    yield from _model_tail(fp, cast)
 
 
 def _merged_int4(q: CheckpointReader, lin, stage: list, local: str, module: str) -> dict[str, torch.Tensor]:
