@@ -205,7 +205,7 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--kv-cache", type=choice(sorted(KV_CACHE_QUANT_ALGO)), default=None,
               help="Also quantize the KV cache (per-layer scales from the K and V values).")
 @click.option("--method", type=choice(["entropy", "percentile", "mse", "max"]), default=None,
-              help="Activation amax method (default: max for both precisions, chosen by measurement; "
+              help="Activation amax method (default: max for every precision, chosen by measurement; "
                    "see docs/calibrate.md).")
 @calibration_data_options
 @click.option("--alpha", type=float, default=None,
@@ -242,6 +242,7 @@ def calibrate(checkpoint, out, precision, group_size, kv_cache, method, dataset,
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --dataset notes.jsonl --text-field body
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8 --format both   # + out/ckpt-fp8/hf
       trtpipe calibrate out/ckpt -o out/hf-fp8 --precision fp8 --kv-cache fp8 --format hf        # for vLLM only
+      trtpipe calibrate out/ckpt -o out/hf-int4 --precision int4-awq --format hf   # for trtllm-serve only
     """
     from ..calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 
