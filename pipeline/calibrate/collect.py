@@ -24,7 +24,8 @@ from typing import Iterator
 import torch
 
 from ..runtime.stream import LoadedLayer
-from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, weight_statistics
+from .quantized_checkpoint import (FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, local_name,
+                                  weight_statistics)
 from ..precisions import INT4_PRECISIONS
 from .formats import FP8, INT8
 from .histogram import ChannelMax, StreamingHistogram
@@ -150,9 +151,3 @@ class LayerCalibrator:
     def close(self) -> dict:
         """Finish the checkpoint (config.json); returns its config."""
         return self.writer.close()
-
-
-def local_name(module: str) -> str:
-    """'transformer.layers.3.mlp.fc' -> 'mlp.fc'."""
-    return module.split(".", 3)[3]
-

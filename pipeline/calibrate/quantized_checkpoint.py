@@ -346,14 +346,19 @@ def _rounding_input(plan: QuantPlan, module: str, row: bool, tensor: torch.Tenso
     return smoothed, (smoothed.abs().amax(dim=1) / 127.0).clamp(min=MIN_SCALE).to(torch.float32)
 
 
+def local_name(module: str) -> str:
+    """'transformer.layers.3.mlp.fc' -> 'mlp.fc'."""
+    return module.split(".", 3)[3]
+
+
 def _fp8_weight_scale(rf: RankFile, name: str, module: str, ckpt: FloatCheckpoint, plan: QuantPlan) -> torch.Tensor:
     """W4A8's weights_scaling_factor_2: 8/7 of the largest smoothed weight of every rank's share, over 448, and of
     the fused partner's (fc and gate: TensorRT-LLM's PyTorch backend runs them as one GEMM with one such scale)."""
     row = ckpt.is_row_parallel(module)
-    layer_prefix = name[: -len(module.split(".", 3)[3] + ".weight")]      # this rank file's transformer.layers.N.
+    layer_prefix = name[: -len(local_name(module) + ".weight")]      # this rank file's transformer.layers.N.
     amax = 0.0
     for linear in filter(None, (module, plan.fused.get(module))):
-        tensor = layer_prefix + linear.split(".", 3)[3] + ".weight"
+        tensor = layer_prefix + local_name(linear) + ".weight"
         amax = max([amax] + [float((peer.file.read(tensor).float()
                                     / local_prequant(plan.prequant[linear], row, peer.tp_rank,
                                                      ckpt.tp_size).float()).abs().max())
