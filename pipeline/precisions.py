@@ -33,5 +33,8 @@ DTYPE_CODES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "fp8": "F
 CHECKPOINT_DTYPES = ("float16", "bfloat16", "float32")
 #: the largest finite FP8 E4M3 value (float8_e4m3fn), which FP8 scales map amax to
 E4M3_MAX = 448.0
-#: what `calibrate --format` writes: the TensorRT-LLM checkpoint, both (+ OUT/hf), or the Hugging Face FP8 one alone
-CALIBRATION_FORMATS = ("trtllm", "both", "hf")
+#: what `calibrate --format` writes: the TensorRT-LLM checkpoint, both (+ OUT/hf), the Hugging Face one in modelopt's
+#: layout alone, or vLLM's AWQ checkpoint alone (int4-awq)
+CALIBRATION_FORMATS = ("trtllm", "both", "hf", "vllm")
+#: the precision `calibrate --format vllm` writes (AutoAWQ's layout has no activation scales)
+VLLM_FORMAT_PRECISIONS = ("int4-awq",)

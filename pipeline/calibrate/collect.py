@@ -84,7 +84,7 @@ class LayerCalibrator:
             hessian = stats_of.finish()
             sharing = [m for m in modules if self.ckpt.source_of(m) == source]
             weight = torch.cat([loaded.linear(local_name(m)).weight for m in sharing])
-            prequant, alpha = awq_smoothing(weight, hessian, self.options.group_size)
+            prequant, alpha = awq_smoothing(weight, hessian, self.options.group_size, self._smoothing_tie(source))
             stats.prequant[source] = prequant.to(self.ckpt.dtype)      # what the checkpoint holds and the engine uses
             stats.alphas[source] = alpha
             stats.moments[source] = torch.diagonal(smoothed_hessian(hessian, stats.prequant[source].float())).clone()
@@ -92,6 +92,16 @@ class LayerCalibrator:
             stats.hessians.clear()
         if self.options.precision != "int4-awq" or self.options.kv_cache:
             yield lambda name, x: self._observe(stats, set(), name, x)
+
+    def _smoothing_tie(self, source: str) -> tuple[int, int, int] | None:
+        """For a layout that folds a linear's smoothing into the rows of the part before it (--format vllm), the
+        heads its p must be equal across: o_proj's input under grouped-query attention (`awq_smoothing`)."""
+        arch = self.ckpt.cfg.arch
+        spec = self.ckpt.family.linear(local_name(source))
+        if not (self.options.folds_all_smoothing and spec.input_from and spec.inputs == "q"):
+            return None
+        kv = arch.num_key_value_heads
+        return kv, arch.num_attention_heads // kv, arch.head_size
 
     def _observe_second_moments(self, stats: LayerStatistics, sources: set[str], name: str, x: torch.Tensor) -> None:
         key = self.ckpt.stats_key(name)

@@ -76,7 +76,7 @@ def write_hf_checkpoint(float_dir: Path, quantized_dir: Path | None, out: Path) 
             writer.write(tensor)
     config = hf_config_of(arch, dtype)
     if q is not None:
-        ignore = ["lm_head", *_excluded_hf_modules(q)]
+        ignore = ["lm_head", *excluded_hf_modules(q)]
         quant = {"quant_algo": q.cfg.quant_algo, "kv_cache_quant_algo": q.cfg.kv_cache_quant_algo}
         if q.cfg.quant_algo in INT4_QUANT_ALGOS:
             quant.update({key: q.cfg.quantization[key] for key in ("group_size", "has_zero_point", "pre_quant_scale")})
@@ -142,7 +142,7 @@ def _tensors(fp: CheckpointReader, q: CheckpointReader | None):
                 if bias is not None:
                     yield name + ".bias", cast(b)
                 yield from _kv_scale(name, part.hf, kv_scales)
-    yield from _model_tail(fp, cast)
+    yield from model_tail(fp, cast)
 
 
 def _kv_scale(name: str, module: str, kv_scales: dict[str, tuple[str, float]]):
@@ -151,7 +151,7 @@ def _kv_scale(name: str, module: str, kv_scales: dict[str, tuple[str, float]]):
         yield f"{name}.{key}", torch.tensor(value, dtype=torch.float32)
 
 
-def _model_tail(fp: CheckpointReader, cast):
+def model_tail(fp: CheckpointReader, cast):
     """The final norm and, unless tied to the embedding, lm_head, in the model dtype."""
     yield fp.cfg.family.final_norm[0], cast(fp.final_norm())
     if not fp.cfg.arch.tie_word_embeddings:
@@ -170,7 +170,7 @@ def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
         float_layer = fp.layer(i)
         stage = [rf for rf in q.ranks if i in rf.position.layers]
         local = f"transformer.layers.{i - stage[0].layer_offset}."
-        packed = {lin.name: _merged_int4(q, lin, stage, local + lin.name, f"transformer.layers.{i}.{lin.name}")
+        packed = {lin.name: merged_int4(q, lin, stage, local + lin.name, f"transformer.layers.{i}.{lin.name}")
                   for lin in family.linears if q.cfg.quantizes(f"transformer.layers.{i}.{lin.name}")}
         norms = {norm.name: float_layer.norms[norm.name] for norm in family.layer_norms(arch)}
         folded = {}
@@ -181,7 +181,7 @@ def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
         for norm in family.layer_norms(arch):
             weight = cast(norms[norm.name])
             if norm.name in folded:
-                weight = weight * _one_smoothing(folded[norm.name], i)
+                weight = weight * one_smoothing(folded[norm.name], i)
             yield prefix + norm.hf + ".weight", weight
         kv_scales = _kv_scales(q, i) if q.cfg.kv_cache_quant_algo else {}
         if w4a8:
@@ -210,10 +210,10 @@ def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
                     yield name + ".weight_scale_2", merged["weight_scale_2"].reshape(()).clone()
                 yield name + ".weight_scale", scales.contiguous()
                 yield from _kv_scale(name, part.hf, kv_scales)
-    yield from _model_tail(fp, cast)
+    yield from model_tail(fp, cast)
 
 
-def _merged_int4(q: CheckpointReader, lin, stage: list, local: str, module: str) -> dict[str, torch.Tensor]:
+def merged_int4(q: CheckpointReader, lin, stage: list, local: str, module: str) -> dict[str, torch.Tensor]:
     """One 4-bit linear's tp shares as the whole model's: int8 codes [out, in], float32 group scales [out, in/g],
     the smoothing [in] and W4A8's two scalars (one value on every rank)."""
     codes = [unpack_int4(rf.read(local + ".weight")).float() for rf in stage]
@@ -240,7 +240,7 @@ def _share_fp8_scales(packed: dict[str, dict], linears) -> None:
                 a[key] = b[key] = max(a[key], b[key], key=float)
 
 
-def _one_smoothing(linears: list[tuple[str, torch.Tensor]], layer: int) -> torch.Tensor:
+def one_smoothing(linears: list[tuple[str, torch.Tensor]], layer: int) -> torch.Tensor:
     """The smoothing the linears reading one norm share (trtpipe writes one per input)."""
     first = linears[0][1]
     for name, prequant in linears[1:]:
@@ -263,7 +263,7 @@ def _kv_scales(q: CheckpointReader, layer: int) -> dict[str, tuple[str, float]]:
     return scales
 
 
-def _excluded_hf_modules(q: CheckpointReader) -> list[str]:
+def excluded_hf_modules(q: CheckpointReader) -> list[str]:
     """The HF modules of the linears the calibrated checkpoint left unquantized (its --exclude)."""
     family, excluded = q.cfg.family, []
     for i in range(q.num_layers):

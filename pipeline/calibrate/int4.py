@@ -66,15 +66,23 @@ def groupwise_nearest(weight: torch.Tensor, group: int) -> torch.Tensor:
     return (int4_codes(w / scale) * scale).reshape(weight.shape)
 
 
-def awq_smoothing(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> tuple[torch.Tensor, float]:
+def awq_smoothing(weight: torch.Tensor, hessian: torch.Tensor, group: int,
+                  tie: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, float]:
     """AWQ's smoothing vector p [in] (float32; x * p meets W / p) for `weight` [out, in] whose input has second
-    moments `hessian` [in, in], and the alpha chosen."""
+    moments `hessian` [in, in], and the alpha chosen.
+
+    `tie` (kv_heads, heads per K/V head, head size) makes p equal across the query heads that share a K/V head: the
+    input of o_proj under grouped-query attention, where AWQ's layout has p in v_proj's output rows (one per K/V
+    channel). Their root mean square is taken together."""
     w = weight.float()
     if w.shape[0] > SEARCH_ROWS:
         rows = torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))[:SEARCH_ROWS]
         w = w[rows.sort().values]
     h = hessian.float()
-    rms = torch.diagonal(h).clamp(min=0).sqrt()
+    moments = torch.diagonal(h).clamp(min=0)
+    if tie is not None:
+        moments = moments.reshape(tie).mean(dim=1, keepdim=True).expand(tie).reshape(-1)
+    rms = moments.sqrt()
     live = rms > 0
     if not bool(live.any()):
         return torch.ones(w.shape[1]), 0.0

@@ -17,14 +17,16 @@ from pathlib import Path
 from .. import __version__
 from ..errors import UserError
 from ..precisions import (CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, INT4_GROUP_SIZES, INT4_PRECISIONS,
-                          W4A8_ENGINE_GROUP_SIZE)
+                          W4A8_ENGINE_GROUP_SIZE, VLLM_FORMAT_PRECISIONS)
 from ..outputs import fingerprint_inputs, stage_output
+from ..runtime.hf_checkpoint import read_hf_quantization
 from .amax import DEFAULT_PERCENTILE, METHODS
 from ..checkpoint import is_excluded, source_model
 from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
 from .int4 import default_group_size, group_size_problem
 from .hf_export import write_hf_checkpoint
+from .vllm_export import split_fused_group, write_vllm_checkpoint
 from .data import OFFLINE_CORPUS, CalibrationRecipe, load_texts, load_tokenizer, tokenize_samples
 from .rounding import DEFAULT_DAMP, ROUNDINGS
 from .report import TensorReport, most_sensitive, plot_histograms, write_report_json
@@ -59,7 +61,7 @@ class CalibrateOptions:
     damp: float = DEFAULT_DAMP
     eval_samples: int = 40
     device: str = "auto"
-    format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf writes the HF checkpoint alone
+    format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf and vllm write that checkpoint alone
     group_size: int | None = None  # 4-bit: inputs per weight scale (None: the first of INT4_GROUP_SIZES that fits)
     force: bool = False
     progress: bool = True
@@ -68,6 +70,16 @@ class CalibrateOptions:
     def hf_export(self) -> bool:
         """A Hugging Face FP8 checkpoint (modelopt's layout) is written: OUT/hf (both) or OUT itself (hf)."""
         return self.format in ("both", "hf")
+
+    @property
+    def folds_all_smoothing(self) -> bool:
+        """The output layout has no pre_quant_scale (vLLM's AWQ): every smoothing goes into the tensors before."""
+        return self.format == "vllm"
+
+    @property
+    def scratch_checkpoint(self) -> bool:
+        """The TensorRT-LLM checkpoint is only the source of the checkpoint written as OUT."""
+        return self.format in ("hf", "vllm")
 
     @property
     def chosen_method(self) -> str:
@@ -168,8 +180,8 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
                                desc="perplexity (float)") if heldout else None
 
         tmp = output.dir
-        # --format hf: the TensorRT-LLM checkpoint is only the export's source, written beside it and removed
-        trtllm = tmp / TRTLLM_SCRATCH if options.format == "hf" else tmp
+        # --format hf|vllm: the TensorRT-LLM checkpoint is only the export's source, written beside it and removed
+        trtllm = tmp / TRTLLM_SCRATCH if options.scratch_checkpoint else tmp
         trtllm.mkdir(exist_ok=True)
         writer = QuantizedCheckpointWriter(ckpt, options.precision, options.kv_cache, options.exclude,
                                            options.alpha if options.precision == "int8-sq" else None, trtllm,
@@ -183,6 +195,9 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
             write_hf_checkpoint(checkpoint, tmp, tmp / HF_DIR)
         elif options.format == "hf":
             write_hf_checkpoint(checkpoint, trtllm, tmp)
+        elif options.format == "vllm":
+            write_vllm_checkpoint(checkpoint, trtllm, tmp)
+        if options.scratch_checkpoint:
             shutil.rmtree(trtllm)
         ppl = None
         if float_ppl is not None:
@@ -190,7 +205,7 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
                                    progress=options.progress, desc="perplexity (quantized)")
             ppl = {"float": float_ppl.perplexity, "quantized": quant_ppl.perplexity,
                    "ratio": quant_ppl.perplexity / float_ppl.perplexity, "tokens": quant_ppl.tokens}
-        elif claim is not None and options.format != "hf":
+        elif claim is not None and not options.scratch_checkpoint:
             CheckpointReader(tmp).check_every_layer()
         tokens = sum(len(s) for s in samples)
         write_reports(tmp / REPORT_DIR, options, calibrator.reports, calibrator.histograms, ppl, len(samples), tokens,
@@ -289,15 +304,23 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
         raise UserError(f"--format {options.format} writes modelopt's Hugging Face layout, which trtpipe writes for "
                         f"--precision {', '.join(hf_precisions)} with an fp8 or no --kv-cache (got "
                         f"{options.precision}, KV {options.kv_cache or 'none'})")
+    if options.format == "vllm" and (options.precision not in VLLM_FORMAT_PRECISIONS or options.kv_cache):
+        raise UserError(f"--format vllm writes AutoAWQ's checkpoint, which vLLM reads for "
+                        f"--precision {', '.join(VLLM_FORMAT_PRECISIONS)} (4-bit weights, 16-bit activations) with "
+                        f"no --kv-cache (it holds no activation or KV-cache scales); got {options.precision}, KV "
+                        f"{options.kv_cache or 'none'}")
+    if options.format == "vllm":
+        split = split_fused_group(ckpt.family, ckpt.num_layers, lambda module: is_excluded(module, options.exclude))
+        if split:
+            raise UserError(split)
 
 
 def written_config(out: Path) -> dict:
     """The calibrated checkpoint's config as `calibrate` returns it: the TensorRT-LLM config.json, or for a
-    Hugging Face checkpoint (--format hf) its config with the quantization of hf_quant_config.json."""
+    Hugging Face checkpoint (--format hf|vllm) its config with its quantization as the runtime reads it."""
     config = json.loads((out / "config.json").read_text())
-    hf_quant = out / "hf_quant_config.json"
-    if hf_quant.is_file():
-        config["quantization"] = json.loads(hf_quant.read_text()).get("quantization")
+    if "quantization_config" in config:
+        config["quantization"] = read_hf_quantization(out, config).to_dict()
     return config
 
 

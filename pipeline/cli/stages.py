@@ -226,7 +226,9 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
               help="both: also write OUT/hf, the same calibration as a Hugging Face checkpoint in modelopt's "
                    "unified layout (fp8, int4-awq, w4a8-awq; TensorRT-LLM's PyTorch backend loads it, vLLM and "
                    "SGLang the FP8 one); hf: that Hugging Face checkpoint alone, as OUT (no TensorRT-LLM "
-                   "checkpoint; its perplexity is the Hugging Face checkpoint's).")
+                   "checkpoint; its perplexity is the Hugging Face checkpoint's); vllm: int4-awq as AutoAWQ's "
+                   "checkpoint alone, as OUT, the one vLLM reads (GPU and x86 CPU), every smoothing folded into the "
+                   "tensors before it.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -243,6 +245,7 @@ def calibrate(checkpoint, out, precision, group_size, kv_cache, method, dataset,
       trtpipe calibrate out/ckpt -o out/ckpt-fp8 --precision fp8 --kv-cache fp8 --format both   # + out/ckpt-fp8/hf
       trtpipe calibrate out/ckpt -o out/hf-fp8 --precision fp8 --kv-cache fp8 --format hf        # for vLLM only
       trtpipe calibrate out/ckpt -o out/hf-int4 --precision int4-awq --format hf   # for trtllm-serve only
+      trtpipe calibrate out/ckpt -o out/awq-int4 --precision int4-awq --format vllm  # for vLLM only
     """
     from ..calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 

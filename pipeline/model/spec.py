@@ -49,6 +49,9 @@ class LinearSpec:
     fused_with: str | None = None           # the engine runs both as one GEMM: their scales must agree
     input_norm: str | None = None           # the NormSpec whose output it reads (modelopt's HF layout folds AWQ's
                                             # input smoothing into that norm's weight)
+    input_from: str | None = None           # the HF part whose output rows are its input channels, scaled through
+                                            # one for one (v_proj for o_proj, per K/V head; up_proj for down_proj):
+                                            # a layout without pre_quant_scale (AWQ's) folds the smoothing there
 
     def out_features(self, dims: Mapping[str, int]) -> int:
         return sum(dims[p.rows] for p in self.parts)

@@ -11,6 +11,10 @@ Hugging Face parts); nothing here names a tensor of its own except modelopt's sc
 - quantization from `hf_quant_config.json` (quant_algo, kv_cache_quant_algo, exclude_modules), else from
   config.json's `quantization_config` (quant_method "modelopt"); both, when present, must agree.
 
+AutoAWQ's layout (`quant_method: awq`, what `calibrate --format vllm` writes and vLLM reads; `pipeline.runtime.awq`):
+W4A16 parts hold `qweight`, `qzeros` and `scales` instead of `weight`, with no smoothing vector anywhere; the modules
+in `modules_to_not_convert` (substrings of module names, as vLLM matches them) keep a float `weight`.
+
 4-bit parts hold `weight` [out/2, in] (two int4 codes per byte along the output, as in TensorRT-LLM's checkpoint),
 `weight_scale` [out, in/group], a `pre_quant_scale` [in] where the smoothing was not folded into the norm before
 (o_proj, down_proj), and for W4A8 `input_scale` and `weight_scale_2` scalars; the group size comes from
@@ -55,6 +59,7 @@ from .trtllm_reader import (
     report,
 )
 from .config import check_supported
+from .awq import CONFIG as AWQ_CONFIG, dequantize_awq
 from .int4 import dequantize_groupwise, unpack_int4
 from .quant import TensorQuant, fake_quant_fp8
 
@@ -65,7 +70,8 @@ FP8 = "FP8"
 #: what the reference runtime executes from a Hugging Face checkpoint
 HF_QUANT_ALGOS = (FP8, *INT4_QUANT_ALGOS)
 #: the 4-bit parts' scale tensors (positive and finite, every value)
-INT4_SCALES = ("weight_scale", "pre_quant_scale", "input_scale", "weight_scale_2")
+INT4_SCALES = ("weight_scale", "pre_quant_scale", "input_scale", "weight_scale_2", ".scales")
+MODELOPT, AWQ = "modelopt", "awq"
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,17 @@ class HfQuantization:
     kv_cache_quant_algo: str | None = None      # "FP8" or None
     exclude: tuple[str, ...] = ()               # modules left in the model dtype (modelopt's patterns)
     groupwise: dict | None = None               # 4-bit: group_size, has_zero_point, pre_quant_scale
+    layout: str = MODELOPT                      # MODELOPT | AWQ
 
     def quantizes(self, module: str) -> bool:
+        if self.layout == AWQ:      # vLLM's is_layer_skipped(match_mode="substring")
+            return not any(pattern in module for pattern in self.exclude)
         return self.quant_algo in HF_QUANT_ALGOS and not is_excluded(module, self.exclude)
+
+    def to_dict(self) -> dict:
+        """The TensorRT-LLM config's `quantization` block this amounts to."""
+        return {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo,
+                **(self.groupwise or {}), "exclude_modules": list(self.exclude)}
 
     @property
     def int4(self) -> bool:
@@ -138,11 +152,14 @@ def read_hf_quantization(directory: Path, config: dict) -> HfQuantization:
     where = Path(directory) / "config.json"
     qc = config.get("quantization_config")
     from_config = None
+    if isinstance(qc, dict) and qc.get("quant_method") == AWQ_CONFIG["quant_method"]:
+        return read_awq_quantization(qc, where)
     if qc:
         if not isinstance(qc, dict) or qc.get("quant_method") != "modelopt":
             method = qc.get("quant_method") if isinstance(qc, dict) else qc
             raise UserError(f"{where}: quantization_config.quant_method {method!r} is not supported by the reference "
-                            "runtime (only nvidia-modelopt's FP8 layout: `trtpipe calibrate --format both`)")
+                            "runtime (nvidia-modelopt's layout, `trtpipe calibrate --format both|hf`, or AutoAWQ's, "
+                            "`--format vllm`)")
         kv = FP8 if qc.get("kv_cache_scheme") else None
         from_config = HfQuantization(qc.get("quant_algo"), kv, tuple(qc.get("ignore") or ()))
     quant = from_config or HfQuantization()
@@ -171,6 +188,19 @@ def read_hf_quantization(directory: Path, config: dict) -> HfQuantization:
     return quant
 
 
+def read_awq_quantization(qc: dict, where: Path) -> HfQuantization:
+    """The quantization of an AutoAWQ checkpoint (4-bit "gemm" weights, groups of `group_size` inputs)."""
+    bits, version, group = qc.get("bits", qc.get("w_bit")), str(qc.get("version", "gemm")).lower(), \
+        qc.get("group_size", qc.get("q_group_size"))
+    if bits != AWQ_CONFIG["bits"] or version != AWQ_CONFIG["version"]:
+        raise UserError(f"{where}: AWQ with bits {bits!r}, version {version!r}: the reference runtime reads "
+                        f"{AWQ_CONFIG['bits']}-bit {AWQ_CONFIG['version']!r} checkpoints")
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+        raise UserError(f"{where}: quantization_config.group_size {group!r} is not a positive integer")
+    groupwise = {"group_size": group, "has_zero_point": bool(qc.get("zero_point", True)), "pre_quant_scale": False}
+    return HfQuantization("W4A16_AWQ", None, tuple(qc.get("modules_to_not_convert") or ()), groupwise, AWQ)
+
+
 def fused_groups(linears: tuple[LinearSpec, ...]) -> list[tuple[LinearSpec, ...]]:
     """The linears the server runs as one GEMM: each alone, or with its `fused_with` partner (gate/up)."""
     by_name = {lin.name: lin for lin in linears}
@@ -193,9 +223,9 @@ class HfCheckpointReader:
         where = str(self.path / "config.json")
         arch = arch_from_hf_config(config, where)
         self.quant = read_hf_quantization(self.path, config)
+        # AWQ's zero points are applied here, when a part is read: the runtime's linears see none
         self.cfg = CheckpointConfig.new(arch, arch.dtype).with_quantization(
-            {"quant_algo": self.quant.quant_algo, "kv_cache_quant_algo": self.quant.kv_cache_quant_algo,
-             **(self.quant.groupwise or {}), "exclude_modules": list(self.quant.exclude)})
+            {**self.quant.to_dict(), **({"has_zero_point": False} if self.quant.layout == AWQ else {})})
         check_supported(self.cfg, where)
         self.weights = LazyWeights(self.path)
         self._names = self.weights.names()
@@ -219,6 +249,9 @@ class HfCheckpointReader:
         if arch.tie_word_embeddings:   # a saved copy of the tied table is allowed
             out[family.lm_head[0]] = Expect((arch.vocab_size, arch.hidden_size), FLOATS, required=False)
         for module in self.quantized_modules():
+            if self.quant.layout == AWQ:
+                out.update(self.expected_awq(module, out.pop(module + ".weight").shape))
+                continue
             if self.quant.int4:
                 out.update(self.expected_int4(module, out[module + ".weight"].shape))
                 continue
@@ -251,9 +284,24 @@ class HfCheckpointReader:
             out[module + ".weight_scale_2"] = Expect(SCALAR, FLOATS)
         return out
 
+    def expected_awq(self, module: str, shape: tuple[int, int]) -> dict[str, Expect]:
+        """The tensors of one AutoAWQ part of `shape` [out, in]."""
+        (o, i), group = shape, self.quant.group_size
+        if o % 8 or i % group:
+            raise UserError(f"{self.path.name}: {module} is {o} x {i}: not packable as AWQ's eight 4-bit codes per "
+                            f"int32 along the output in groups of {group} inputs")
+        out = {module + ".qweight": Expect((i, o // 8), (torch.int32,), note="eight codes per int32 along the "
+                                           "output: [in, out/8]"),
+               module + ".scales": Expect((i // group, o), FLOATS, note=f"[in/{group}, out]")}
+        if self.quant.groupwise["has_zero_point"]:
+            out[module + ".qzeros"] = Expect((i // group, o // 8), (torch.int32,), note=f"[in/{group}, out/8]")
+        return out
+
     def folds_smoothing(self, module: str) -> bool:
         """Whether this part's input smoothing is in the norm before it (modelopt's fused layernorm), not its own
-        pre_quant_scale."""
+        pre_quant_scale (AutoAWQ's layout has none anywhere)."""
+        if self.quant.layout == AWQ:
+            return True
         part = module.split(".", 3)[-1]
         return any(lin.input_norm is not None for lin in self.cfg.family.linears
                    if any(p.hf == part for p in lin.parts))
@@ -278,7 +326,8 @@ class HfCheckpointReader:
             for group in fused_groups(self.cfg.family.linears):
                 modules = [HF_LAYER.format(i) + part.hf for lin in group for part in lin.parts]
                 if len({self.quant.quantizes(m) for m in modules}) > 1:
-                    problems.append(f"{', '.join(modules)} run as one GEMM: exclude all of them from FP8 or none")
+                    problems.append(f"{', '.join(modules)} run as one GEMM: exclude all of them from quantization "
+                                    "or none")
         return problems
 
     # ----------------------------------------------------------------------------------- pieces
@@ -346,17 +395,22 @@ class HfCheckpointReader:
     def read_part(self, prefix: str, spec_part: Part) -> ReadPart:
         module = prefix + spec_part.hf
         bias = self.weights.read(module + ".bias") if module + ".bias" in self._names else None
-        weight = self.weights.read(module + ".weight")
         if not self.quant.quantizes(module):
-            return ReadPart(weight, bias)
+            return ReadPart(self.weights.read(module + ".weight"), bias)
+        if self.quant.layout == AWQ:
+            qweight = self.weights.read(module + ".qweight")
+            zeros = self.weights.read(module + ".qzeros") if self.quant.groupwise["has_zero_point"] else None
+            return ReadPart(dequantize_awq(qweight, zeros, self.weights.read(module + ".scales")), bias)
         if self.quant.int4:
             w4a8 = INT4_QUANT_ALGOS[self.quant.quant_algo] is not None
+            weight = self.weights.read(module + ".weight")
             codes = unpack_int4(weight.view(torch.int8))
             return ReadPart(dequantize_groupwise(codes, self.weights.read(module + ".weight_scale")), bias, None,
                             self.scalar(module + ".input_scale") if w4a8 else None,
                             self.scalar(module + ".weight_scale_2") if w4a8 else None,
                             None if self.folds_smoothing(module) else self.weights.read(module + ".pre_quant_scale"))
-        return ReadPart(weight, bias, self.scalar(module + ".weight_scale"), self.scalar(module + ".input_scale"))
+        return ReadPart(self.weights.read(module + ".weight"), bias, self.scalar(module + ".weight_scale"),
+                        self.scalar(module + ".input_scale"))
 
     def rescaled(self, part: ReadPart, scale: float) -> torch.Tensor:
         """float32 weight of an FP8 part quantized again with the group's `scale`, as TensorRT-LLM's PyTorch

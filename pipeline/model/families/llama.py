@@ -13,12 +13,14 @@ DECODER_LINEARS = (
     LinearSpec("attention.qkv", (Part("self_attn.q_proj", "q"), Part("self_attn.k_proj", "kv"),
                                  Part("self_attn.v_proj", "kv")), "hidden", QKV, bias="qkv_bias",
                input_norm="input_layernorm"),
-    LinearSpec("attention.dense", (Part("self_attn.o_proj", "hidden"),), "q", ROW, bias="dense_bias"),
+    LinearSpec("attention.dense", (Part("self_attn.o_proj", "hidden"),), "q", ROW, bias="dense_bias",
+               input_from="self_attn.v_proj"),
     LinearSpec("mlp.fc", (Part("mlp.gate_proj", "intermediate"),), "hidden", COLUMN, bias="mlp_bias",
                fused_with="mlp.gate", input_norm="post_layernorm"),
     LinearSpec("mlp.gate", (Part("mlp.up_proj", "intermediate"),), "hidden", COLUMN, bias="mlp_bias",
                shares_input_with="mlp.fc", fused_with="mlp.fc", input_norm="post_layernorm"),
-    LinearSpec("mlp.proj", (Part("mlp.down_proj", "hidden"),), "intermediate", ROW, bias="mlp_bias"),
+    LinearSpec("mlp.proj", (Part("mlp.down_proj", "hidden"),), "intermediate", ROW, bias="mlp_bias",
+               input_from="mlp.up_proj"),
 )
 DECODER_NORMS = (
     NormSpec("input_layernorm", "input_layernorm", "hidden"),
