@@ -298,13 +298,17 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="Output directory (model.onnx, genai_config.json).")
-@click.option("--precision", type=choice(["auto", "fp32", "fp16", "int8-sq", "fp8"]), default="auto",
+@click.option("--precision", type=choice(["auto", "fp32", "fp16", "int8-sq", "fp8", "int4-awq"]), default="auto",
               show_default=True, help="auto follows the checkpoint; int8-sq/fp8 need a calibrated checkpoint "
-              "(Q/DQ nodes from its scales); fp16 stores float weights in half precision.")
+              "(Q/DQ nodes from its scales), int4-awq an int4-awq one (ONNX Runtime's 4-bit MatMulNBits on its "
+              "codes and group scales); fp16 stores float weights in half precision.")
 @click.option("--opset", type=int, default=21, show_default=True, help="ONNX opset (19 or newer).")
+@click.option("--int4-accuracy", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="int4-awq: MatMulNBits' accuracy_level (0 computes in float32; 4 quantizes each input block to "
+                   "int8 and computes in integers).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def export_onnx_(checkpoint, out, precision, opset, force, as_json):
+def export_onnx_(checkpoint, out, precision, opset, int4_accuracy, force, as_json):
     """Export CHECKPOINT as an ONNX decoder with KV cache for TensorRT (trtexec) and ONNX Runtime.
 
     \b
@@ -316,7 +320,7 @@ def export_onnx_(checkpoint, out, precision, opset, force, as_json):
     """
     from ..onnx.export import ExportOptions, export_onnx
 
-    result = export_onnx(checkpoint, out, ExportOptions(precision, opset, force))
+    result = export_onnx(checkpoint, out, ExportOptions(precision, opset, int4_accuracy=int4_accuracy, force=force))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

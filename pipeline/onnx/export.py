@@ -21,12 +21,14 @@ from ..errors import UserError
 from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.trtllm_reader import CheckpointReader
 from . import CONFIG_FILE, DATA_FILE, MODEL_FILE
-from .graph import BATCH, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph
+from .graph import BATCH, CONTRIB_DOMAIN, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph
 from .quantize import quantized_weights
 
-PRECISIONS = ("auto", "fp32", "fp16", "int8-sq", "fp8")
+PRECISIONS = ("auto", "fp32", "fp16", "int8-sq", "fp8", "int4-awq")
 #: the checkpoint quantization each precision exports
-QUANT_OF = {"fp32": None, "fp16": None, "int8-sq": "W8A8_SQ_PER_CHANNEL", "fp8": "FP8"}
+QUANT_OF = {"fp32": None, "fp16": None, "int8-sq": "W8A8_SQ_PER_CHANNEL", "fp8": "FP8", "int4-awq": "W4A16_AWQ"}
+#: MatMulNBits' accuracy_level values: 0 computes in float32, 4 quantizes each input block to int8 (int8 compute)
+INT4_ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 DEFAULT_OPSET, MIN_OPSET = 21, 19     # float8e4m3fn Q/DQ (and the opset-18 ReduceMean axes input) need 19
 PROTOBUF_LIMIT = 2 << 30
 
@@ -35,6 +37,7 @@ PROTOBUF_LIMIT = 2 << 30
 class ExportOptions:
     precision: str = "auto"
     opset: int = DEFAULT_OPSET
+    int4_accuracy: int = 0          # MatMulNBits' accuracy_level for int4-awq
     force: bool = False
     external_data_over: int = PROTOBUF_LIMIT     # weights above this many bytes go to model.onnx.data
 
@@ -54,10 +57,11 @@ class ExportResult:
 
 def resolve_precision(cfg: CheckpointConfig, precision: str, where: Path) -> str:
     """The export precision: `auto` follows the checkpoint; a quantized one must be what the checkpoint holds."""
-    found = {None: "fp32", "FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8-sq"}.get(cfg.quant_algo)
+    found = {None: "fp32", **{algo: name for name, algo in QUANT_OF.items() if algo}}.get(cfg.quant_algo)
     if found is None:
         raise UserError(f"{where} is quantized as {cfg.quant_algo}, which export-onnx does not write (it exports "
-                        "float, FP8 and INT8-SmoothQuant checkpoints); export the float checkpoint it came from")
+                        "float, FP8, INT8-SmoothQuant and W4A16_AWQ checkpoints; W4A8_AWQ's FP8 activations have no "
+                        "4-bit ONNX Runtime kernel); export the float checkpoint it came from")
     if precision == "auto":
         return found
     if QUANT_OF[precision] != cfg.quant_algo:
@@ -74,17 +78,20 @@ def check_opset(opset: int) -> None:
         raise UserError(f"--opset {opset} is not supported: use {MIN_OPSET}..{newest} (default {DEFAULT_OPSET})")
 
 
-def build_model(reader: CheckpointReader, precision: str, opset: int) -> onnx.ModelProto:
+def build_model(reader: CheckpointReader, precision: str, opset: int, int4_accuracy: int = 0) -> onnx.ModelProto:
     cfg = reader.cfg
-    g = GraphBuilder(weight_dtype=TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT)
+    g = GraphBuilder(weight_dtype=TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT,
+                     int4_accuracy=int4_accuracy)
     h, shared = start_graph(g, cfg, reader.embedding())
     for i in range(reader.num_layers):
         layer = reader.layer(i)
         quantized = quantized_weights(reader, i, layer.linears) if cfg.quant_algo else {}
         h = decoder_layer(g, cfg, i, layer, quantized, h, shared)
     graph = finish_graph(g, cfg, h, reader.final_norm(), None if reader.tied_lm_head else reader.lm_head(), shared)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="trtpipe",
-                             ir_version=min(onnx.IR_VERSION, 10))
+    domains = [helper.make_opsetid("", opset)]
+    if any(node.domain == CONTRIB_DOMAIN for node in graph.node):
+        domains.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return helper.make_model(graph, opset_imports=domains, producer_name="trtpipe", ir_version=min(onnx.IR_VERSION, 10))
 
 
 def save_model(model: onnx.ModelProto, directory: Path, external_data_over: int) -> bool:
@@ -121,11 +128,16 @@ def export_onnx(checkpoint: Path, out: Path, options: ExportOptions = ExportOpti
     check_opset(options.opset)
     reader = CheckpointReader(checkpoint)
     precision = resolve_precision(reader.cfg, options.precision, checkpoint)
-    params = {"precision": precision, "opset": options.opset}
+    if options.int4_accuracy not in INT4_ACCURACY_LEVELS:
+        raise UserError(f"--int4-accuracy must be one of {', '.join(map(str, INT4_ACCURACY_LEVELS))} (MatMulNBits' "
+                        f"accuracy_level; got {options.int4_accuracy})")
+    params = {"precision": precision, "opset": options.opset,
+              **({"int4_accuracy": options.int4_accuracy} if precision == "int4-awq" else {})}
     with stage_output(out, "export-onnx", fingerprint_inputs([checkpoint]), params, force=options.force) as output:
         if output.up_to_date:
             return ExportResult(Path(out), precision, options.opset, (Path(out) / DATA_FILE).exists(), skipped=True)
-        external = save_model(build_model(reader, precision, options.opset), output.dir, options.external_data_over)
+        model = build_model(reader, precision, options.opset, options.int4_accuracy)
+        external = save_model(model, output.dir, options.external_data_over)
         (output.dir / CONFIG_FILE).write_text(json.dumps(genai_config(reader.cfg, precision, options.opset), indent=2))
         output.extra["external_data"] = external
     return ExportResult(Path(out), precision, options.opset, external)

@@ -37,13 +37,15 @@ from ..runtime.trtllm_reader import Layer, Linear
 from ..runtime.quant import TensorQuant
 from ..runtime.rope import RotaryTable
 from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
-from .quantize import QuantizedWeight, activation_scale, weight_tensor, zero_point
+from .quantize import QuantizedWeight, activation_scale, int4_tensors, weight_tensor, zero_point
 
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
 KEPT = "kept_sequence_length"     # logits' positions: the last logits_to_keep of SEQ
 PROMPT, PROMPT_KEPT = "prompt_length", "prompt_kept"   # the prompt group's tokens; 1, or 0 without a prompt
 LOWEST = np.float32(np.finfo(np.float32).min)
 TO_HEADS_FIRST = [0, 2, 1, 3]    # [b, t, heads, d] <-> [b, heads, t, d]
+#: ONNX Runtime's contrib operators (MatMulNBits)
+CONTRIB_DOMAIN = "com.microsoft"
 
 
 def past_names(i: int) -> tuple[str, str]:
@@ -66,6 +68,7 @@ class GraphBuilder:
     nodes: list = field(default_factory=list)
     initializers: list = field(default_factory=list)
     weight_dtype: int = TensorProto.FLOAT       # FLOAT16: float weights stored in half, cast up when used
+    int4_accuracy: int = 0                      # MatMulNBits' accuracy_level (0: float32 compute)
     _count: int = 0
 
     def fresh(self, hint: str) -> str:
@@ -189,7 +192,13 @@ def with_bias(g: GraphBuilder, y: str, lin: Linear, name: str) -> str:
 
 
 def matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
-    """x @ W^T + b, W dequantized from its stored values when quantized."""
+    """x @ W^T + b, W dequantized from its stored values when quantized (int4: ONNX Runtime's MatMulNBits)."""
+    if qw is not None and qw.kind == "int4":
+        data, scale = int4_tensors(name + ".weight", qw)
+        out, width = qw.values.shape
+        y = g.op("MatMulNBits", [x, g.tensor(data), g.tensor(scale)], domain=CONTRIB_DOMAIN, K=width, N=out, bits=4,
+                 block_size=qw.group_size, accuracy_level=g.int4_accuracy)
+        return with_bias(g, y, lin, name)
     if qw is None:
         weight = g.float_weight(name + ".weight", lin.weight.t().contiguous())
     else:

@@ -16,6 +16,10 @@ A row-parallel INT8 linear (attention.dense, mlp.proj) of a tp > 1 checkpoint ha
 vector per rank, each for that rank's slice of the input dimension: stored as `blocks` = tp slices with a [tp, out]
 scale, which the graph computes as the ranks do, one integer GEMM per slice summed (graph.rank_blocked_matmul).
 Where every rank has the same scales it stays one weight with one scale vector.
+
+W4A16_AWQ is stored as 4 bits: ONNX Runtime's `com.microsoft` MatMulNBits (the CPU's blockwise 4-bit GEMM) takes the
+checkpoint's own codes and group scales (`int4_weight`: the merged weight divided by its group scales, checked to be
+the codes exactly); the input's AWQ smoothing is the `prequant_scaling_factor` Mul as for SmoothQuant.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from onnx import TensorProto
 from ..checkpoint import CheckpointConfig, RankFile
 from ..errors import UserError
 from ..model.spec import QKV, ROW
-from ..runtime.trtllm_reader import CheckpointReader, Linear, merge_qkv
+from ..precisions import INT4_MAX, INT4_MIN, INT4_QUANT_ALGOS
+from ..runtime.int4 import read_scale
+from ..runtime.trtllm_reader import CheckpointReader, Linear, merge_qkv, merge_weights
 from ..runtime.quant import TensorQuant
 
 #: ONNX element type of each quantized format and the torch dtype that holds its values
@@ -39,14 +45,19 @@ FORMATS = {"int8": (TensorProto.INT8, torch.int8), "fp8": (TensorProto.FLOAT8E4M
 class QuantizedWeight:
     """A weight as the graph stores it: quantized values [out, in] and the scale(s) that restore it."""
 
-    values: torch.Tensor        # int8 or float8_e4m3fn [out, in]
-    scale: torch.Tensor         # float32 [] (per tensor), [out] (per output channel) or [blocks, out]
-    kind: str                   # "int8" | "fp8"
+    values: torch.Tensor        # int8 or float8_e4m3fn [out, in]; int4: int8 codes -8..7 [out, in]
+    scale: torch.Tensor         # float32 [] (per tensor), [out] (per output channel) or [blocks, out];
+                                # int4: [out, in / group]
+    kind: str                   # "int8" | "fp8" | "int4"
 
     @property
     def blocks(self) -> int:
         """Equal slices of the input dimension with scales of their own (the tp ranks of a row-parallel linear)."""
-        return self.scale.shape[0] if self.scale.dim() == 2 else 1
+        return self.scale.shape[0] if self.scale.dim() == 2 and self.kind != "int4" else 1
+
+    @property
+    def group_size(self) -> int:
+        return self.values.shape[1] // self.scale.shape[1]
 
     def block(self, index: int) -> QuantizedWeight:
         """Input slice `index` of a blocked weight, with its per-output-channel scale."""
@@ -59,6 +70,9 @@ def quantized_weights(reader: CheckpointReader, index: int, linears: dict[str, L
     cfg = reader.cfg
     stage = [rf for rf in reader.ranks if rf.pp_rank == index // cfg.layout.layers_per_stage]
     local = f"transformer.layers.{index - stage[0].layer_offset}."
+    if cfg.quant_algo in INT4_QUANT_ALGOS:
+        return {spec.name: int4_weight(cfg, spec, stage, local, index, linears[spec.name].weight)
+                for spec in cfg.family.linears if cfg.quantizes(f"transformer.layers.{index}.{spec.name}")}
     kind = "fp8" if cfg.quant_algo == "FP8" else "int8"
     out = {}
     for spec in cfg.family.linears:
@@ -76,6 +90,34 @@ def quantized_weights(reader: CheckpointReader, index: int, linears: dict[str, L
             scale = one_scale(per_rank, module)
         out[spec.name] = quantize_exactly(linears[spec.name].weight, scale, kind, module)
     return out
+
+
+def int4_weight(cfg: CheckpointConfig, spec, stage: list[RankFile], local: str, index: int,
+                weight: torch.Tensor) -> QuantizedWeight:
+    """A W4A16 linear's codes [out, in] and merged group scales [out, in / group], checked to be its weight."""
+    module = f"transformer.layers.{index}.{spec.name}"
+    scales = merge_weights(cfg, spec, [read_scale(rf, local + spec.name + ".weights_scaling_factor")
+                                       for rf in stage], module)
+    group = weight.shape[1] // scales.shape[1]
+    expanded = scales.repeat_interleave(group, dim=1)
+    codes = torch.round(weight / expanded).clamp(INT4_MIN, INT4_MAX)
+    if not torch.equal(codes * expanded, weight):
+        raise UserError(f"{module}: the merged weight is not int4 codes times its group scales; the checkpoint's "
+                        "shards disagree")
+    return QuantizedWeight(codes.to(torch.int8), scales, "int4")
+
+
+def int4_tensors(name: str, qw: QuantizedWeight) -> tuple[TensorProto, TensorProto]:
+    """MatMulNBits' B, uint8 [out, in / group, group / 2] (code + 8, the default zero point, two per byte along the
+    input, the first in the low nibble), and its scales float32 [out, in / group]."""
+    out, width = qw.values.shape
+    unsigned = (qw.values.to(torch.int16) + 8).to(torch.uint8).reshape(out, width // qw.group_size, qw.group_size)
+    packed = unsigned[:, :, 0::2] | (unsigned[:, :, 1::2] << 4)
+    data = TensorProto(name=name, data_type=TensorProto.UINT8, dims=list(packed.shape),
+                       raw_data=packed.contiguous().numpy().tobytes())
+    scale = TensorProto(name=name + "_scale", data_type=TensorProto.FLOAT, dims=list(qw.scale.shape),
+                        raw_data=qw.scale.float().contiguous().numpy().tobytes())
+    return data, scale
 
 
 def rank_weight_scale(cfg: CheckpointConfig, rf: RankFile, local: str, name: str) -> torch.Tensor:
