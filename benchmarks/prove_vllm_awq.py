@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens generated per prompt")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="vLLM's --dtype")
+    parser.add_argument("--dtype", default="float16", choices=["bfloat16", "float16"], help="vLLM's --dtype")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-prove-vllm-awq"))
     parser.add_argument("--vllm-venv", type=Path, default=REPO_ROOT / ".venv" / "vllm")
     parser.add_argument("--vllm-kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
