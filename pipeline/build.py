@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .build_preview import BuildPreview, Step
     from .plan.schema import ModelInfo
 
-QUANTIZED = ("fp8", "int8-sq")
+QUANTIZED = ("fp8", "int8-sq", "int4-awq")
 #: Held-out documents for the before/after perplexity in a build's calibration report: fewer than
 #: `trtpipe calibrate`'s 40, so the whole build of a small model stays within minutes on 2 cores.
 BUILD_EVAL_SAMPLES = 16

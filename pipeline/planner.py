@@ -24,7 +24,7 @@ from .errors import UserError
 from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoint_agrees, check_target_supports,
                           choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
-from .precisions import PRECISIONS
+from .precisions import PRECISIONS, WEIGHT_BITS
 from .targets import Target
 from .triton_names import BATCH_SCHEDULER_POLICIES
 
@@ -130,8 +130,6 @@ def plan_instances(model, target: Target, precision: str, instances: int, advise
 # Advice that plans: the changes tried for a Refusal
 
 
-#: bytes of a weight at each precision (a lower precision: fewer)
-WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8-sq": 1}
 #: tries of a budget or an output length, each from the figures of the try before
 RETRIES = 3
 
@@ -186,7 +184,7 @@ def answer(refusal: Refusal, model, target: Target, precision: str, instances: i
         if output:
             found.append(({"--output-len": output}, "a shorter output"))
     if target.is_gpu and not fixed_model:
-        lower = [p for p in PRECISIONS if WEIGHT_BYTES[p] < WEIGHT_BYTES[precision]
+        lower = [p for p in PRECISIONS if WEIGHT_BITS[p] < WEIGHT_BITS[precision]
                  and (p != "fp8" or target.supports_fp8)]
         first("a lower precision", ({"--precision": p} for p in lower))
         kv = resolve_kv_cache_dtype(options.get("kv_cache", "auto"), precision,

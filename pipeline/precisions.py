@@ -1,16 +1,20 @@
 """The precisions trtpipe builds and the TensorRT-LLM names they map to, defined once (no torch here:
 the CLI imports this at start-up)."""
 
-#: weight precisions, as the command line spells them
-PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq")
+#: weight precisions plan and build take, as the command line spells them
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq", "int4-awq")
+#: bits of a weight at each precision (a lower precision: fewer), before its scales
+WEIGHT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8-sq": 8, "int4-awq": 4}
 #: unquantized precisions -> checkpoint dtype
 FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 #: quantized precisions -> checkpoint `quantization.quant_algo`
-QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL"}
+QUANT_ALGO = {"fp8": "FP8", "int8-sq": "W8A8_SQ_PER_CHANNEL", "int4-awq": "W4A16_AWQ"}
+#: the precisions whose GEMMs quantize their input to 8 bits (the rest compute in the model dtype)
+EIGHT_BIT_ACTIVATIONS = ("fp8", "int8-sq")
 #: quantized KV caches -> checkpoint `quantization.kv_cache_quant_algo`
 KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8"}
 #: NVIDIA's 4-bit groupwise (AWQ) checkpoints, which calibrate writes and the reference runtime executes (plan and
-#: build do not take them yet): `quantization.quant_algo` -> the number format of the GEMM's activations (None:
+#: build take W4A16_AWQ as int4-awq): `quantization.quant_algo` -> the number format of the GEMM's activations (None:
 #: weight-only, float activations)
 INT4_QUANT_ALGOS = {"W4A16_AWQ": None, "W4A8_AWQ": "fp8"}
 #: 4-bit precisions, as calibrate spells them -> checkpoint `quantization.quant_algo`

@@ -296,9 +296,15 @@ def test_llama3_8b_density_on_the_4090_matches_hand_computed_values(no_aic):
     fp8_weights = layers * (linears + 5 * 8 + 2 * h * 2) + 2 * vocab * h * 2 + h * 2
     fp16_weights = layers * (linears * 2 + 2 * h * 2) + 2 * vocab * h * 2 + h * 2
     assert fp8_weights == 9_081_201_920 and fp8_weights / gib == pytest.approx(8.4575, abs=1e-4)
-    # fp16 fits once (14.96 GiB > 12 GiB for two); fp8 and int8-sq twice (8.46 GiB > 8 GiB for three)
+    # int4-awq: two codes a byte, a float32 scale per 128 inputs of every row, AWQ's bf16 smoother per input
+    shapes = [(h, h + 2 * 1024), (h, h), (h, inter), (h, inter), (inter, h)]   # (in, out) of each linear
+    int4_weights = layers * (sum(i * o // 2 + o * (i // 128) * 4 + i * 2 for i, o in shapes) + 2 * h * 2) \
+        + 2 * vocab * h * 2 + h * 2
+    assert plan_instances(model, gpu, "int4-awq", 3).memory.weights_bytes_per_rank == int4_weights == 5_811_609_600
+    # fp16 fits once (14.96 GiB > 12 GiB for two); fp8 and int8-sq twice (8.46 GiB > 8 GiB for three); int4-awq three
+    # times (5.41 GiB + the 1 GiB reserve and activations > 6 GiB for four)
     got = {d.precision: d.max_instances for d in densities(model, gpu)}
-    assert got == {"fp16": 1, "bf16": 1, "fp32": 0, "fp8": 2, "int8-sq": 2}
+    assert got == {"fp16": 1, "bf16": 1, "fp32": 0, "fp8": 2, "int8-sq": 2, "int4-awq": 3}
     half = (24564 << 20) // 2   # of the 24564 MiB the card reports
     assert fp16_weights > half and (24564 << 20) / 3 < fp8_weights < half
 

@@ -836,7 +836,8 @@ def advised_commands(output: str) -> list[list[str]]:
     (["--precision", "fp16", "--p99-latency", "3"], "an fp8 KV cache", ("--precision", "--p99-latency")),
     # the KV cache is fp8 already: not advised again; more GPUs or fewer instances
     (["--precision", "fp8", "--instances", "2"], "--kv-cache", ("--tp", "--instances")),
-    (["--precision", "fp8", "--max-batch-size", "200"], "lower precision", ("--max-batch-size",)),
+    # a batch too big at fp8: a smaller one, or int4-awq's weights (4 bits) leave room for it
+    (["--precision", "fp8", "--max-batch-size", "200"], "--kv-cache", ("--max-batch-size", "--precision")),
 ])
 def test_every_refusal_of_plan_names_commands_that_plan(args, wrong, expected):
     refused = plan_cli("llama-3-8b", "--target", "rtx4090", *args)

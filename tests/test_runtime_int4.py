@@ -246,13 +246,14 @@ def test_eval_scores_an_int4_checkpoint_and_refuses_a_broken_one_with_exit_2(exp
 
 
 def test_stages_that_cannot_take_an_int4_checkpoint_refuse_it_by_name(exported, tmp_path):
-    """export-onnx and distill read checkpoints through the same runtime but write or train only float, FP8 and
-    INT8-SmoothQuant ones: a 4-bit checkpoint is one line and exit 2, not a KeyError or a wrong requantization."""
+    """export-onnx writes W4A16 (MatMulNBits) but not W4A8, and distill trains only float, FP8 and INT8-SmoothQuant
+    checkpoints: a 4-bit checkpoint they cannot take is one line and exit 2, not a KeyError or a wrong
+    requantization."""
     from pipeline.distill.network import load_network
 
     ckpt = exported["W4A16_AWQ"][1]
-    result = CliRunner().invoke(main, ["export-onnx", str(ckpt), "-o", str(tmp_path / "onnx")])
-    assert result.exit_code == 2 and "quantized as W4A16_AWQ" in result.output, result.output
+    result = CliRunner().invoke(main, ["export-onnx", str(exported["W4A8_AWQ"][1]), "-o", str(tmp_path / "onnx")])
+    assert result.exit_code == 2 and "quantized as W4A8_AWQ" in result.output, result.output
     assert not (tmp_path / "onnx").exists()
     with pytest.raises(UserError, match="quantized as W4A16_AWQ; distill trains"):
         load_network(ckpt, trainable=True)

@@ -36,7 +36,7 @@ from ..plan.serving_choice import largest_batch, plan_serving
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import (BuildConfig, EngineBuild, MemoryBudget, Overrides, Plan, PluginConfig, TritonParams,
                            Workload)
-from ..precisions import QUANT_ALGO
+from ..precisions import PRECISIONS, WEIGHT_BITS
 from ..plan.trtllm import (
     MAX_BATCH_SIZE_CAP,
     MAX_NUM_TOKENS_WARN,
@@ -406,20 +406,20 @@ def no_p2p_warning(arch, target: Target, dtype: str, tp: int, pp: int, batch: in
 
 
 def too_big_hint(target: Target, precision: str, tp: int, pp: int, weights_per_rank: int) -> str:
-    """What could make the weights fit: an 8-bit precision the target runs, or the fewest GPUs (by doubling
+    """What could make the weights fit: a lower precision the target runs, or the fewest GPUs (by doubling
     tp, the weights split about evenly) that could hold them, or a bigger GPU."""
     options = []
-    if precision not in QUANT_ALGO:
-        eight_bit = [p for p in QUANT_ALGO if p != "fp8" or target.supports_fp8]
-        options.append(f"an 8-bit precision ({', '.join(eight_bit)})")
+    lower = [p for p in PRECISIONS if WEIGHT_BITS[p] < WEIGHT_BITS[precision] and (p != "fp8" or target.supports_fp8)]
+    if lower:
+        options.append(f"a lower precision ({', '.join(lower)})")
     more = tp * 2
     while more * pp <= target.max_gpus and weights_per_rank * tp / more >= target.memory_bytes:
         more *= 2
     if more * pp <= target.max_gpus:
         options.append(f"more GPUs (--tp {more})")
     if not options:
-        return (f"{target.name} has at most {target.max_gpus} GPUs and {precision} is already 8-bit: "
-                "use a target with more memory per GPU")
+        return (f"{target.name} has at most {target.max_gpus} GPUs and {precision} is already the lowest precision "
+                "trtpipe plans: use a target with more memory per GPU")
     return "use " + " or ".join(options)
 
 

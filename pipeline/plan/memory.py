@@ -13,11 +13,10 @@ import math
 from ..arch import ModelArch
 from ..model.layout import RankLayout, kv_heads_per_rank, padded_vocab
 from ..model.spec import dims
-from ..precisions import DTYPE_CODES
+from ..precisions import DTYPE_CODES, EIGHT_BIT_ACTIVATIONS, INT4_GROUP_SIZES
 from ..safetensors_stream import ITEM_SIZE
 from ..targets import GIB, Target
 from .schema import Roofline, Workload
-from .trtllm import QUANT_ALGO
 from ..model import family_of
 
 LOGITS_BYTES = 4                 # PretrainedConfig.logits_dtype default 'float32'
@@ -40,7 +39,14 @@ def _linear_weight_bytes(in_f: int, out_f: int, precision: str, dtype_bytes: int
         return n + 2 * 4                          # FP8 weight, per-tensor weight + activation scales
     if precision == "int8-sq":
         return n + out_f * 4 + in_f * 4 + 4       # INT8 weight, per-channel scale, smoother, act scale
+    if precision == "int4-awq":                   # two codes a byte, float32 group scales, AWQ's smoother
+        return n // 2 + out_f * (in_f // int4_group_size(in_f)) * 4 + in_f * dtype_bytes
     return n * dtype_bytes
+
+
+def int4_group_size(in_f: int) -> int:
+    """The group size calibrate gives a 4-bit linear of `in_f` inputs: the first of INT4_GROUP_SIZES dividing it."""
+    return next((g for g in INT4_GROUP_SIZES if in_f % g == 0), INT4_GROUP_SIZES[-1])
 
 
 def layer_bytes_per_rank(arch: ModelArch, precision: str, dtype: str, tp: int) -> int:
@@ -118,7 +124,7 @@ def activation_bytes(arch: ModelArch, precision: str, dtype: str, tp: int, max_n
     h, q, kv = arch.hidden_size, arch.q_size, arch.kv_size
     i_local = arch.intermediate_size // tp
     per_token = _element_bytes(dtype) * (2 * h + max(3 * i_local, 2 * (q + 2 * kv) // tp + q // tp))
-    if precision in QUANT_ALGO:
+    if precision in EIGHT_BIT_ACTIVATIONS:
         per_token += h + i_local
     vocab_local = math.ceil(arch.vocab_size / tp)
     return max_num_tokens * per_token + max_batch_size * vocab_local * LOGITS_BYTES
