@@ -51,10 +51,12 @@ def test_two_h100s_hold_the_70b_with_nvlink_and_no_warning(precision):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--target", "rtx4090", "--precision", "fp8", "--tp", "2"], "use a lower precision (int4-awq) or more GPUs (--tp 4)"),
+    (["--target", "rtx4090", "--precision", "fp8", "--tp", "2"],
+     "use a lower precision (int4-awq) or more GPUs (--tp 4)"),
     (["--target", "rtx4090", "--precision", "bf16", "--tp", "4"], "use a lower precision (fp8, int8-sq, int4-awq)"),
     (["--target", "rtx4090", "--precision", "fp8", "--tp", "8"], "the rtx4090 target has at most 4"),
-    (["--target", "h100", "--precision", "bf16"], "use a lower precision (fp8, int8-sq, int4-awq) or more GPUs (--tp 2)"),
+    (["--target", "h100", "--precision", "bf16"],
+     "use a lower precision (fp8, int8-sq, int4-awq) or more GPUs (--tp 2)"),
 ])
 def test_layouts_that_cannot_hold_the_70b_fail_fast_saying_what_would(tmp_path, args, message):
     result = CliRunner().invoke(main, ["plan", "llama-3.1-70b", *args, "-o", str(tmp_path / "plan.json")])
