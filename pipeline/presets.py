@@ -135,6 +135,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         "Qwen2ForCausalLM", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
         num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768),
         variant="instruct", gated=False, access_source=APACHE_OPEN),
+    # Qwen/Qwen2.5-14B-Instruct config.json (docs/model-families.md §5: third-party copies, parameter count checked)
+    Preset("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", _qwen(
+        "Qwen2ForCausalLM", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=32768),
+        variant="instruct", gated=False, access_source=APACHE_OPEN),
+    # Qwen/Qwen2.5-32B-Instruct config.json (docs/model-families.md §5: third-party copies, parameter count checked)
+    Preset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", _qwen(
+        "Qwen2ForCausalLM", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=32768),
+        variant="instruct", gated=False, access_source=APACHE_OPEN),
     # Qwen/Qwen3-8B config.json (docs/model-families.md §5)
     Preset("qwen3-8b", "Qwen/Qwen3-8B", _qwen(
         "Qwen3ForCausalLM", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,

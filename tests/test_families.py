@@ -246,6 +246,12 @@ def test_qwen_presets_have_the_published_parameter_counts(name, published):
     assert abs(parameter_count(PRESETS[name].arch) / published - 1) < 1e-3
 
 
+def test_qwen25_32b_has_the_parameters_a_copy_of_its_config_gives():
+    """A third-party test computes 32,763,876,352 parameters from Qwen2.5-32B's config.json (docs/model-families.md
+    §5): the preset's shapes give exactly that."""
+    assert parameter_count(PRESETS["qwen2.5-32b"].arch) == 32_763_876_352
+
+
 def test_qwen25_fp16_weights_by_hand():
     """Qwen2.5-7B at tp=2: q/k/v weights and biases split by heads, dense and down split by columns,
     norms whole, lm_head split by vocabulary rows (bf16 = 2 bytes)."""
