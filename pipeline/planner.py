@@ -24,15 +24,18 @@ from .errors import UserError
 from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoint_agrees, check_target_supports,
                           choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
-from .precisions import PRECISIONS, WEIGHT_BITS
-from .targets import Target
+from .precisions import AUTO, AUTO_PRECISIONS, FLOAT_DTYPES, PRECISIONS, QUANT_ALGO, WEIGHT_BITS
+from .targets import GIB, Target
 from .triton_names import BATCH_SCHEDULER_POLICIES
 
 
 def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_cache: str = "auto",
               tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
               pp: int = 1, backend: str | None = None) -> Plan:
-    """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work."""
+    """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work.
+    `precision` auto: the first of AUTO_PRECISIONS that plans (`plan_auto`)."""
+    if precision == AUTO:
+        return plan_auto(model, target, kv_cache, tp, workload, overrides, pp, backend)
     if isinstance(model, ModelArch):
         model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
     workload = workload or Workload()
@@ -63,6 +66,51 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     max_context = choose_max_context(workload, arch)
     return server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
                                    max_context, warnings))
+
+
+def plan_auto(model, target: Target, kv_cache: str, tp: int, workload: Workload | None, overrides: Overrides | None,
+              pp: int, backend: str | None) -> Plan:
+    """--precision auto: the highest-quality precision whose plan fits the workload (context, concurrency, latency
+    budget) on the target, trying AUTO_PRECISIONS in order; the plan records the choice and why each one before it
+    was not planned. A checkpoint's precision is its own: auto takes it. Nothing fits: one UserError with every
+    reason and what would help."""
+    if isinstance(model, ModelInfo) and model.source == "checkpoint":
+        algo = (model.checkpoint_quantization or {}).get("quant_algo")
+        own = next((p for p, a in QUANT_ALGO.items() if a == algo), None) if algo else \
+            next(p for p, d in FLOAT_DTYPES.items() if d == model.arch.dtype)
+        if own is None:
+            raise UserError(f"--precision auto: checkpoint {model.name} is {algo}, which plan does not take")
+        return make_plan(model, target, own, kv_cache, tp, workload, overrides, pp, backend)
+    rejected = {}
+    for precision in AUTO_PRECISIONS:
+        try:
+            plan = make_plan(model, target, precision, kv_cache, tp, workload, overrides, pp, backend)
+        except UserError as exc:
+            rejected[precision] = str(exc).split("; instead:")[0]
+            continue
+        short = too_few_sequences(plan)
+        if short:
+            rejected[precision] = short
+            continue
+        choice = {"chosen": precision, "rejected": rejected}
+        note = f"--precision auto chose {precision}" + (": " + "; ".join(f"{p}: {why}" for p, why in rejected.items())
+                                                       if rejected else f", the first of {', '.join(AUTO_PRECISIONS)}")
+        return replace(plan, precision_choice=choice, warnings=[note, *plan.warnings])
+    reasons = "; ".join(f"{p}: {why}" for p, why in rejected.items())
+    raise UserError(f"--precision auto: no precision fits {target.name} ({reasons}). A shorter --max-context, a lower "
+                    "--concurrency or more GPUs (--tp) would")
+
+
+def too_few_sequences(plan: Plan) -> str | None:
+    """Why `plan` does not serve its workload's --concurrency at once (None when it does): its KV cache holds fewer
+    sequences of the workload's length (a plan made anyway runs a smaller batch, with a warning)."""
+    wanted, w = plan.workload.concurrency, plan.workload
+    if not wanted or plan.max_concurrent_sequences >= wanted:
+        return None
+    return (f"{plan.model.name} at {plan.precision} holds {plan.max_concurrent_sequences} of the {wanted} concurrent "
+            f"sequences of {w.input_len} + {w.output_len} tokens asked for ({plan.memory.kv_cache_tokens} tokens of "
+            f"KV cache in {plan.memory.kv_cache_bytes / GIB:.2f} GiB next to {plan.weights_bytes_per_rank / GIB:.2f} "
+            "GiB of weights per GPU)")
 
 
 def check_priorities(overrides: Overrides, server) -> None:

@@ -3,6 +3,9 @@ the CLI imports this at start-up)."""
 
 #: weight precisions plan and build take, as the command line spells them
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8-sq", "int4-awq")
+#: `--precision auto` tries these in order, highest quality first, and plans the first that fits
+AUTO_PRECISIONS = ("bf16", "fp8", "int8-sq", "int4-awq")
+AUTO = "auto"
 #: bits of a weight at each precision (a lower precision: fewer), before its scales
 WEIGHT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8-sq": 8, "int4-awq": 4}
 #: unquantized precisions -> checkpoint dtype

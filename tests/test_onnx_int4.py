@@ -104,3 +104,23 @@ def test_w4a8_and_a_wrong_precision_are_refused_without_writing(int4_ckpts, text
     result = CliRunner().invoke(main, ["export-onnx", str(w4a8), "-o", str(tmp_path / "onnx")])
     assert result.exit_code == 2 and "W4A8_AWQ's FP8 activations have no 4-bit ONNX Runtime kernel" in result.output
     assert not (tmp_path / "onnx").exists() and not (tmp_path / "fp8").exists()
+
+
+def test_an_onnxruntime_without_matmulnbits_is_one_clear_line(int4_ckpts, tmp_path, monkeypatch):
+    """The served model opens its export with the server's onnxruntime: one without the 4-bit kernel (an older or
+    minimal build) is named with what to do, not a stack of ONNX Runtime internals."""
+    import onnxruntime as ort
+
+    from pipeline.errors import UserError
+
+    _, ckpt = int4_ckpts[1]
+    onnx_dir = export_onnx(ckpt, tmp_path / "onnx").path
+
+    def no_kernel(*args, **kwargs):
+        raise ort.capi.onnxruntime_pybind11_state.NotImplemented(
+            "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for MatMulNBits(1) node "
+            "with name '/MatMulNBits_3/MatMulNBits'")
+
+    monkeypatch.setattr(ort, "InferenceSession", no_kernel)
+    with pytest.raises(UserError, match=r"has no MatMulNBits kernel.*--runtime torch"):
+        OrtDecoder(onnx_dir)

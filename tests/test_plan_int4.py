@@ -103,3 +103,16 @@ def test_auto_plan_json_records_the_choice(tmp_path):
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["precision"] == "int4-awq" and saved["precision_choice"]["chosen"] == "int4-awq"
     assert load_plan(tmp_path / "plan.json").precision_choice == saved["precision_choice"]
+
+
+def test_int4_timings_come_from_measured_weight_only_gemms_where_nvidia_measured_them_and_say_so():
+    """aiconfigurator-core 0.12 holds int4 weight-only GEMMs (the engine path's WeightOnlyQuantMatmul plugin) for the
+    A100's TensorRT-LLM 1.0.0 data and none for the L40S's 1.3.0rc20 data the 4090 is derived from: an A100 plan's
+    figures are measured, with the per-channel-for-group-wise basis stated; a 4090 plan keeps the speed of light and
+    says which data lacks the rows."""
+    a100 = make_plan(preset("llama-3.1-8b"), get_target("a100-80g"), "int4-awq")
+    assert a100.performance.source == "measured"
+    assert "standing in for the group-wise AWQ kernel" in a100.performance.basis
+    rtx = make_plan(preset("llama-3.1-8b"), get_target("rtx4090"), "int4-awq")
+    assert rtx.performance.source == "speed-of-light"
+    assert any("l40s TensorRT-LLM 1.3.0rc20 data has no int4_wo GEMMs" in w for w in rtx.warnings), rtx.warnings

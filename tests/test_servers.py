@@ -94,3 +94,12 @@ def test_a_pytorch_backend_plan_has_equivalents_from_its_llm_api_settings(precis
     assert all(s["arithmetic"] for e in data["equivalents"].values() for s in e["settings"])
     assert ("calibrated Hugging Face checkpoint" in " ".join(data["equivalents"]["vllm"]["notes"])) == (
         precision == "fp8")
+
+
+def test_an_int4_plan_names_the_4bit_checkpoint_vllm_loads_and_no_load_time_quantization():
+    plan = make_plan(resolve_model_info("qwen2.5-32b"), get_target("rtx4090"), "int4-awq")
+    vllm = server_settings(plan, "vllm")
+    notes = " ".join(vllm.notes)
+    assert "--precision int4-awq --format vllm" in notes and "--quantization" not in flags(vllm)
+    assert "not checked here" in " ".join(server_settings(plan, "tgi").notes)
+    assert "--quantize" not in flags(server_settings(plan, "tgi"))

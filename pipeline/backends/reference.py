@@ -146,10 +146,10 @@ class ReferenceOnnxBackend(ReferenceBackend):
         return {**parameters, "runtime": "onnxruntime", "onnx_dir": ONNX_DIR}
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
-        from ..onnx.export import export_onnx
+        from ..onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx
 
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
-        export_onnx(checkpoint, version_dir / ONNX_DIR)
+        export_onnx(checkpoint, version_dir / ONNX_DIR, ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY))
         copy_runtime(runtime_closure((ORT_RUNNER,), model=MODEL_SOURCE), version_dir)
 
 

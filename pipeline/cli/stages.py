@@ -14,8 +14,8 @@ from ..backends.names import NAMES, RUNTIMES
 from ..engine_inspect import DEFAULT_PROFILING_VERBOSITY, PROFILING_VERBOSITIES
 from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
-from ..precisions import (CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, FLOAT_DTYPES, KV_CACHE_CHOICES,
-                          KV_CACHE_QUANT_ALGO, PRECISIONS)
+from ..precisions import (AUTO, AUTO_PRECISIONS, CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, FLOAT_DTYPES,
+                          KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS)
 from .base import DEFAULT_IMAGE, calibration_data_options, choice, concurrency_option, device_option, main
 
 
@@ -77,8 +77,9 @@ def convert(source, out, precision, tp, pp, model_dir, force, as_json):
                    "the directory above them (default: the matrix's `output`).")
 @click.option("--only", multiple=True, metavar="NAME", help="With --matrix: only this build (repeatable).")
 @click.option("--target", default="cpu", show_default=True, help="Target from `trtpipe targets` (cpu, rtx4090, ...).")
-@click.option("--precision", type=choice(PRECISIONS), default="fp16", show_default=True,
-              help="Weight precision (`trtpipe targets` says which each target runs).")
+@click.option("--precision", type=choice([*PRECISIONS, AUTO]), default="fp16", show_default=True,
+              help="Weight precision (`trtpipe targets` says which each target runs); auto: the highest-quality "
+                   f"one whose plan fits ({' -> '.join(AUTO_PRECISIONS)}).")
 @click.option("--kv-cache", type=choice(KV_CACHE_CHOICES), default="auto", show_default=True,
               help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else unquantized.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
@@ -360,8 +361,9 @@ def targets(as_json):
 @click.argument("model")
 @click.option("--target", default="cpu", show_default=True,
               help="A target from `trtpipe targets` (cpu, rtx4090, h100, ...); the same default as build.")
-@click.option("--precision", type=choice(PRECISIONS), default="fp16", show_default=True,
-              help="Weight precision; the same default as build.")
+@click.option("--precision", type=choice([*PRECISIONS, AUTO]), default="fp16", show_default=True,
+              help="Weight precision; the same default as build. auto: the highest-quality one whose plan fits "
+                   f"the workload ({' -> '.join(AUTO_PRECISIONS)}); the plan says why each before it did not.")
 @click.option("--kv-cache", type=choice(KV_CACHE_CHOICES), default="auto",
               show_default=True, help="KV-cache precision; auto: fp8 for fp8 weights, int8 for int8-sq, else "
               "unquantized (a checkpoint's own KV quantization when MODEL is a checkpoint; unquantized on the cpu "

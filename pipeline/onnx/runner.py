@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..errors import UserError
 from ..runtime.generate import (
     EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
     token_steps,
@@ -58,8 +59,7 @@ class OrtDecoder:
         self.cache_names = [(inputs[f"past_{kind}_names"] % i, outputs[f"present_{kind}_names"] % i)
                             for i in range(self.layers) for kind in ("key", "value")]
         opts = session_options(ort, config["trtpipe"]["precision"], threads, spinning)
-        self.session = ort.InferenceSession(str(directory / decoder["filename"]), opts,
-                                            providers=["CPUExecutionProvider"])
+        self.session = open_session(ort, directory / decoder["filename"], opts)
         self.outputs = [o.name for o in self.session.get_outputs()]
         #: (past, present) of the prompt group's cache, in self.cache_names' order
         self.prompt_cache_names = [(past, prompt_present(present)) for past, present in self.cache_names]
@@ -128,6 +128,18 @@ class OrtDecoder:
     def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end) -> None:
         """In-flight generation, as `ReferenceModel.serve_rows` does it (pipeline/runtime/generate.py)."""
         serve_rows(OrtBatch(self), scheduler, poll, on_step, on_end)
+
+
+def open_session(ort, path: Path, options):
+    """The CPU session of an export; an ONNX Runtime without the 4-bit kernel an int4-awq export needs is one line."""
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:     # onnxruntime raises its own NotImplemented / Fail classes, by version
+        if "MatMulNBits" not in str(exc):
+            raise
+        raise UserError(f"{path}: this ONNX Runtime ({ort.__version__}) has no MatMulNBits kernel, the com.microsoft "
+                        "4-bit MatMul every int4-awq linear of this export is; install an onnxruntime with it "
+                        "(1.32.0 has it) or serve the checkpoint with the torch runtime (--runtime torch)") from None
 
 
 def session_options(ort, precision: str, threads: int | None, spinning: bool = True):

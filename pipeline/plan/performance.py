@@ -52,7 +52,11 @@ MEASURED_SOURCE, DERIVED_SOURCE, SOL_SOURCE = "measured", "derived", "speed-of-l
 #: the cpu target's figures: its reference runtime timed on the planning host (plan/host_timing.py)
 TIMED_SOURCE = "timed"
 #: AIC's quantization names for trtpipe's precisions (16-bit GEMMs are modelled as bfloat16; no fp16 data)
-GEMM_MODES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "bfloat16"}
+GEMM_MODES = {"fp8": "fp8", "bf16": "bfloat16", "fp16": "bfloat16", "int4-awq": "int4_wo"}
+#: what a precision's GEMM timings rest on when AIC's kernel is not the one the engine runs
+GEMM_BASIS = {"int4-awq": "; int4-awq's GEMMs are AIC's per-channel int4 weight-only ones (int4_wo, the engine "
+                          "path's WeightOnlyQuantMatmul plugin), standing in for the group-wise AWQ kernel "
+                          "(WeightOnlyGroupwiseQuantMatmul), which it did not measure"}
 KV_MODES = {"fp8": "fp8", "int8": "int8", "bfloat16": "bfloat16", "float16": "bfloat16"}
 #: architectures AIC does not model by name -> the one it models with the same decoder layer (Mistral-7B: Llama's
 #: GQA attention and SwiGLU MLP; AIC's Llama model reads every shape from the config it is given)
@@ -232,6 +236,7 @@ def memory_of(result) -> dict:
 def measured_estimate(target: Target, point: Workpoint) -> Estimate:
     """AIC on NVIDIA's measured data for the target's system, with its speed-of-light figures beside."""
     system, version = MEASURED[target.name]
+    check_gemm_data(system, version, point.precision)
     model = aic_model(point)
     db = database(system, version)
     prefill = prefill_alone_ms(model, db, point)
@@ -245,7 +250,8 @@ def measured_estimate(target: Target, point: Workpoint) -> Estimate:
     capacity = target.memory_bytes  # what the card reports (AIC's own figure is the marketing one for some)
     return one_sequence(point, Estimate(
         source=MEASURED_SOURCE,
-        basis=f"aiconfigurator-core {AIC_VERSION}, {system} TensorRT-LLM {version} kernel data{model_basis(point)}",
+        basis=(f"aiconfigurator-core {AIC_VERSION}, {system} TensorRT-LLM {version} kernel data{model_basis(point)}"
+               + GEMM_BASIS.get(point.precision, "")),
         prefill_s=prefill / 1e3, decode_step_s=step / 1e3, ttft_s=float(served["ttft"]) / 1e3,
         tpot_s=float(served["tpot"]) / 1e3, output_tokens_per_s=float(served["tokens/s/gpu"]) * point.tp * point.pp,
         memory_bytes=memory, capacity_bytes=capacity, out_of_memory=memory["total"] > capacity,
@@ -334,6 +340,7 @@ def scaled_ops(times, sol, source: Chip, dest: Chip, gemm_8bit: bool) -> tuple[f
 def derived_estimate(target: Target, source_target: str, point: Workpoint) -> Estimate:
     """The source chip's measured figures, per operation scaled to `target` (module docstring)."""
     system, version = MEASURED[source_target]
+    check_gemm_data(system, version, point.precision)
     model = aic_model(point)
     db = database(system, version)
     source, dest = chip_of_system(db), chip_of_target(target)
@@ -355,12 +362,36 @@ def derived_estimate(target: Target, source_target: str, point: Workpoint) -> Es
     return one_sequence(point, Estimate(
         source=DERIVED_SOURCE,
         basis=(f"aiconfigurator-core {AIC_VERSION} {system} TensorRT-LLM {version} kernel data, each operation scaled "
-               f"by {target.name}/{source_target} speed-of-light ratios (docs/planner.md){model_basis(point)}"),
+               f"by {target.name}/{source_target} speed-of-light ratios (docs/planner.md){model_basis(point)}"
+               + GEMM_BASIS.get(point.precision, "")),
         prefill_s=alone / 1e3, decode_step_s=dec / 1e3, ttft_s=float(served["ttft"]) * prefill_ratio / 1e3,
         tpot_s=float(served["tpot"]) * tpot_ratio / 1e3,
         output_tokens_per_s=float(served["tokens/s/gpu"]) * point.tp * point.pp / tpot_ratio,
         memory_bytes=memory, capacity_bytes=target.memory_bytes, out_of_memory=memory["total"] > target.memory_bytes,
         speed_of_light={"prefill_s": pre_sol / 1e3, "decode_step_s": dec_sol / 1e3}))
+
+
+@functools.lru_cache(maxsize=None)
+def measured_gemm_modes(system: str, version: str) -> frozenset[str]:
+    """The GEMM quantization modes AIC's `system` TensorRT-LLM `version` data holds rows for (its gemm_perf table's
+    gemm_dtype column)."""
+    import aiconfigurator_core
+    import pandas
+
+    table = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "gemm" / "trtllm" / version / \
+        "gemm_perf.parquet"
+    if not table.is_file():
+        return frozenset()
+    return frozenset(pandas.read_parquet(table, columns=["gemm_dtype"])["gemm_dtype"].unique())
+
+
+def check_gemm_data(system: str, version: str, precision: str) -> None:
+    """NotModelled when the chip's data has no GEMMs of the precision's mode (AIC would not say which are missing)."""
+    mode = GEMM_MODES.get(precision)
+    held = measured_gemm_modes(system, version)
+    if mode is not None and held and mode not in held:
+        raise NotModelled(f"aiconfigurator-core {AIC_VERSION}'s {system} TensorRT-LLM {version} data has no {mode} "
+                          f"GEMMs for {precision} (it holds {', '.join(sorted(held))})")
 
 
 def serving_step_ratio(handle, point: Workpoint, tpot_ms: float, decode_ms: float, decode_ratio: float,

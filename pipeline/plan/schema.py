@@ -275,6 +275,8 @@ class Plan:
     plan_version: int = PLAN_VERSION
     llm_api: LlmApiSettings | None = None   # the LLM API settings (pytorch backends)
     performance: Performance | None = None   # plan/performance.py; None: the cpu target, --backend pytorch
+    #: --precision auto: {"chosen": precision, "rejected": {precision: why it was not planned}} (None: asked for)
+    precision_choice: dict | None = None
 
     @property
     def request_latency_s(self) -> float:
@@ -315,6 +317,7 @@ class Plan:
             "warnings": list(self.warnings),
             "llm_api": asdict(self.llm_api) if self.llm_api else None,
             "performance": self.performance.to_dict() if self.performance else None,
+            "precision_choice": self.precision_choice,
         }
 
     @classmethod
@@ -346,6 +349,7 @@ class Plan:
             plan_version=d.get("plan_version", PLAN_VERSION),
             llm_api=LlmApiSettings(**d["llm_api"]) if d.get("llm_api") else None,
             performance=Performance.from_dict(d["performance"]) if d.get("performance") else None,
+            precision_choice=d.get("precision_choice"),
         )
 
 

@@ -124,7 +124,7 @@ def _vllm(plan: Plan, budget: Budget) -> ServerSettings:
              "and sampler take",
              "vLLM runs chunked prefill by default: max-num-batched-tokens caps each step's tokens, as "
              "max_num_tokens does"]
-    notes += _quantization_notes(plan, "--quantization fp8")
+    notes += _quantization_notes(plan, "--quantization fp8", "vllm")
     return ServerSettings("vllm", settings, notes)
 
 
@@ -150,11 +150,11 @@ def _tgi(plan: Plan, budget: Budget) -> ServerSettings:
         settings.append(Setting("--kv-cache-dtype", kv, f"KV cache {plan.kv_cache_dtype}"))
     notes = ["TGI has no batch-size knob on GPUs: the batch grows until --max-batch-total-tokens is used up",
              "TGI's --max-batch-prefill-tokens budgets prefill only; max_num_tokens budgets every step"]
-    notes += _quantization_notes(plan, "--quantize fp8")
+    notes += _quantization_notes(plan, "--quantize fp8", "tgi")
     return ServerSettings("tgi", settings, notes)
 
 
-def _quantization_notes(plan: Plan, flag: str) -> list[str]:
+def _quantization_notes(plan: Plan, flag: str, server: str) -> list[str]:
     if plan.precision == "fp8" and plan.llm_api:
         return [f"the plan's FP8 weights are the calibrated Hugging Face checkpoint the PyTorch backend loads "
                 f"(ModelOpt format, static scales): serve that same checkpoint, not {flag}, which quantizes the "
@@ -164,4 +164,11 @@ def _quantization_notes(plan: Plan, flag: str) -> list[str]:
                 "calibration, and is not the same model"]
     if plan.precision == "int8-sq":
         return ["INT8 SmoothQuant has no equivalent here: serve the fp16/bf16 weights or plan fp8"]
+    if plan.precision == "int4-awq" and server == "vllm":
+        return ["the plan's 4-bit weights for vLLM: `trtpipe calibrate CHECKPOINT -o OUT --precision int4-awq --format "
+                "vllm` writes the same calibration as AutoAWQ's checkpoint, which vLLM's awq method loads from its "
+                "config.json (no --quantization flag; docs/int4.md)"]
+    if plan.precision == "int4-awq":
+        return ["the plan's 4-bit weights: which 4-bit checkpoint TGI loads was not checked here (no TGI install); "
+                "`calibrate --format vllm` writes AutoAWQ's checkpoint, the one vLLM serves"]
     return []
