@@ -20,7 +20,7 @@ from .plan.policy import check_target_supports, choose_max_context
 from .plan.schema import ModelInfo, Workload
 from .plan.trtllm import TOKENS_PER_BLOCK
 from .planner import make_plan
-from .precisions import PRECISIONS
+from .precisions import PRECISIONS, QUANT_ALGO
 from .presets import PRESETS, Preset
 from .targets import Target, get_target
 
@@ -113,6 +113,8 @@ def format_fit(precisions: list[str]) -> str:
         return "none"
     if len(missing) == 1:
         return f"all but {missing[0]}"
+    if set(precisions) == set(QUANT_ALGO):
+        return "quantized only"
     return " ".join(precisions)
 
 
@@ -131,7 +133,8 @@ def render(entries: list[ModelEntry]) -> str:
     notes += [
         "gated: accept the model's terms on its Hub page while logged in, then set HF_TOKEN or run "
         "`huggingface-cli login` (`trtpipe models --json`: where each status was read).",
-        f"{', '.join(targets)}: the precisions (of {' '.join(PRECISIONS)}) whose plan fits one such target at the "
+        f"{', '.join(targets)}: the precisions (of {' '.join(PRECISIONS)}; quantized: {' '.join(QUANT_ALGO)}) whose "
+        "plan fits one such target at the "
         f"default workload ({workload.input_len} tokens in, {workload.output_len} out, tp 1). The cpu target "
         "computes every precision in float32. Why one does not fit: `trtpipe plan MODEL --target T --precision P`, "
         "or `trtpipe models --json`.",
