@@ -167,21 +167,12 @@ def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
     yield family.embedding[0], cast(fp.embedding())
     sizes = dims(arch)
     for i in range(fp.num_layers):
-        float_layer = fp.layer(i)
-        stage = [rf for rf in q.ranks if i in rf.position.layers]
-        local = f"transformer.layers.{i - stage[0].layer_offset}."
-        packed = {lin.name: merged_int4(q, lin, stage, local + lin.name, f"transformer.layers.{i}.{lin.name}")
-                  for lin in family.linears if q.cfg.quantizes(f"transformer.layers.{i}.{lin.name}")}
-        norms = {norm.name: float_layer.norms[norm.name] for norm in family.layer_norms(arch)}
-        folded = {}
-        for lin in family.linears:
-            if lin.name in packed and lin.input_norm is not None:
-                folded.setdefault(lin.input_norm, []).append((lin.name, packed[lin.name]["prequant"]))
+        float_layer, packed, smoothing = int4_layer(fp, q, i)
         prefix = HF_LAYER.format(i)
         for norm in family.layer_norms(arch):
-            weight = cast(norms[norm.name])
-            if norm.name in folded:
-                weight = weight * one_smoothing(folded[norm.name], i)
+            weight = cast(float_layer.norms[norm.name])
+            if norm.name in smoothing:
+                weight = weight * smoothing[norm.name]
             yield prefix + norm.hf + ".weight", weight
         kv_scales = _kv_scales(q, i) if q.cfg.kv_cache_quant_algo else {}
         if w4a8:
@@ -213,7 +204,23 @@ def _int4_tensors(fp: CheckpointReader, q: CheckpointReader):
     yield from model_tail(fp, cast)
 
 
-def merged_int4(q: CheckpointReader, lin, stage: list, local: str, module: str) -> dict[str, torch.Tensor]:
+def int4_layer(fp: CheckpointReader, q: CheckpointReader, i: int) -> tuple:
+    """Layer `i` of a 4-bit checkpoint as the Hugging Face writers take it: the float layer (norms, biases, excluded
+    linears), each quantized linear merged over the tp ranks (`_merged_int4`), and the smoothing each norm takes from
+    the linears that read it (norm name -> prequant, in the checkpoint's dtype)."""
+    family = fp.cfg.family
+    stage = [rf for rf in q.ranks if i in rf.position.layers]
+    local = f"transformer.layers.{i - stage[0].layer_offset}."
+    packed = {lin.name: _merged_int4(q, lin, stage, local + lin.name, f"transformer.layers.{i}.{lin.name}")
+              for lin in family.linears if q.cfg.quantizes(f"transformer.layers.{i}.{lin.name}")}
+    readers = {}
+    for lin in family.linears:
+        if lin.name in packed and lin.input_norm is not None:
+            readers.setdefault(lin.input_norm, []).append((lin.name, packed[lin.name]["prequant"]))
+    return fp.layer(i), packed, {norm: _one_smoothing(linears, i) for norm, linears in readers.items()}
+
+
+def _merged_int4(q: CheckpointReader, lin, stage: list, local: str, module: str) -> dict[str, torch.Tensor]:
     """One 4-bit linear's tp shares as the whole model's: int8 codes [out, in], float32 group scales [out, in/g],
     the smoothing [in] and W4A8's two scalars (one value on every rank)."""
     codes = [unpack_int4(rf.read(local + ".weight")).float() for rf in stage]
@@ -240,7 +247,7 @@ def _share_fp8_scales(packed: dict[str, dict], linears) -> None:
                 a[key] = b[key] = max(a[key], b[key], key=float)
 
 
-def one_smoothing(linears: list[tuple[str, torch.Tensor]], layer: int) -> torch.Tensor:
+def _one_smoothing(linears: list[tuple[str, torch.Tensor]], layer: int) -> torch.Tensor:
     """The smoothing the linears reading one norm share (trtpipe writes one per input)."""
     first = linears[0][1]
     for name, prequant in linears[1:]:

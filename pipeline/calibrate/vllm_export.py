@@ -28,7 +28,7 @@ from ..model.spec import HF_LAYER, dims
 from ..runtime.awq import CONFIG, SIGNED_ZERO, pack_awq
 from ..runtime.trtllm_reader import CheckpointReader
 from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code
-from .hf_export import WEIGHTS_FILE, excluded_hf_modules, merged_int4, model_tail, one_smoothing
+from .hf_export import WEIGHTS_FILE, excluded_hf_modules, int4_layer, model_tail
 
 
 def write_vllm_checkpoint(float_dir: Path, quantized_dir: Path, out: Path) -> Path:
@@ -69,20 +69,12 @@ def _awq_tensors(fp: CheckpointReader, q: CheckpointReader, dtype: torch.dtype):
     yield family.embedding[0], cast(fp.embedding())
     sizes = dims(arch)
     for i in range(fp.num_layers):
-        float_layer = fp.layer(i)
-        stage = [rf for rf in q.ranks if i in rf.position.layers]
-        local = f"transformer.layers.{i - stage[0].layer_offset}."
-        packed = {lin.name: merged_int4(q, lin, stage, local + lin.name, f"transformer.layers.{i}.{lin.name}")
-                  for lin in family.linears if q.cfg.quantizes(f"transformer.layers.{i}.{lin.name}")}
+        float_layer, packed, smoothing = int4_layer(fp, q, i)
         prefix = HF_LAYER.format(i)
-        folded = {}
-        for lin in family.linears:
-            if lin.name in packed and lin.input_norm is not None:
-                folded.setdefault(lin.input_norm, []).append((lin.name, packed[lin.name]["prequant"]))
         for norm in family.layer_norms(arch):
             weight = float_layer.norms[norm.name]
-            if norm.name in folded:
-                weight = weight * one_smoothing(folded[norm.name], i).float()
+            if norm.name in smoothing:
+                weight = weight * smoothing[norm.name].float()
             yield prefix + norm.hf + ".weight", cast(weight)
         row_factors = {lin.input_from: _row_factor(arch, lin, packed[lin.name]["prequant"], prefix)
                        for lin in family.linears if lin.name in packed and lin.input_from is not None}
