@@ -173,11 +173,12 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     backend = backend_serving(options.backend, target)
     options = checkpoints_here(options, target)
     source = resolve_model(options.model, options.model_dir)
+    # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
+    planned = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
+                        workload=options.workload, backend=backend.name)
     if options.precision == AUTO:      # the precision the architecture's plan picks is the one built
-        chosen = make_plan(source.arch, target, AUTO, options.kv_cache, tp=options.tp, pp=options.pp,
-                           workload=options.workload, backend=backend.name)
-        options = replace(options, precision=chosen.precision)
-        say(chosen.warnings[0])
+        options = replace(options, precision=planned.precision)
+        say(planned.warnings[0])
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
     summary.options["backend"] = backend.name
@@ -190,9 +191,6 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
         say(f"[{stage}] {'up to date' if skipped else status} in {rec.seconds:.1f}s: {path}"
             + (f" ({detail})" if detail else ""))
 
-    # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
-    planned = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
-                        workload=options.workload, backend=backend.name)
     hf = backend.checkpoint_format == HF_CHECKPOINT
 
     dtype = backend.checkpoint_dtype(planned)

@@ -116,3 +116,12 @@ def test_int4_timings_come_from_measured_weight_only_gemms_where_nvidia_measured
     rtx = make_plan(preset("llama-3.1-8b"), get_target("rtx4090"), "int4-awq")
     assert rtx.performance.source == "speed-of-light"
     assert any("l40s TensorRT-LLM 1.3.0rc20 data has no int4_wo GEMMs" in w for w in rtx.warnings), rtx.warnings
+
+
+def test_build_auto_builds_the_precision_the_architectures_plan_chose(tmp_path):
+    result = CliRunner().invoke(main, ["build", "qwen2.5-32b", "--target", "rtx4090", "--precision", "auto",
+                                       "--dry-run", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("--precision auto chose int4-awq: bf16:")
+    assert "--precision int4-awq --eval-samples" in result.output      # the calibrate step
+    assert not (tmp_path / "out").exists()
