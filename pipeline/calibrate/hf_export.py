@@ -66,15 +66,10 @@ def write_hf_checkpoint(float_dir: Path, quantized_dir: Path | None, out: Path) 
                         f"{q.cfg.quant_algo or 'not quantized'} with KV cache "
                         f"{q.cfg.kv_cache_quant_algo or 'unquantized'}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    arch, dtype = fp.cfg.arch, fp.cfg.dtype
     tensors = list(_int4_tensors(fp, q) if q is not None and q.cfg.quant_algo in INT4_QUANT_ALGOS
                    else _tensors(fp, q))
-    specs = [TensorSpec(name, dtype_code(t.dtype), tuple(t.shape)) for name, t in tensors]
-    with SafetensorsWriter(out / WEIGHTS_FILE, specs, {"format": "pt"}) as writer:
-        for _, tensor in tensors:
-            writer.write(tensor)
-    config = hf_config_of(arch, dtype)
+    config = hf_config_of(fp.cfg.arch, fp.cfg.dtype)
+    record = None
     if q is not None:
         ignore = ["lm_head", *excluded_hf_modules(q)]
         quant = {"quant_algo": q.cfg.quant_algo, "kv_cache_quant_algo": q.cfg.kv_cache_quant_algo}
@@ -82,13 +77,25 @@ def write_hf_checkpoint(float_dir: Path, quantized_dir: Path | None, out: Path) 
             quant.update({key: q.cfg.quantization[key] for key in ("group_size", "has_zero_point", "pre_quant_scale")})
         quant["exclude_modules"] = ignore
         producer = {"name": "trtpipe", "version": __version__}
-        (out / "hf_quant_config.json").write_text(json.dumps({"producer": producer, "quantization": quant},
-                                                             indent=4))
+        record = {"producer": producer, "quantization": quant}
         config["quantization_config"] = _quantization_config(quant, producer)
+    write_hf_directory(out, tensors, config, Path(quantized_dir if quantized_dir is not None else float_dir))
+    if record is not None:
+        (out / "hf_quant_config.json").write_text(json.dumps(record, indent=4))
+    return out
+
+
+def write_hf_directory(out: Path, tensors: list, config: dict, checkpoint: Path) -> Path:
+    """A Hugging Face model directory: `tensors` ((name, tensor), in order) as model.safetensors, `config` as
+    config.json, and the tokenizer files of TensorRT-LLM `checkpoint` (its tokenizer/ directory) beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    specs = [TensorSpec(name, dtype_code(t.dtype), tuple(t.shape)) for name, t in tensors]
+    with SafetensorsWriter(out / WEIGHTS_FILE, specs, {"format": "pt"}) as writer:
+        for _, tensor in tensors:
+            writer.write(tensor)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer = Path(quantized_dir if quantized_dir is not None else float_dir) / "tokenizer"
-    if tokenizer.is_dir():
-        shutil.copytree(tokenizer, out, dirs_exist_ok=True)
+    if (checkpoint / "tokenizer").is_dir():
+        shutil.copytree(checkpoint / "tokenizer", out, dirs_exist_ok=True)
     return out
 
 

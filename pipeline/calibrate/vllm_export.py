@@ -16,8 +16,6 @@ float16).
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -27,8 +25,7 @@ from ..model.arch_config import hf_config_of
 from ..model.spec import HF_LAYER, dims
 from ..runtime.awq import CONFIG, SIGNED_ZERO, pack_awq
 from ..runtime.trtllm_reader import CheckpointReader
-from ..safetensors_stream import SafetensorsWriter, TensorSpec, dtype_code
-from .hf_export import WEIGHTS_FILE, excluded_hf_modules, int4_layer, model_tail
+from .hf_export import excluded_hf_modules, int4_layer, model_tail, write_hf_directory
 
 
 def write_vllm_checkpoint(float_dir: Path, quantized_dir: Path, out: Path) -> Path:
@@ -46,20 +43,10 @@ def write_vllm_checkpoint(float_dir: Path, quantized_dir: Path, out: Path) -> Pa
         raise UserError(problem)
     excluded = excluded_hf_modules(q)
     tensors = list(_awq_tensors(fp, q, dtype))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    specs = [TensorSpec(name, dtype_code(t.dtype), tuple(t.shape)) for name, t in tensors]
-    with SafetensorsWriter(out / WEIGHTS_FILE, specs, {"format": "pt"}) as writer:
-        for _, tensor in tensors:
-            writer.write(tensor)
     config = hf_config_of(fp.cfg.arch, dtype_name)
     config["quantization_config"] = {**CONFIG, "group_size": int(q.cfg.quantization["group_size"]),
                                      "modules_to_not_convert": excluded or None}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer = Path(quantized_dir) / "tokenizer"
-    if tokenizer.is_dir():
-        shutil.copytree(tokenizer, out, dirs_exist_ok=True)
-    return out
+    return write_hf_directory(Path(out), tensors, config, Path(quantized_dir))
 
 
 def _awq_tensors(fp: CheckpointReader, q: CheckpointReader, dtype: torch.dtype):
