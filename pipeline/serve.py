@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -144,10 +145,11 @@ def watch(server: TritonServer, period_s: float = LIVENESS_PERIOD_S) -> None:
 
 def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Path | None, ready_timeout: float,
                   model_control: str = "none", drain_timeout: float = DRAIN_TIMEOUT_S,
-                  echo: Callable[[str], None] = print) -> Drained:
+                  openai_port: int | None = None, echo: Callable[[str], None] = print) -> Drained:
     """Run the embedded server in the foreground until Ctrl-C or SIGTERM, then drain (`drain`) and stop it;
     how the drain ended. A server that exits on its own, or whose models stop working (`watch`), is a
-    RuntimeError.
+    RuntimeError. With `openai_port` (0: a free one) the OpenAI-compatible front (`pipeline.openai_front`) serves
+    beside it, and stops after the drain.
 
     SIGINT is handled explicitly: a process started in the background by a non-interactive shell
     (`trtpipe serve ... &` in a script) inherits SIGINT ignored, and Python then never raises
@@ -157,9 +159,12 @@ def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Pat
         (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_keyboard_interrupt))}
     try:
         with embedded_server(repo, http_port=http_port, host=host, log_path=log_path, ready_timeout=ready_timeout,
-                             model_control=model_control) as server:
+                             model_control=model_control) as server, \
+                openai_front(repo, server, host, openai_port) as front:
             echo(f"Triton is serving {Path(repo).resolve()} — models ready: {', '.join(server.models)}")
             echo(server.endpoints.describe())
+            if front:
+                echo(f"openai   {front.url}/v1  (models: {', '.join(front.front.models)})")
             echo(f"log      {server.log_path}")
             echo("Ctrl-C to stop")
             try:
@@ -175,6 +180,15 @@ def serve_forever(repo: Path, *, http_port: int | None, host: str, log_path: Pat
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def openai_front(repo: Path, server: TritonServer, host: str, port: int | None):
+    """The OpenAI front over `server` (a context manager), or a null context without a port."""
+    if port is None:
+        return nullcontext()
+    from .openai_front.app import OpenAIFront
+
+    return OpenAIFront(repo, server.http_url, host=host, port=port)
 
 
 def _raise_keyboard_interrupt(signum, frame):

@@ -41,9 +41,10 @@ def check(repo, engine, as_json):
 @click.option("--url", default=None, help="HTTP URL of a running Triton server serving REPO (default: start the "
               "embedded server on REPO), or with --api openai of an OpenAI-compatible server.")
 @click.option("--api", type=choice(["triton", "openai"]), default="triton", show_default=True,
-              help="What --url speaks: Triton's (the repository's contract: engine ensemble or llmapi, told from "
-              "deploy's record) or the OpenAI-compatible API of trtllm-serve / vLLM (/v1/completions, "
-              "/v1/chat/completions, /v1/models, /health; REPO optional, for the golden reference).")
+              help="What is validated: Triton's API (the repository's contract: engine ensemble or llmapi, told from "
+              "deploy's record) or the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models, "
+              "/health): of the server at --url (trtllm-serve, vLLM, `trtpipe serve --openai`; REPO optional, for "
+              "the golden reference), or without --url of trtpipe's OpenAI front over REPO in the embedded server.")
 @click.option("--model", "served_model", default=None, metavar="NAME",
               help="With --api openai: the model name to request (default: the first /v1/models lists).")
 @click.option("--grpc-url", default=None,
@@ -75,9 +76,10 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
       trtpipe validate out/smollm2/model_repo --golden smollm2-135m --load-test
       trtpipe validate model_repo --url http://gpu-box:8000
       trtpipe validate --url http://gpu-box:8000 --api openai --golden smollm2-135m
+      trtpipe validate out/smollm2/model_repo --api openai
     """
     from ..validate import ValidateOptions, reference_for, render_report, validate_repository
-    from ..validate.openai import validate_openai
+    from ..validate.openai import validate_openai, validate_openai_repository
 
     if price_per_hour is not None and not load_test:
         raise UserError("--price-per-hour prices the load test's tokens: pass it with --load-test")
@@ -88,9 +90,10 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
     if api == "openai":
         triton_only = [flag for flag, given in (("--grpc-url", grpc_url), ("--metrics-url", metrics_url),
                                                 ("--load-test", load_test)) if given]
-        if not url or triton_only:
-            raise UserError("--api openai needs --url (the OpenAI-compatible server) and takes none of "
-                            f"--grpc-url, --metrics-url, --load-test; got {'no --url' if not url else triton_only}")
+        if triton_only:
+            raise UserError(f"--api openai takes none of --grpc-url, --metrics-url, --load-test; got {triton_only}")
+        if served_model and not url:
+            raise UserError("--model names a model of the server at --url; the embedded front serves REPO's")
     elif served_model:
         raise UserError("--model names the model of an OpenAI-compatible server: pass it with --api openai")
     if repo is None and url is None:
@@ -100,9 +103,13 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
                               concurrencies=concurrency, max_tokens=max_tokens, metrics=not skip_metrics,
                               price_per_hour=price_per_hour)
     progress = lambda step: click.echo(f"... {step}", err=True)  # noqa: E731
-    report = (validate_openai(url, out, options, model=served_model, progress=progress) if api == "openai" else
-              validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
-                                  ready_timeout=timeout, progress=progress))
+    if api == "openai" and not url:
+        report = validate_openai_repository(repo, out, options, ready_timeout=timeout, progress=progress)
+    elif api == "openai":
+        report = validate_openai(url, out, options, model=served_model, progress=progress)
+    else:
+        report = validate_repository(repo, out, options, url=url, grpc_url=grpc_url, metrics_url=metrics_url,
+                                     ready_timeout=timeout, progress=progress)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render_report(report, out))
     sys.exit(0 if report.passed else 1)
 
@@ -122,19 +129,30 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
 @click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
               help="On Ctrl-C or SIGTERM: seconds the requests in flight get to finish (new ones are refused); the "
                    "rest end with an error and the exit status is 1.")
-def serve(repo, port, host, log_path, timeout, model_control, drain_timeout):
+@click.option("--openai", "openai", is_flag=True,
+              help="Also serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions with the "
+              "repository's chat template, streaming with usage) over the ensemble, on --openai-port.")
+@click.option("--openai-port", type=click.IntRange(0, 65535), default=None,
+              help="Port of the OpenAI-compatible API (default 9000, Triton's OpenAI frontend's; 0 picks a free "
+              "one). Implies --openai.")
+def serve(repo, port, host, log_path, timeout, model_control, drain_timeout, openai, openai_port):
     """The embedded Triton server on REPO, in the foreground until Ctrl-C or SIGTERM, which drain it.
 
     \b
     Examples:
       trtpipe serve out/smollm2/model_repo
-      trtpipe serve model_repo --port 9000 --host 0.0.0.0 --log triton.log
+      trtpipe serve out/smollm2/model_repo --openai     # and http://127.0.0.1:9000/v1
+      trtpipe serve model_repo --port 8100 --host 0.0.0.0 --log triton.log
       trtpipe serve model_repo --model-control-mode explicit
     """
+    from ..openai_front.protocol import DEFAULT_OPENAI_PORT
     from ..serve import serve_forever
 
+    if openai and openai_port is None:
+        openai_port = DEFAULT_OPENAI_PORT
     drained = serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout,
-                            model_control=model_control, drain_timeout=drain_timeout, echo=click.echo)
+                            model_control=model_control, drain_timeout=drain_timeout, openai_port=openai_port,
+                            echo=click.echo)
     if not drained.clean:
         click.echo(f"error: {drained.cut} request(s) were still running after the {drain_timeout:g} s drain and "
                    "ended with an error", err=True)

@@ -131,6 +131,8 @@ class OpenAIClient:
     def stream(self, prompt: str, max_tokens: int) -> StreamResult:
         return self.stream_events("/v1/completions", self.body(max_tokens, prompt=prompt), lambda c: c.get("text"))
 
+    generate_stream = stream    # the load generator's name (`load_test.StreamingClient`)
+
     def chat_stream(self, content: str, max_tokens: int) -> StreamResult:
         body = self.body(max_tokens, messages=[{"role": "user", "content": content}])
         return self.stream_events("/v1/chat/completions", body, lambda c: (c.get("delta") or {}).get("content"))
@@ -202,5 +204,26 @@ def validate_openai(url: str, out: Path, options: ValidateOptions, *, model: str
     with atomic_output_dir(Path(out)) as tmp:
         progress(f"connecting to {client.url} ({client.model})")
         report = ValidationReport(repo="", server=client.url, checks=run_openai_checks(client, options, progress))
+        (tmp / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return report
+
+
+def validate_openai_repository(repo: Path, out: Path, options: ValidateOptions, *, ready_timeout: float = 600.0,
+                               progress: Callable[[str], None] = lambda name: None) -> ValidationReport:
+    """Serve `repo` in the embedded server with trtpipe's OpenAI front over it (`pipeline.openai_front`), run the
+    OpenAI checks through the front and write report.json (and the server's log) into `out`."""
+    from ..openai_front.app import OpenAIFront
+    from ..server import embedded_server
+
+    repo = Path(repo).resolve()
+    if not repo.is_dir():
+        raise UserError(f"model repository {repo} does not exist or is not a directory")
+    with atomic_output_dir(Path(out)) as tmp:
+        progress("starting the server and the OpenAI front")
+        with embedded_server(repo, log_path=tmp / "server.log", ready_timeout=ready_timeout) as server, \
+                OpenAIFront(repo, server.http_url, port=0) as front:
+            client = OpenAIClient(front.url, None, options.request_timeout)
+            checks = run_openai_checks(client, options, progress)
+        report = ValidationReport(repo=repo.name, server="the OpenAI front (trtpipe serve --openai)", checks=checks)
         (tmp / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return report
