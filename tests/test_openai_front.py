@@ -36,11 +36,11 @@ def parse(body, endpoint=COMPLETIONS, models=MODELS):
 def test_a_completion_becomes_the_ensemble_request_triton_s_frontend_sends():
     request = parse({"model": "ensemble", "prompt": "Hi", "max_tokens": 5, "temperature": 0, "top_p": 0.5,
                      "seed": 3, "stop": "\n", "stream": True, "stream_options": {"include_usage": True},
-                     "frequency_penalty": 0.1, "presence_penalty": -0.2, "echo": True, "user": "me"})
+                     "frequency_penalty": 0.1, "presence_penalty": -0.2, "echo": True, "user": "me", "min_tokens": 2})
     assert request.ensemble_body() == {
         "text_input": "Hi", "max_tokens": 5, "exclude_input_in_output": False, "return_num_input_tokens": True,
         "return_num_output_tokens": True, "temperature": 0.0, "top_p": 0.5, "seed": 3, "frequency_penalty": 0.1,
-        "presence_penalty": -0.2, "stop_words": ["\n"], "stream": True}
+        "presence_penalty": -0.2, "min_tokens": 2, "stop_words": ["\n"], "stream": True}
     assert request.include_usage and request.echo and request.stop == ("\n",)
     plain = parse({"model": "ensemble", "prompt": "Hi"})
     assert plain.max_tokens == DEFAULT_MAX_TOKENS and plain.ensemble_body()["exclude_input_in_output"] is True
@@ -80,6 +80,8 @@ def test_a_chat_is_rendered_once_by_the_template_and_max_completion_tokens_wins(
     (COMPLETIONS, {"temperature": 2.5}, "temperature", 400),
     (COMPLETIONS, {"top_p": 1.5}, "top_p", 400),
     (COMPLETIONS, {"seed": -1}, "seed", 400),
+    (COMPLETIONS, {"min_tokens": -1}, "min_tokens", 400),
+    (COMPLETIONS, {"ignore_eos": True}, "ignore_eos", 400),
     (COMPLETIONS, {"stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
     (COMPLETIONS, {"stream": "yes"}, "stream", 400),
     (CHAT, {"messages": [{"role": "tool", "content": "42"}]}, "messages", 400),

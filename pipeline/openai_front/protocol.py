@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..triton_names import (EXCLUDE_INPUT_IN_OUTPUT, FREQUENCY_PENALTY, MAX_TOKENS, PRESENCE_PENALTY,
+from ..triton_names import (EXCLUDE_INPUT_IN_OUTPUT, FREQUENCY_PENALTY, MAX_TOKENS, MIN_TOKENS, PRESENCE_PENALTY,
                             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, SEED, STOP_WORDS, STREAM, TEMPERATURE,
                             TEXT_INPUT, TOP_P)
 
@@ -32,9 +32,11 @@ CHAT = "/v1/chat/completions"
 #: roles a chat message may have here (a `tool` message needs a tool-call parser, which the front has not)
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
-#: fields honoured by both endpoints (`user` is the caller's identifier: recorded by nobody, changes nothing)
+#: fields honoured by both endpoints (`user` is the caller's identifier: recorded by nobody, changes nothing;
+#: `min_tokens` is vLLM's extension of the API, which load generators send to pin the output length: the ensemble's
+#: input of the same name)
 COMMON_FIELDS = frozenset({"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options",
-                           "frequency_penalty", "presence_penalty", "user"})
+                           "frequency_penalty", "presence_penalty", "user", "min_tokens"})
 ENDPOINT_FIELDS = {COMPLETIONS: frozenset({"prompt", "echo"}),
                    CHAT: frozenset({"messages", "max_completion_tokens"})}
 #: fields accepted only at the value that asks for nothing, and why anything else is refused
@@ -244,6 +246,11 @@ def sampling_inputs(body: dict) -> dict:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise OpenAIError(f"`seed` must be a non-negative integer, got {seed!r}", param="seed")
         out[SEED] = seed
+    least = body.get("min_tokens")
+    if least is not None:
+        if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+            raise OpenAIError(f"`min_tokens` must be a non-negative integer, got {least!r}", param="min_tokens")
+        out[MIN_TOKENS] = least
     return out
 
 
