@@ -33,7 +33,7 @@ RUN pip install --no-deps /tmp/trtpipe-src \
     && pip install "click==8.5.1" "rich==15.0.0" "gguf==0.19.0" "accelerate==1.15.0" \
         "tritonclient[grpc,http]==2.64.0" "pyyaml==6.0.4" "grafana-foundation-sdk==1769699998!10.1.0" \
         "rouge-score==0.1.2" "sacrebleu==2.6.0" "matplotlib==3.11.2" "onnx==1.23.2" "onnxruntime==1.32.0" \
-        "aiconfigurator-core==0.12.0" "cryptography==50.0.2" \
+        "aiconfigurator-core==0.12.0" "cryptography==50.0.2" "aiohttp==3.14.5" \
     && trtpipe --version \
     && python3 -c "from pipeline.calibrate.data import load_recipe; from pipeline.deploy import model_source_files; load_recipe('news'); model_source_files()"
 

@@ -30,8 +30,8 @@ from (pipeline/artifact_signing.py); without them the hashes prove consistency o
 `verify` reads every member, checks its size and hash, refuses members that could escape the directory
 they are extracted to (absolute paths, `..`, links, devices) and, with --target, an artifact for another
 TensorRT-LLM version or one the target cannot run: an engine (or a cpu build) only on the SM it was built
-for; a pytorch build, which compiles nothing, on any GPU target that supports its precision (FP8 weights or
-KV cache: `Target.supports_fp8`, as the planner decides). `unpack` verifies first and extracts only a
+for; a pytorch build, which compiles nothing, on any GPU target the capability table lets run its precision and
+KV cache (`pipeline.backends.capabilities`, as the planner asks it). `unpack` verifies first and extracts only a
 verified archive.
 """
 
@@ -54,7 +54,8 @@ from .backends import BACKENDS, DEFAULT_BACKEND, default_backend
 from .backends.names import PYTORCH
 from .errors import UserError
 from .outputs import portable
-from .targets import FP8_MIN_SM, get_target
+from .backends.capabilities import Combination, refusal
+from .targets import get_target
 
 MANIFEST = "artifact.json"
 FORMAT = 1
@@ -482,16 +483,15 @@ def target_mismatches(artifact: dict, target) -> list[str]:
 
 def precision_mismatches(artifact: dict, target, backend: str) -> list[str]:
     """Why `target` cannot run an archive of a backend that compiles nothing: not a kind of target the backend
-    serves, or FP8 weights / KV cache on a GPU without FP8 (the planner's rule, `Target.supports_fp8`)."""
+    serves, or a combination the capability table forbids (`pipeline.backends.capabilities`, as the planner asks it)."""
     if target.kind not in BACKENDS[backend].target_kinds:
         return [f"a {backend} artifact runs on {' or '.join(BACKENDS[backend].target_kinds)} targets; "
                 f"{target.name} is a {target.kind} target"]
-    fp8 = [f"{what} {artifact.get(key)}" for key, what in (("precision", "precision"), ("kv_cache", "KV cache"))
-           if artifact.get(key) == "fp8"]
-    if target.is_gpu and fp8 and not target.supports_fp8:
-        return [f"built with {' and '.join(fp8)}, but {target.name} is sm {target.sm}: FP8 needs compute "
-                f"capability {FP8_MIN_SM // 10}.{FP8_MIN_SM % 10} or newer (Ada, Hopper)"]
-    return []
+    combination = Combination(str(artifact.get("precision")), artifact.get("kv_cache"), backend,
+                              target.sm if target.is_gpu else None)
+    rule = refusal(combination)
+    return [f"built with precision {combination.precision} and KV cache {combination.kv_cache}, but {target.name} "
+            f"(sm {target.sm}) cannot run it: {rule.message(combination)}"] if rule else []
 
 
 # ------------------------------------------------------------------------------------------------ unpack

@@ -80,6 +80,7 @@ class BuildOptions:
     workload: Workload | None = None          # None: the plan's default workload
     calibration_dataset: str | None = None    # a calibration recipe name or dataset (None: the default recipe)
     backend: str | None = None                # None: the target's default (engine on GPUs, reference on cpu)
+    runtime_image: str | None = None          # GPU targets: backends.runtime_images (None: the backend's default)
     sparsity: str | None = None               # "2:4": sparsify the converted checkpoint (None: dense)
     distill_tokens: int | None = None         # with sparsity: distill the sparse checkpoint on this many tokens
     checkpoints_on_cpu: bool = False          # a GPU target's checkpoints made on this machine's CPU, without a GPU
@@ -175,7 +176,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     source = resolve_model(options.model, options.model_dir)
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
     planned = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
-                        workload=options.workload, backend=backend.name)
+                        workload=options.workload, backend=backend.name, image=options.runtime_image)
     if options.precision == AUTO:      # the precision the architecture's plan picks is the one built
         options = replace(options, precision=planned.precision)
         say(planned.warnings[0])
@@ -210,7 +211,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     started = time.monotonic()
     plan_path = out / "plan.json"
     plan = make_plan(plan_model(hf, checkpoint, options), target, options.precision, options.kv_cache,
-                     tp=options.tp, workload=options.workload, backend=backend.name)
+                     tp=options.tp, workload=options.workload, backend=backend.name, image=options.runtime_image)
     unchanged = plan_path.is_file() and same_plan(plan_path, plan)
     if not unchanged:
         save_plan(plan, plan_path)
@@ -475,7 +476,8 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
     steps, checkpoint, served = checkpoint_steps(options, source, out, dtype, hf, cores)
     started = time.monotonic()
     plan = make_plan(expected_model(options, source, checkpoint, dtype, hf), target, options.precision,
-                     options.kv_cache, tp=options.tp, workload=options.workload, backend=backend.name)
+                     options.kv_cache, tp=options.tp, workload=options.workload, backend=backend.name,
+                     image=options.runtime_image)
     plan_path, engine, repo = out / "plan.json", out / "engine", out / "model_repo"
     steps.append(Step("plan", command_line("trtpipe", "plan", options.model if hf else checkpoint, "--target",
                                            options.target, "--precision", options.precision,
@@ -602,7 +604,7 @@ def device_flags(options: BuildOptions) -> list:
 
 
 def plan_flags(options: BuildOptions, hf: bool) -> list:
-    """`trtpipe plan`'s flags for the build's own plan: its KV cache, tp, workload and backend."""
+    """`trtpipe plan`'s flags for the build's own plan: its KV cache, tp, workload, backend and runtime image."""
     workload, default = options.workload or Workload(), Workload()
     flags = [*(["--kv-cache", options.kv_cache] if options.kv_cache != "auto" else []),
              *(["--tp", options.tp] if options.tp != 1 else [])]
@@ -610,5 +612,6 @@ def plan_flags(options: BuildOptions, hf: bool) -> list:
                        ("concurrency", "--concurrency"), ("p99_latency_s", "--p99-latency")):
         if getattr(workload, name) != getattr(default, name):
             flags += [flag, getattr(workload, name)]
-    return flags + (["--backend", options.backend] if options.backend else []) + (model_dir_flags(options) if hf
-                                                                                 else [])
+    return (flags + (["--backend", options.backend] if options.backend else [])
+            + (["--runtime-image", options.runtime_image] if options.runtime_image else [])
+            + (model_dir_flags(options) if hf else []))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
+from .backends.names import REFERENCE
 from .errors import UserError
 from .model.arch_config import parameter_count
 from .plan.memory import CUDA_CONTEXT_RESERVE, format_gib, kv_bytes_per_token, weights_per_rank_by_stage
@@ -54,7 +55,7 @@ def host_memory_verdict(model: ModelInfo, target: Target, precision: str, worklo
     arch = model.arch
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    check_target_supports(target, precision, "float32", 1, 1, arch)
+    check_target_supports(target, precision, "float32", 1, 1, arch, REFERENCE)
     max_context = choose_max_context(workload, arch)
     weights = weights_per_rank_by_stage(arch, "fp32", "float32", 1, 1)[0]
     memory = target.memory_bytes

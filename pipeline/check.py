@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import TRTLLM_VERSION
-from .backends.llm_api_args import MODEL_YAML, unknown_llm_api_keys
+from .backends.llm_api_args import LLM_API_VERSIONS, MODEL_YAML, unknown_llm_api_keys
 from .backends.nvidia_contract import (FATAL, LITERAL, MULTIMODAL, MULTIMODAL_PROCESSOR, PROCESSOR_MODEL_TYPES,
                                        PYTHON_MODELS, SKIPPED, TENSORRTLLM, UNSET, Parameter, required_keys)
 from .errors import UserError
@@ -79,7 +79,7 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
     repository = read_repository(repo)
     models = repository.models
     findings, unparsed = parse_models(repository)
-    if not models and not findings:
+    if not models and not findings and not any(repo.glob("*.yaml")):
         raise UserError(f"{repo} holds no model (no */config.pbtxt); pass a Triton model repository")
     findings += check_placeholders(repo, models)
     findings += check_required_parameters(models)
@@ -88,7 +88,7 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
         findings += check_ensemble(ensemble, models, unparsed)
         findings += check_tensor_contract(models)
     findings += check_streaming(models)
-    findings += check_llm_api_yaml(repo)
+    findings += check_llm_api_yaml(repo, repository.trtllm_version)
     engine_path = None
     for model in (m for m in models.values() if m.serves_engine):
         engine_path, engine_findings = check_engine(repository.trtllm_version, model, engine)
@@ -408,13 +408,18 @@ def check_streaming(models: dict[str, RepositoryModel]) -> list[Finding]:
 
 # ------------------------------------------------------------------------------------------ LLM API
 
-def check_llm_api_yaml(repo: Path) -> list[Finding]:
+def check_llm_api_yaml(repo: Path, version: str = TRTLLM_VERSION) -> list[Finding]:
     """Keys of every llmapi model.yaml (MODEL/1/model.yaml) and trtllm-serve options YAML (REPO/*.yaml) against
-    the LLM API arguments of the pinned TensorRT-LLM (pipeline/data/llm_api_args_<version>.txt)."""
+    the LLM API arguments of the repository's TensorRT-LLM (pipeline/data/llm_api_args_<version>.txt)."""
     import yaml
 
+    paths = sorted([*repo.glob(f"*/*/{MODEL_YAML}"), *repo.glob("*.yaml")])
+    if paths and version not in LLM_API_VERSIONS:
+        return [Finding("llm-api", "warning", str(paths[0].relative_to(repo)), "(file)", f"the repository targets "
+                        f"TensorRT-LLM {version}, whose LLM API trtpipe has not recorded: its keys are unchecked",
+                        f"deploy for one of {', '.join(LLM_API_VERSIONS)}")]
     findings = []
-    for path in sorted([*repo.glob(f"*/*/{MODEL_YAML}"), *repo.glob("*.yaml")]):
+    for path in paths:
         rel = str(path.relative_to(repo))
         try:
             data = yaml.safe_load(path.read_text())
@@ -425,11 +430,11 @@ def check_llm_api_yaml(repo: Path) -> list[Finding]:
             findings.append(Finding("llm-api", "error", rel, "(file)", "not a mapping of LLM API arguments",
                                     "write key: value pairs (TorchLlmArgs fields)"))
             continue
-        for key, nearest in unknown_llm_api_keys(data, model_yaml_file=path.name == MODEL_YAML):
+        for key, nearest in unknown_llm_api_keys(data, path.name == MODEL_YAML, version):
             findings.append(Finding(
-                "llm-api", "error", rel, key, f"not an LLM API argument of TensorRT-LLM {TRTLLM_VERSION} "
+                "llm-api", "error", rel, key, f"not an LLM API argument of TensorRT-LLM {version} "
                 "(LLM() refuses unknown keys)", f"did you mean {nearest}?" if nearest else
-                f"remove it, or see the recorded list pipeline/data/llm_api_args_{TRTLLM_VERSION}.txt"))
+                f"remove it, or see the recorded list pipeline/data/llm_api_args_{version}.txt"))
     return findings
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
 from .backends import backend_for
 from .backends.base import shell_command
-from .backends.pytorch import LLMAPI, LLMAPI_MODELS, write_llmapi_repository
+from .backends.pytorch import (LLMAPI, LLMAPI_MODELS, serves_on_triton, write_llmapi_repository,
+                               write_trtllm_serve_deployment)
 from .backends.reference import with_runtime
 from .errors import UserError
 from .model_repository import INFLIGHT_BATCHER_MODELS, Deployment
@@ -95,6 +96,10 @@ class DeployResult:
     def summary(self) -> str:
         if self.skipped:
             return f"model repository {self.path} is up to date (inputs unchanged); nothing to do"
+        if not self.models:
+            return (f"wrote a trtllm-serve deployment {self.path} for target {self.target} (no Triton in its image)"
+                    f"\ncheck it with `trtpipe check {self.path}`\nserve it in that image with:\n  "
+                    f"cd {shlex.quote(str(self.path))} && {shell_command(self.deployment.serve_command)}")
         backend = f"engine {self.engine}" if self.engine else backend_for(self.deployment.backend).summary
         gpus = f" on {self.deployment.world_size} GPUs" if self.deployment.world_size > 1 else ""
         here = (f"serve it here with `trtpipe serve {self.path}`, or in the trtpipe image with:\n  "
@@ -122,7 +127,8 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     engine, checkpoint = backend.check_artifacts(engine, checkpoint)
     settings = settings_from_plan(plan, engine)
     llmapi = backend.layout == LLMAPI
-    models = LLMAPI_MODELS if llmapi else INFLIGHT_BATCHER_MODELS
+    on_triton = serves_on_triton(plan)
+    models = (LLMAPI_MODELS if llmapi else INFLIGHT_BATCHER_MODELS) if on_triton else ()
     # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
     tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
     deployment = describe_deployment(plan, checkpoint, model)
@@ -133,15 +139,19 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
                                  *backend.repository_inputs(engine, checkpoint)])
     params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None}
     with stage_output(out, STAGE, inputs, params, force=force,
-                      extra={"trtllm_version": TRTLLM_VERSION, "target": settings.target,
+                      extra={"trtllm_version": plan.llm_api.tensorrt_llm_version if plan.llm_api else TRTLLM_VERSION,
+                             "target": settings.target,
                              "deployment": asdict(deployment)}) as output:
         if output.up_to_date:
             return DeployResult(out, settings.target, True, models, engine, deployment)
-        if llmapi:
+        if not on_triton:
+            write_trtllm_serve_deployment(output.dir, plan, checkpoint)
+        elif llmapi:
             write_llmapi_repository(output.dir, plan, checkpoint, tokenizer_dir)
         else:
             write_repository(output.dir, settings, tokenizer_dir, python_models)
-        backend.write_model(output.dir / TENSORRT_LLM / "1", checkpoint)
+        if on_triton:
+            backend.write_model(output.dir / TENSORRT_LLM / "1", checkpoint)
         refuse_if_check_fails(output.dir, engine)
     return DeployResult(out, settings.target, False, models, engine, deployment)
 

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import TRITON_IMAGE, TRTLLM_VERSION
+from .backends.capabilities import Combination, runtime_refusal
+from .backends.names import ENGINE
 from .errors import UserError
 from .targets import Target, catalogue, get_target
 
@@ -218,8 +220,11 @@ def tensorrt_llm_check() -> Check:
     except ProbeError as exc:
         return Check("tensorrt-llm", "FAIL", str(exc), exc.fix)
     if found != TRTLLM_VERSION:
+        removed = runtime_refusal(ENGINE, found)
+        why = (f"{removed.reason.format(c=Combination('fp16', trtllm=found))} ({removed.source})" if removed
+               else "the version whose flags and files trtpipe checked")
         return Check("tensorrt-llm", "FAIL", f"version {found}, trtpipe targets {TRTLLM_VERSION}",
-                     f"install TensorRT-LLM {TRTLLM_VERSION} (later releases removed trtllm-build): {CONTAINER_HINT}")
+                     f"install TensorRT-LLM {TRTLLM_VERSION}: {why}; {CONTAINER_HINT}")
     return Check("tensorrt-llm", "PASS", f"version {found}")
 
 

@@ -19,7 +19,9 @@ import math
 from dataclasses import dataclass, replace
 
 from .arch import ModelArch
-from .backends import backend_serving
+from .backends import DEFAULT_BACKEND, backend_serving
+from .backends.runtime_images import runtime_image
+from .backends.capabilities import Combination, input_checkpoint_precision, require, runnable, runs
 from .errors import UserError
 from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoint_agrees, check_target_supports,
                           choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
@@ -31,11 +33,12 @@ from .triton_names import BATCH_SCHEDULER_POLICIES
 
 def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_cache: str = "auto",
               tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
-              pp: int = 1, backend: str | None = None) -> Plan:
-    """Plan MODEL on TARGET with BACKEND (default: the target's); raises UserError for anything that cannot work.
-    `precision` auto: the first of AUTO_PRECISIONS that plans (`plan_auto`)."""
+              pp: int = 1, backend: str | None = None, image: str | None = None) -> Plan:
+    """Plan MODEL on TARGET with BACKEND (default: the target's) in the GPU runtime IMAGE (default: the backend's,
+    `runtime_images.DEFAULT_IMAGE`); raises UserError for anything that cannot work. `precision` auto: the first of
+    AUTO_PRECISIONS that plans (`plan_auto`)."""
     if precision == AUTO:
-        return plan_auto(model, target, kv_cache, tp, workload, overrides, pp, backend)
+        return plan_auto(model, target, kv_cache, tp, workload, overrides, pp, backend, image)
     if isinstance(model, ModelArch):
         model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
     workload = workload or Workload()
@@ -44,6 +47,8 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     server = backend_serving(backend, target)
+    runtime = runtime_image(image, server.name) if target.is_gpu else refuse_image(image, target)
+    trtllm = runtime.trtllm if runtime else None
     check_priorities(overrides, server)
     if overrides.batch_scheduler_policy not in (None, *BATCH_SCHEDULER_POLICIES):
         raise UserError(f"batch_scheduler_policy must be one of {', '.join(BATCH_SCHEDULER_POLICIES)}, not "
@@ -56,7 +61,10 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     kv_dtype = resolve_kv_cache_dtype(kv_cache, precision, dtype,
                                       (model.checkpoint_quantization or {}).get("kv_cache_quant_algo"),
                                       is_checkpoint, target)
-    warnings = check_target_supports(target, precision, kv_dtype, tp, pp, arch)
+    warnings = check_target_supports(target, precision, kv_dtype, tp, pp, arch, server.name, trtllm)
+    prequantized = input_checkpoint_precision(model.source_quantization)
+    if prequantized:
+        require(Combination(prequantized, None, server.name, target.sm if target.is_gpu else None, trtllm))
     if model.checkpoint_sparsity and not server.sparse_kernels:
         warnings.append(f"{model.checkpoint_sparsity} sparse checkpoint on the {server.name} backend, which has no "
                         "sparse kernels: it runs as dense weights half of them zero (the quality is the sparse "
@@ -64,12 +72,19 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
     check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
     max_context = choose_max_context(workload, arch)
-    return server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
-                                   max_context, warnings))
+    plan = server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
+                                   max_context, warnings, trtllm))
+    return replace(plan, runtime_image=runtime.name) if runtime else plan
+
+
+def refuse_image(image: str | None, target: Target) -> None:
+    if image is not None:
+        raise UserError(f"--runtime-image names a GPU runtime image; the {target.name} target serves in trtpipe's "
+                        "own Triton (drop --runtime-image)")
 
 
 def plan_auto(model, target: Target, kv_cache: str, tp: int, workload: Workload | None, overrides: Overrides | None,
-              pp: int, backend: str | None) -> Plan:
+              pp: int, backend: str | None, image: str | None = None) -> Plan:
     """--precision auto: the highest-quality precision whose plan fits the workload (context, concurrency, latency
     budget) on the target, trying AUTO_PRECISIONS in order; the plan records the choice and why each one before it
     was not planned. A checkpoint's precision is its own: auto takes it. Nothing fits: one UserError with every
@@ -80,11 +95,11 @@ def plan_auto(model, target: Target, kv_cache: str, tp: int, workload: Workload 
             next(p for p, d in FLOAT_DTYPES.items() if d == model.arch.dtype)
         if own is None:
             raise UserError(f"--precision auto: checkpoint {model.name} is {algo}, which plan does not take")
-        return make_plan(model, target, own, kv_cache, tp, workload, overrides, pp, backend)
+        return make_plan(model, target, own, kv_cache, tp, workload, overrides, pp, backend, image)
     rejected = {}
     for precision in AUTO_PRECISIONS:
         try:
-            plan = make_plan(model, target, precision, kv_cache, tp, workload, overrides, pp, backend)
+            plan = make_plan(model, target, precision, kv_cache, tp, workload, overrides, pp, backend, image)
         except UserError as exc:
             rejected[precision] = str(exc).split("; instead:")[0]
             continue
@@ -232,13 +247,14 @@ def answer(refusal: Refusal, model, target: Target, precision: str, instances: i
         if output:
             found.append(({"--output-len": output}, "a shorter output"))
     if target.is_gpu and not fixed_model:
-        lower = [p for p in PRECISIONS if WEIGHT_BITS[p] < WEIGHT_BITS[precision]
-                 and (p != "fp8" or target.supports_fp8)]
+        backend = options.get("backend") or DEFAULT_BACKEND[target.kind]
+        lower = runnable([p for p in PRECISIONS if WEIGHT_BITS[p] < WEIGHT_BITS[precision]], backend=backend,
+                         sm=target.sm)
         first("a lower precision", ({"--precision": p} for p in lower))
         kv = resolve_kv_cache_dtype(options.get("kv_cache", "auto"), precision,
                                     engine_dtype(precision, model_arch(model)), target=target)
         if refusal.kind == MEMORY and kv not in ("fp8", "int8"):
-            eight_bit = [k for k in ("fp8", "int8") if k != "fp8" or target.supports_fp8]
+            eight_bit = [k for k in ("fp8", "int8") if runs(Combination(precision, k, backend, target.sm))]
             first("an 8-bit KV cache", ({"--kv-cache": k} for k in eight_bit))
         tp, pp = options.get("tp", 1), options.get("pp", 1)
         more = [tp << k for k in range(1, 4) if (tp << k) * pp <= target.max_gpus]
@@ -319,6 +335,7 @@ def largest_density(model, target: Target, precision: str, **plan_options) -> De
 
 
 def densities(model, target: Target, **plan_options) -> list[Density]:
-    """`largest_density` for every precision the target can run (fp8 only where it supports FP8)."""
-    return [largest_density(model, target, p, **plan_options) for p in PRECISIONS
-            if p != "fp8" or target.supports_fp8 or target.kind == "cpu"]
+    """`largest_density` for every precision the capability table lets the target's backend run."""
+    backend = plan_options.get("backend") or DEFAULT_BACKEND[target.kind]
+    return [largest_density(model, target, p, **plan_options) for p in
+            runnable(PRECISIONS, backend=backend, sm=target.sm if target.is_gpu else None)]

@@ -30,6 +30,7 @@ from typing import Callable
 
 import requests
 
+from .errors import UserError
 from .host import CANCELLING, DRAINING, LIVE_REQUESTS_METRIC
 from .server import STOP_TIMEOUT_S, TritonServer, embedded_server
 from .triton_names import ENSEMBLE, TEXT_OUTPUT
@@ -189,6 +190,47 @@ def openai_front(repo: Path, server: TritonServer, host: str, port: int | None):
     from .openai_front.app import OpenAIFront
 
     return OpenAIFront(repo, server.http_url, host=host, port=port)
+
+
+def serve_front_forever(repo: Path, triton_url: str, *, host: str, port: int, ready_timeout: float,
+                        echo: Callable[[str], None] = print) -> None:
+    """The OpenAI front alone over the Triton server at `triton_url` serving `repo` (a GPU image's tritonserver, a
+    Kubernetes pod's Triton container), in the foreground until Ctrl-C or SIGTERM. It waits up to `ready_timeout`
+    seconds for the server to be ready, so it may start beside it."""
+    from .openai_front.app import OpenAIFront
+
+    front = OpenAIFront(repo, triton_url, host=host, port=port)   # the repository's models and tokenizer first
+    wait_for_triton(triton_url, ready_timeout)
+    previous = {sig: signal.signal(sig, handler) for sig, handler in (
+        (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _raise_keyboard_interrupt))}
+    try:
+        with front:
+            echo(f"openai   {front.url}/v1  over Triton at {triton_url} (models: {', '.join(front.front.models)})")
+            echo("Ctrl-C to stop")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                echo("stopping")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def wait_for_triton(url: str, timeout: float) -> None:
+    """Until `url`'s /v2/health/ready answers 200; UserError after `timeout` seconds."""
+    deadline, last = time.monotonic() + timeout, "no answer"
+    while True:
+        try:
+            response = requests.get(f"{url}/v2/health/ready", timeout=5)
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}"
+        except requests.RequestException as exc:
+            last = type(exc).__name__
+        if time.monotonic() > deadline:
+            raise UserError(f"the Triton server at {url} was not ready within {timeout:g} s ({last})")
+        time.sleep(1)
 
 
 def _raise_keyboard_interrupt(signum, frame):

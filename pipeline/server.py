@@ -30,6 +30,7 @@ from typing import Iterator
 
 import requests
 
+from .backends.names import LAUNCH_SCRIPT
 from .errors import UserError
 from .host import DRAIN_FILE_ENV
 from .model_repository import model_names
@@ -315,6 +316,10 @@ def embedded_server(repo: Path, *, http_port: int | None = None, host: str = "12
     if not repo.is_dir():
         raise UserError(f"model repository {repo} does not exist or is not a directory")
     if not model_names(repo):
+        if (repo / LAUNCH_SCRIPT).is_file():
+            raise UserError(f"{repo} is a trtllm-serve deployment (its runtime image has no Triton): run its "
+                            f"{LAUNCH_SCRIPT} in that image, and validate it with `trtpipe validate --api openai "
+                            "--url http://HOST:8000`")
         raise UserError(f"{repo} holds no model (no */config.pbtxt); pass a Triton model repository, "
                         "e.g. the output of `trtpipe deploy`")
     if http_port is not None:

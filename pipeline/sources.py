@@ -53,6 +53,14 @@ class ModelSource:
         named_a_path = self.kind in ("hf-dir", "gguf") and Path(self.spec).expanduser().exists()
         return str(self.path) if named_a_path else self.spec
 
+    def quantization_config(self) -> dict | None:
+        """A Hugging Face directory's config.json `quantization_config` (a pre-quantized upload); None for float
+        weights, a GGUF (dequantized on load) and a model whose config is not here."""
+        if self.kind != "hf-dir":
+            return None
+        config = read_config_json(self.path, f"{self.path} has no config.json")
+        return config.get("quantization_config") or None
+
     def hf_dir(self) -> Path:
         """A Hugging Face directory with safetensors weights (a GGUF is dequantized into the cache once)."""
         if self.kind == "hf-dir":

@@ -23,7 +23,8 @@ def build(*args):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["smollm2-135m", "--target", "rtx3090", "--precision", "fp8"], "FP8 needs compute capability 8.9"),
+    (["smollm2-135m", "--target", "rtx3090", "--precision", "fp8"],
+     "FP8 weights or KV cache need compute capability 8.9"),
     (["nosuchmodel-xyz", "--target", "cpu", "--precision", "fp8"], "is not a directory, a .gguf file, a preset"),
     (["smollm2-135m", "--target", "no-such-gpu", "--precision", "fp16"], "no-such-gpu"),
     # the advice names flags build has (issue 25: it advised --input-len / --max-context, which it had not)

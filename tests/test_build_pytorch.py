@@ -120,7 +120,7 @@ def test_pytorch_dry_run_deploys_and_says_so(tiny_model, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--target", "cpu", "--precision", "fp16", "--backend", "pytorch"],
      "reference-llmapi serves the same llmapi request contract there"),
-    (["--target", "rtx4090", "--precision", "int8-sq", "--backend", "pytorch"], "no INT8 SmoothQuant"),
+    (["--target", "rtx4090", "--precision", "int8-sq", "--backend", "pytorch"], "no INT8 SmoothQuant linear method"),
     (["--target", "rtx4090", "--precision", "fp16", "--backend", "tensorrt"], "Invalid value for '--backend'"),
 ])
 def test_builds_the_pytorch_backend_cannot_do_stop_before_any_work(tiny_model, tmp_path, args, message):

@@ -116,6 +116,10 @@ def test_tensorrt_llm_is_imported_for_real_and_its_version_checked(monkeypatch, 
     monkeypatch.setattr(doctor, "probe_tensorrt_llm", lambda: "1.3.0")
     check = doctor.tensorrt_llm_check()
     assert check.status == "FAIL" and check.detail == "version 1.3.0, trtpipe targets 1.2.1"
+    assert "has no engine path" in check.fix and "rule engine-removed-1.3" not in check.fix and "#15763" in check.fix
+    monkeypatch.setattr(doctor, "probe_tensorrt_llm", lambda: "1.2.0")
+    check = doctor.tensorrt_llm_check()
+    assert check.status == "FAIL" and "has no engine path" not in check.fix
 
 
 def test_a_broken_tensorrt_llm_install_fails_with_the_import_error(monkeypatch, tmp_path):

@@ -158,13 +158,28 @@ def test_the_registry_locates_every_backend_name_and_each_is_the_backend_it_name
     assert [backend.name for backend in registry().values()] == list(NAMES)
 
 
+def test_the_tables_of_what_runs_where_import_only_the_vocabulary():
+    """Layers below the backends may ask the capability table and the runtime images because they import nothing
+    but the vocabulary, the recorded LLM API lists and each other."""
+    graph = import_graph()
+    vocabulary = {"pipeline", "pipeline.backends", "pipeline.backends.names", "pipeline.errors", "pipeline.precisions",
+                  "pipeline.targets"}
+    assert {t for t in graph["pipeline.backends.capabilities"] if t.startswith("pipeline")} <= vocabulary
+    assert {t for t in graph["pipeline.backends.runtime_images"] if t.startswith("pipeline")} <= vocabulary | {
+        "pipeline.backends.capabilities", "pipeline.backends.llm_api_args"}
+    assert {t for t in graph["pipeline.backends.llm_api_args"] if t.startswith("pipeline")} <= vocabulary | {
+        "pipeline.package_data"}
+
+
 def test_layers_below_the_backends_name_them_only_through_names_and_the_registry():
     """The plan's schema and rules, the model families, the checkpoint and the runtime sit below `backends/`: they
-    may import `pipeline.backends` (the lazy registry) and `pipeline.backends.names`, never a backend's module, and
-    the function that makes a plan from a request and a backend (`pipeline.planner`) is above them."""
+    may import `pipeline.backends` (the lazy registry), `pipeline.backends.names` and the two tables of what runs
+    where (`capabilities`, `runtime_images`), never a backend's module, and the function that makes a plan from a
+    request and a backend (`pipeline.planner`) is above them."""
     graph = import_graph()
     below = ("pipeline.plan", "pipeline.model", "pipeline.runtime", "pipeline.arch", "pipeline.checkpoint")
-    allowed = {"pipeline.backends", "pipeline.backends.names"}
+    allowed = {"pipeline.backends", "pipeline.backends.names", "pipeline.backends.capabilities",
+               "pipeline.backends.runtime_images"}
     found = {module: sorted(t for t in targets if t.startswith("pipeline.backends") and t not in allowed)
              for module, targets in graph.items() if module.startswith(below)}
     assert not {m: t for m, t in found.items() if t}

@@ -157,7 +157,10 @@ def test_gpu_pod_is_sized_from_the_plan(builds, written, key):
     plan = load_plan(builds[key] / "plan.json")
     ranks = plan.tp_size * plan.pp_size
     spec = pod(written[key])
-    (triton,) = spec["containers"]
+    triton, front = spec["containers"]
+    assert front["name"] == "openai" and front["command"][-4:] == ["--url", "http://127.0.0.1:8000", "--timeout",
+                                                                   str(startup_seconds(triton))]
+    assert "nvidia.com/gpu" not in front["resources"]["requests"]
     resources = triton["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == str(ranks)
     memory = int(resources["requests"]["memory"].removesuffix("Gi")) * GIB
@@ -184,6 +187,30 @@ def test_gpu_pod_is_sized_from_the_plan(builds, written, key):
     if ranks > 1:   # leader mode: mpirun, ranks above 0 load only tensorrt_llm
         assert triton["command"][:2] == ["mpirun", "--allow-run-as-root"]
         assert triton["command"].count("--load-model=tensorrt_llm") == ranks - 1
+
+
+def startup_seconds(container: dict) -> int:
+    probe = container["startupProbe"]
+    return probe["periodSeconds"] * probe["failureThreshold"]
+
+
+def test_the_pod_serves_the_openai_api_beside_triton_and_the_service_exposes_it(builds, written):
+    """trtpipe's front over the pod's Triton, from the same image, with the repository's tokenizer; its command is
+    one `trtpipe serve` accepts (tests/test_openai_front.py runs it over a live server)."""
+    from pipeline.cli import main
+
+    for key in ("cpu", "rtx4090"):
+        spec = pod(written[key])
+        triton, front = spec["containers"]
+        assert front["image"] == triton["image"] and front["ports"] == [{"name": "openai", "containerPort": 9000}]
+        assert front["command"][:4] == ["trtpipe", "serve", f"{VOLUME_ROOT}/model_repo", "--openai"]
+        assert front["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "openai"}
+        assert {"name": "model-repo", "mountPath": VOLUME_ROOT, "readOnly": True} in front["volumeMounts"]
+        assert front["securityContext"] == triton["securityContext"]
+        serve = main.get_command(None, "serve").make_context("serve", front["command"][2:])
+        assert serve.params["url"] == "http://127.0.0.1:8000" and serve.params["openai_port"] == 9000
+        ports = objects(written[key])["Service"]["spec"]["ports"]
+        assert {"name": "openai", "port": 9000, "targetPort": "openai"} in ports
 
 
 def test_cpu_target_gets_the_same_manifests_without_gpus(builds, written):

@@ -154,7 +154,7 @@ def test_a_model_the_server_does_not_list_fails_health(url, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--api", "openai"], "--api openai needs --url"),
+    (["--api", "openai"], "give a model repository to serve, or --url"),
     (["--api", "openai", "--url", "http://x:1", "--load-test"], "['--load-test']"),
     (["repo", "--model", "m"], "pass it with --api openai"),
     ([], "give a model repository to serve, or --url"),

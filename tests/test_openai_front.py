@@ -274,10 +274,38 @@ def test_serve_openai_serves_both_apis_and_stops_cleanly(tiny_llama, tmp_path):
         assert answer.choices[0].text == expected["text_output"]
         with pytest.raises(openai.BadRequestError, match="no chat template"):
             client.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": " w1"}])
+        # the front alone over that Triton: what a GPU image and the Kubernetes pod's openai container run
+        alone = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--openai-port", "0",
+                                  "--url", triton], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            line = ""
+            while "openai" not in line and alone.poll() is None:
+                line = alone.stdout.readline()
+            second = openai.OpenAI(base_url=re.search(r"openai\s+(\S+)", line).group(1), api_key="unused",
+                                   max_retries=0)
+            answer = second.completions.create(model="ensemble", prompt=" w5 w6", max_tokens=6, temperature=0)
+            assert answer.choices[0].text == expected["text_output"]
+        finally:
+            alone.send_signal(signal.SIGTERM)
+            rest = alone.communicate(timeout=60)[0]
+        assert alone.returncode == 0 and "stopping" in rest, rest
     finally:
         process.send_signal(signal.SIGINT)
         rest = process.communicate(timeout=120)[0]
     assert process.returncode == 0, rest
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--url", "http://127.0.0.1:9"], "add --openai"),
+    (["--openai", "--url", "http://127.0.0.1:9", "--port", "8100"], "--port configure the Triton server"),
+    (["--openai", "--url", "http://127.0.0.1:9", "--timeout", "0.5"], "was not ready within 0.5 s"),
+])
+def test_serve_with_url_refuses_what_it_cannot_honour(tiny_llama, tmp_path, args, message):
+    from support.models import deploy_tiny_cpu_repo
+
+    repo = deploy_tiny_cpu_repo(tiny_llama("gqa"), tmp_path)
+    result = CliRunner().invoke(main, ["serve", str(repo), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ PACKAGE_DATA = ["pipeline/data/targets.json", "pipeline/data/calibration/news.js
                 *(f"pipeline/data/model_repo/{m}/1/model.py"
                   for m in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls",
                             "llmapi/tensorrt_llm", "llmapi_pytorch/tensorrt_llm")),
-                "pipeline/data/llm_api_args_1.2.1.txt"]
+                "pipeline/data/llm_api_args_1.2.1.txt", "pipeline/data/llm_api_args_1.3.0rc27.txt"]
 #: The design card's top-level folders beside pipeline/, which the wheel carries as pipeline/data/<folder>/.
 TOP_LEVEL_DATA = ("model_repo", "calibration")
 

@@ -348,9 +348,9 @@ def test_no_p2p_tensor_parallel_warns():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"precision": "fp8", "target": "rtx3090"}, "FP8 needs compute capability 8.9"),
+    ({"precision": "fp8", "target": "rtx3090"}, "FP8 weights or KV cache need compute capability 8.9"),
     ({"precision": "fp8", "target": "a100-80g"}, "sm_80"),
-    ({"kv": "fp8", "target": "rtx3090"}, "FP8 needs compute capability"),
+    ({"kv": "fp8", "target": "rtx3090"}, "FP8 weights or KV cache need compute capability"),
     ({"precision": "fp32"}, "weights per GPU"),
     ({"name": "llama-3.1-8b", "workload": Workload(max_context=131072)}, "no room for the KV cache"),
     ({"tp": 3}, "does not divide num_attention_heads"),
@@ -560,7 +560,7 @@ def test_cli_plan_human_table():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["llama-3-8b", "--target", "rtx3090", "--precision", "fp8"], "FP8 needs compute capability"),
+    (["llama-3-8b", "--target", "rtx3090", "--precision", "fp8"], "FP8 weights or KV cache need compute capability"),
     (["llama-3-8b", "--target", "rtx4090", "--precision", "fp16", "--tp", "3"], "does not divide"),
     (["llama-3-8b", "--target", "nope", "--precision", "fp16"], "unknown target"),
     (["no-such-model", "--target", "rtx4090", "--precision", "fp16"], "not a directory"),

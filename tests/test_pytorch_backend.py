@@ -66,7 +66,7 @@ def test_pytorch_plan_round_trips_and_refuses_engine_options():
     model, target = resolve_model_info("llama-3-8b"), get_target("rtx4090")
     with pytest.raises(UserError, match="--opt-num-tokens are engine-build options"):
         make_plan(model, target, "fp8", overrides=Overrides(opt_num_tokens=64), backend="pytorch")
-    with pytest.raises(UserError, match="no INT8 SmoothQuant"):
+    with pytest.raises(UserError, match="no INT8 SmoothQuant linear method"):
         make_plan(model, target, "int8-sq", backend="pytorch")
     with pytest.raises(UserError, match="does not serve cpu targets"):
         make_plan(model, get_target("cpu"), "fp16", backend="pytorch")

@@ -44,7 +44,8 @@ from ..plan.trtllm import (
     paged_context_fmha_possible,
     quantization,
 )
-from ..targets import FP8_MIN_SM, Target
+from .capabilities import runnable
+from ..targets import Target
 from .nvidia_contract import TENSORRTLLM, required_keys
 from .base import parameter_string, tritonserver_args
 from .names import ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT
@@ -177,7 +178,7 @@ def choose_plugins(precision: str, kv_cache_dtype: str, dtype: str, target: Targ
                         f"{kv_cache_dtype} KV cache: {why}")
     if not paged_ctx and why:
         warnings.append(paged_context_fmha_warning(why))
-    fp8_ctx = precision == "fp8" and kv_cache_dtype == "fp8" and (target.sm or 0) >= FP8_MIN_SM and paged_ctx
+    fp8_ctx = precision == "fp8" and kv_cache_dtype == "fp8" and target.supports_fp8 and paged_ctx
     plugin = PluginConfig(
         dtype=dtype,
         gpt_attention_plugin="auto",
@@ -409,7 +410,7 @@ def too_big_hint(target: Target, precision: str, tp: int, pp: int, weights_per_r
     """What could make the weights fit: a lower precision the target runs, or the fewest GPUs (by doubling
     tp, the weights split about evenly) that could hold them, or a bigger GPU."""
     options = []
-    lower = [p for p in PRECISIONS if WEIGHT_BITS[p] < WEIGHT_BITS[precision] and (p != "fp8" or target.supports_fp8)]
+    lower = runnable([p for p in PRECISIONS if WEIGHT_BITS[p] < WEIGHT_BITS[precision]], backend=ENGINE, sm=target.sm)
     if lower:
         options.append(f"a lower precision ({', '.join(lower)})")
     more = tp * 2

@@ -1,6 +1,7 @@
-"""The LLM API arguments of the pinned TensorRT-LLM release (data/llm_api_args_<version>.txt, its source in the
-file's header): the keys an llmapi model.yaml or a trtllm-serve options YAML may hold. The pytorch backend writes
-those files; `trtpipe check` reads them back against this list (LlmArgs forbids extra keys).
+"""The LLM API arguments of each TensorRT-LLM release trtpipe has checked (data/llm_api_args_<version>.txt, one per
+version, its source in the file's header): the keys an llmapi model.yaml or a trtllm-serve options YAML may hold.
+The pytorch backend writes those files; `trtpipe check` reads them back against the list of the runtime's version
+(LlmArgs forbids extra keys). The fields change between versions (1.3 dropped `build_config`, for one).
 """
 
 from __future__ import annotations
@@ -14,19 +15,27 @@ from ..package_data import DATA_DIR
 
 #: The llmapi model's own YAML (NVIDIA's triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml).
 MODEL_YAML = "model.yaml"
-#: TorchLlmArgs keys of the pinned TensorRT-LLM release, with their source (the file's header).
-LLM_API_ARGS_FILE = DATA_DIR / f"llm_api_args_{TRTLLM_VERSION}.txt"
+#: The TensorRT-LLM versions whose TorchLlmArgs keys are recorded, oldest first.
+LLM_API_VERSIONS = ("1.2.1", "1.3.0rc27")
 
+
+def llm_api_args_file(version: str = TRTLLM_VERSION):
+    """The recorded TorchLlmArgs keys of `version`, with their source in the file's header."""
+    if version not in LLM_API_VERSIONS:
+        raise UserError(f"trtpipe has not checked the LLM API of TensorRT-LLM {version}; it knows "
+                        f"{', '.join(LLM_API_VERSIONS)}")
+    return DATA_DIR / f"llm_api_args_{version}.txt"
 
 
 @cache
-def recorded_llm_api_keys() -> dict[str, frozenset[str]]:
-    """{"llm_args": keys, "model.yaml": the llmapi model's own keys}; SECTION.KEY for nested keys."""
-    if not LLM_API_ARGS_FILE.is_file():
-        raise UserError(f"trtpipe's LLM API argument list {LLM_API_ARGS_FILE} is missing; reinstall trtpipe")
+def recorded_llm_api_keys(version: str = TRTLLM_VERSION) -> dict[str, frozenset[str]]:
+    """{"llm_args": keys, "model.yaml": the llmapi model's own keys} of `version`; SECTION.KEY for nested keys."""
+    path = llm_api_args_file(version)
+    if not path.is_file():
+        raise UserError(f"trtpipe's LLM API argument list {path} is missing; reinstall trtpipe")
     sections: dict[str, set[str]] = {}
     current = None
-    for line in LLM_API_ARGS_FILE.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -37,10 +46,10 @@ def recorded_llm_api_keys() -> dict[str, frozenset[str]]:
     return {name: frozenset(keys) for name, keys in sections.items()}
 
 
-def unknown_llm_api_keys(data: dict, model_yaml_file: bool) -> list[tuple[str, str]]:
-    """(key, the nearest known key or "") for every key of an LLM API YAML that TensorRT-LLM would refuse
+def unknown_llm_api_keys(data: dict, model_yaml_file: bool, version: str = TRTLLM_VERSION) -> list[tuple[str, str]]:
+    """(key, the nearest known key or "") for every key of an LLM API YAML that TensorRT-LLM `version` would refuse
     (LlmArgs forbids extra keys); nested keys are checked for the sections whose keys are recorded."""
-    recorded = recorded_llm_api_keys()
+    recorded = recorded_llm_api_keys(version)
     known = recorded["llm_args"] | (recorded["model.yaml"] if model_yaml_file else frozenset())
     problems = []
     for key, value in data.items():

@@ -23,6 +23,9 @@ RUNTIMES = {"torch": REFERENCE, "onnxruntime": REFERENCE_ONNX}
 STATIC_BATCHING, INFLIGHT_BATCHING = "static", "inflight"
 #: NVIDIA's inflight_batcher_llm repository layout (ensemble, pre/postprocessing, tensorrt_llm, BLS).
 INFLIGHT_BATCHER = "inflight_batcher_llm"
+#: The launch script of a pytorch deployment's trtllm-serve (beside the Triton repository, or alone on an image
+#: without Triton).
+LAUNCH_SCRIPT = "trtllm-serve.sh"
 #: What a backend serves (besides an engine): the TensorRT-LLM checkpoint convert/calibrate write, or its
 #: Hugging Face twin (calibrate --format both; the float checkpoint exported back for fp16/bf16).
 TRTLLM_CHECKPOINT = "trtllm"

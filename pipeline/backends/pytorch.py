@@ -41,11 +41,13 @@ from ..tokenizer import TOKENIZER_FILES, copy_tokenizer
 from ..triton_names import TENSORRT_LLM
 from ..tritonconfig import ModelSpec, TensorSpec, build_model_config, to_pbtxt
 from .base import tritonserver_args
-from .llm_api_args import MODEL_YAML
+from .llm_api_args import MODEL_YAML, unknown_llm_api_keys
+from .runtime_images import DEFAULT_IMAGE, IMAGES, RuntimeImage, on_triton
 from ..package_data import MODEL_SOURCES, MODEL_SUPPORT_FILES, copy_model_support
 from .names import (
     HF_CHECKPOINT,
     INFLIGHT_BATCHING,
+    LAUNCH_SCRIPT,
     MODEL_REPOSITORY,
     PYTORCH,
 )
@@ -61,11 +63,15 @@ EXTRA_OPTIONS = "extra_llm_api_options.yaml"
 SERVED_MODEL_DIR = "model"
 #: Files of a Hugging Face model directory the LLM API reads besides its weights and tokenizer files.
 HF_MODEL_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
-LAUNCH_SCRIPT = "trtllm-serve.sh"
 #: The cpu flavour's model source, copied into REPO/tensorrt_llm/1/.
 LLMAPI_MODEL_SOURCE = MODEL_SOURCES / "llmapi" / TENSORRT_LLM / "1" / "model.py"
 #: The GPU flavour's: the LLM API serving model.yaml's model (trtpipe's own; docs/pytorch-backend.md says why).
 PYTORCH_MODEL_SOURCE = MODEL_SOURCES / "llmapi_pytorch" / TENSORRT_LLM / "1" / "model.py"
+#: The LLM API's guided-decoding backend (llm_args.py `guided_decoding_backend: Literal["xgrammar", "llguidance"]`,
+#: default None; xgrammar runs on both of TensorRT-LLM's backends): what enforces an OpenAI `response_format`.
+GUIDED_DECODING_BACKEND = "xgrammar"
+#: The options file of a trtllm-serve deployment on an image without Triton (`--config` names it).
+SERVE_CONFIG = "config.yaml"
 #: LLM API SamplingParams' default max_tokens, used when a request leaves sampling_param_max_tokens unset.
 DEFAULT_MAX_TOKENS = 32
 
@@ -156,7 +162,10 @@ class PytorchBackend:
 
     def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
                       extra_args: tuple[str, ...] = ()) -> list[str]:
-        """One tritonserver: the llmapi model starts the LLM API's own workers for tp x pp GPUs."""
+        """One tritonserver: the llmapi model starts the LLM API's own workers for tp x pp GPUs; on an image
+        without Triton, the trtllm-serve launch script."""
+        if not serves_on_triton(plan):
+            return ["sh", LAUNCH_SCRIPT, *extra_args]
         return tritonserver_args(model_repository, 0, extra_args)
 
 
@@ -185,10 +194,6 @@ def plan_pytorch(request: PlanRequest) -> Plan:
     if request.model.source == "checkpoint":
         raise UserError(f"{request.model.path} is a TensorRT-LLM checkpoint; the {PYTORCH} backend loads the "
                         "Hugging Face model: plan from the preset, the Hugging Face directory or the hub id")
-    if request.precision == "int8-sq" or request.kv_cache_dtype == "int8":
-        raise UserError(f"the {PYTORCH} backend has no INT8 SmoothQuant weights or INT8 KV cache "
-                        "(kv_cache_config.dtype is auto or fp8); use --precision fp8 / fp16 / bf16 with "
-                        "--kv-cache auto or fp8, or --backend engine")
     base = plan_engine(request)
     batch, kv_tokens = base.build_config.max_batch_size, base.memory.kv_cache_tokens
     expected = request.workload.concurrency or base.max_concurrent_sequences
@@ -207,6 +212,7 @@ def plan_pytorch(request: PlanRequest) -> Plan:
             "max_tokens": kv_tokens,
         },
         "cuda_graph_config": {"batch_sizes": cuda_graph_batch_sizes(expected, batch), "enable_padding": True},
+        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
     }
     reasons = {
         "max_batch_size": "the engine planner's batch: the most sequences of input_len + output_len tokens whose "
@@ -217,6 +223,8 @@ def plan_pytorch(request: PlanRequest) -> Plan:
                                          f"(--concurrency, else the sequences the KV cache holds)",
         "enable_chunked_prefill": "long prompts are prefilled in max_num_tokens chunks, as the engine's "
                                   "chunked context",
+        "guided_decoding_backend": "trtllm-serve turns an OpenAI response_format into guided-decoding parameters "
+                                   "and, without a backend, does not enforce them: xgrammar enforces them",
     }
     # Paged context FMHA is an engine plugin: the PyTorch backend's attention has no such restriction.
     _, why = paged_context_fmha_possible(request.precision, request.kv_cache_dtype)
@@ -224,7 +232,7 @@ def plan_pytorch(request: PlanRequest) -> Plan:
     triton = replace(base.triton, triton_backend="python", batching_strategy=None, enable_chunked_context=True)
     return replace(base, backend=PYTORCH, engine=None, build_config=None, plugin_config=None,
                    optimization_profiles=[], triton=triton, warnings=warnings,
-                   llm_api=LlmApiSettings(TRTLLM_VERSION, options, reasons))
+                   llm_api=LlmApiSettings(request.trtllm or TRTLLM_VERSION, options, reasons))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,23 +254,57 @@ def llmapi_config(plan: Plan):
     return build_model_config(spec)
 
 
-def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tokenizer: Path | None) -> None:
-    """config.pbtxt and model.yaml of the one model; for pytorch also the trtllm-serve YAML and launch script."""
+def plan_image(plan: Plan) -> RuntimeImage:
+    """The GPU runtime image the plan deploys onto (a plan written before images were recorded: the default)."""
+    return IMAGES.get(plan.runtime_image) or IMAGES[DEFAULT_IMAGE[PYTORCH]]
+
+
+def serves_on_triton(plan: Plan) -> bool:
+    """Whether the plan's deployment is a Triton repository (False: a trtllm-serve deployment alone)."""
+    return on_triton(plan.runtime_image)
+
+
+def checked_llm_api_options(plan: Plan) -> dict:
+    """The plan's LLM API options, every key checked against the recorded list of the plan's TensorRT-LLM."""
     if not plan.llm_api:
         raise UserError(f"the plan for the {plan.backend} backend has no llm_api settings; re-run `trtpipe plan`")
+    unknown = unknown_llm_api_keys(plan.llm_api.options, False, plan.llm_api.tensorrt_llm_version)
+    if unknown:
+        raise UserError(f"the plan's LLM API options {', '.join(k for k, _ in unknown)} are not arguments of "
+                        f"TensorRT-LLM {plan.llm_api.tensorrt_llm_version}; re-run `trtpipe plan` with this trtpipe")
+    return plan.llm_api.options
+
+
+def write_trtllm_serve_deployment(out: Path, plan: Plan, checkpoint: Path | None) -> None:
+    """An image without Triton: the LLM API options as trtllm-serve's YAML, its launch script, and the served
+    Hugging Face model in `model/` (none: the plan's hub id, downloaded by trtllm-serve)."""
+    image = plan_image(plan)
+    options = checked_llm_api_options(plan)
+    (out / SERVE_CONFIG).write_text(yaml.safe_dump(options, sort_keys=False))
+    if checkpoint is not None:
+        copy_served_model(checkpoint, out / SERVED_MODEL_DIR)
+    write_launch_script(out, image, SERVED_MODEL_DIR if checkpoint else served_model_id(plan.model), SERVE_CONFIG)
+
+
+def write_launch_script(out: Path, image: RuntimeImage, model: str, options_file: str) -> None:
+    script = out / LAUNCH_SCRIPT
+    script.write_text("\n".join(["#!/bin/sh", f"# {image.image} (TensorRT-LLM {image.trtllm}): the plan's settings "
+                                 f"in {options_file} (beside this script)", "set -e", 'cd "$(dirname "$0")"',
+                                 "exec " + shlex.join(trtllm_serve_command(model, image, options_file)), ""]))
+    script.chmod(0o755)
+
+
+def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tokenizer: Path | None) -> None:
+    """config.pbtxt and model.yaml of the one model; for pytorch also the trtllm-serve YAML and launch script."""
+    options = checked_llm_api_options(plan)
     version_dir = repo / TENSORRT_LLM / "1"
     version_dir.mkdir(parents=True)
     (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(llmapi_config(plan)))
     if plan.backend == PYTORCH:
         model = SERVED_MODEL_DIR if checkpoint else served_model_id(plan.model)
         served = f"tensorrt_llm/1/{SERVED_MODEL_DIR}" if checkpoint else model
-        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(plan.llm_api.options, sort_keys=False))
-        script = repo / LAUNCH_SCRIPT
-        script.write_text("\n".join(["#!/bin/sh", f"# TensorRT-LLM {TRTLLM_VERSION}: the plan's settings in "
-                                     f"{EXTRA_OPTIONS} (beside this script)", "set -e",
-                                     'cd "$(dirname "$0")"',
-                                     "exec " + shlex.join(trtllm_serve_command(served)), ""]))
-        script.chmod(0o755)
+        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(options, sort_keys=False))
+        write_launch_script(repo, plan_image(plan), served, EXTRA_OPTIONS)
     else:
         model = CHECKPOINT_DIR
         copy_tokenizer(tokenizer, version_dir / "tokenizer")
@@ -282,7 +324,8 @@ def copy_served_model(checkpoint: Path, dest: Path) -> None:
         link_or_copy(f, dest / f.name)
 
 
-def trtllm_serve_command(model: str) -> list[str]:
-    """trtllm-serve with the plan's YAML (§4.2: --extra_llm_api_options overrides trtllm-serve's own flags)."""
+def trtllm_serve_command(model: str, image: RuntimeImage, options_file: str = EXTRA_OPTIONS) -> list[str]:
+    """trtllm-serve with the plan's YAML, named by the image's flag (§4.2: the YAML overrides trtllm-serve's own
+    flags; 1.3 names it --config)."""
     return ["trtllm-serve", model, "--backend", "pytorch", "--host", "0.0.0.0", "--port", "8000",
-            "--extra_llm_api_options", EXTRA_OPTIONS]
+            image.options_flag, options_file]

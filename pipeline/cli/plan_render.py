@@ -13,6 +13,7 @@ import shlex
 from dataclasses import asdict
 
 from .. import TRTLLM_VERSION
+from ..backends.runtime_images import IMAGES
 from ..backends import backend_for
 from ..backends.names import INFLIGHT_BATCHING
 from ..plan import Plan
@@ -92,7 +93,9 @@ def verdict(plan: Plan) -> list[str]:
         fit += f" (aiconfigurator-core's check: {gib(p.memory['total'])} GiB, --details says why it differs)"
     rows = [
         ("Plan", f"{m.name} on {plan.target.name}: {plan.precision}, tp {plan.tp_size}"
-                 + (f", pp {plan.pp_size}" if plan.pp_size > 1 else "") + f", {plan.backend} backend"),
+                 + (f", pp {plan.pp_size}" if plan.pp_size > 1 else "") + f", {plan.backend} backend"
+                 + (f", runtime image {plan.runtime_image} ({IMAGES[plan.runtime_image].image}, TensorRT-LLM "
+                    f"{IMAGES[plan.runtime_image].trtllm})" if plan.runtime_image in IMAGES else "")),
         ("Fits", fit),
         ("Batch", f"{batch} sequences at once (max_batch_size), {w.input_len} in + {w.output_len} out tokens each"
                   + (f", P99 budget {w.p99_latency_s:g} s" if w.p99_latency_s else "")

@@ -135,7 +135,10 @@ def validate(repo, url, api, served_model, grpc_url, metrics_url, skip_metrics, 
 @click.option("--openai-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the OpenAI-compatible API (default 9000, Triton's OpenAI frontend's; 0 picks a free "
               "one). Implies --openai.")
-def serve(repo, port, host, log_path, timeout, model_control, drain_timeout, openai, openai_port):
+@click.option("--url", default=None,
+              help="With --openai: serve only the OpenAI API, over the Triton server at this HTTP URL serving REPO "
+              "(a GPU image's tritonserver; the Kubernetes pod's openai container), instead of starting one.")
+def serve(repo, port, host, log_path, timeout, model_control, drain_timeout, openai, openai_port, url):
     """The embedded Triton server on REPO, in the foreground until Ctrl-C or SIGTERM, which drain it.
 
     \b
@@ -144,12 +147,25 @@ def serve(repo, port, host, log_path, timeout, model_control, drain_timeout, ope
       trtpipe serve out/smollm2/model_repo --openai     # and http://127.0.0.1:9000/v1
       trtpipe serve model_repo --port 8100 --host 0.0.0.0 --log triton.log
       trtpipe serve model_repo --model-control-mode explicit
+      trtpipe serve model_repo --openai --url http://127.0.0.1:8000   # the API over a running Triton
     """
     from ..openai_front.protocol import DEFAULT_OPENAI_PORT
-    from ..serve import serve_forever
+    from ..serve import serve_forever, serve_front_forever
 
     if openai and openai_port is None:
         openai_port = DEFAULT_OPENAI_PORT
+    if url is not None:
+        if openai_port is None:
+            raise UserError("--url serves the OpenAI API over a running Triton: add --openai")
+        ctx = click.get_current_context()
+        triton_only = [f"--{name.replace('_', '-')}" for name in ("port", "log_path", "model_control", "drain_timeout")
+                       if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if triton_only:
+            raise UserError(f"{', '.join(triton_only)} configure the Triton server trtpipe starts; with --url it "
+                            "serves only the OpenAI API over yours (drop them)")
+        serve_front_forever(repo, url.rstrip("/"), host=host, port=openai_port, ready_timeout=timeout,
+                            echo=click.echo)
+        return
     drained = serve_forever(repo, http_port=port or None, host=host, log_path=log_path, ready_timeout=timeout,
                             model_control=model_control, drain_timeout=drain_timeout, openai_port=openai_port,
                             echo=click.echo)

@@ -11,6 +11,7 @@ import click
 
 from .. import NVIDIA_MODEL_FILES
 from ..backends.names import NAMES, RUNTIMES
+from ..backends.runtime_images import IMAGES
 from ..engine_inspect import DEFAULT_PROFILING_VERBOSITY, PROFILING_VERBOSITIES
 from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
@@ -99,6 +100,10 @@ def convert(source, out, precision, tp, pp, model_dir, force, as_json):
               help="What serves the model: engine (default on GPUs; compiled by trtllm-build) or pytorch "
                    "(TensorRT-LLM LLM API on the Hugging Face checkpoint, no compile); reference (default on cpu), "
                    "reference-llmapi or reference-onnx on the cpu target.")
+@click.option("--runtime-image", type=choice(list(IMAGES)), default=None, metavar="IMAGE",
+              help=f"GPU targets: the runtime image the deployment runs in, one of {', '.join(IMAGES)} (its "
+                   "TensorRT-LLM version decides what can run; docs/capabilities.md). Default: the newest Triton "
+                   "image with TensorRT-LLM 1.2.1; trtllm-1.3.0rc27 serves --backend pytorch with trtllm-serve alone.")
 @click.option("--k8s", "k8s_manifests", is_flag=True,
               help="Also write Kubernetes manifests, alerts and a dashboard to OUT/k8s (see `trtpipe k8s`).")
 @click.option("--input-len", type=click.IntRange(1), default=None, help="Typical prompt length the plan is for "
@@ -117,7 +122,7 @@ def convert(source, out, precision, tp, pp, model_dir, force, as_json):
                    "command. Without it, a GPU target's build needs the GPU machine.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
-          device, backend, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens,
+          device, backend, runtime_image, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens,
           checkpoints_on_cpu, as_json):
     """Run every stage: convert, [sparsify, distill,] calibrate, plan, compile, deploy, validate.
 
@@ -160,6 +165,7 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
                            dry_run=dry_run, url=url, load_test=load_test, model_dir=model_dir,
                            calibration_samples=samples, device=device, progress=not as_json, backend=backend,
+                           runtime_image=runtime_image,
                            workload=Workload(**lengths) if lengths else None, sparsity=sparsity,
                            distill_tokens=distill_tokens, checkpoints_on_cpu=checkpoints_on_cpu)
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
@@ -405,6 +411,10 @@ def targets(as_json):
 @click.option("--backend", type=choice(sorted(NAMES)), default=None,
               help="What serves the model: engine (default on GPUs) or pytorch (TensorRT-LLM LLM API, no engine); "
                    "reference (default on cpu) or reference-llmapi (the llmapi contract on the cpu target).")
+@click.option("--runtime-image", type=choice(list(IMAGES)), default=None, metavar="IMAGE",
+              help=f"GPU targets: the runtime image the deployment runs in, one of {', '.join(IMAGES)} (its "
+                   "TensorRT-LLM version decides what can run; docs/capabilities.md). Default: the newest Triton "
+                   "image with TensorRT-LLM 1.2.1; trtllm-1.3.0rc27 serves --backend pytorch with trtllm-serve alone.")
 @click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
               help="Plan one of N instances sharing one GPU (memory / N each, each with its own CUDA context) "
                    "and print the largest N that fits for each precision.")
@@ -417,7 +427,7 @@ def targets(as_json):
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
          kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, priority_levels, default_priority_level, model_dir,
-         out, as_json, server, backend, instances, measured, details):
+         out, as_json, server, backend, runtime_image, instances, measured, details):
     """Whether MODEL fits a target, its batch, KV cache and speed; its build configuration and Triton parameters.
 
     \b
@@ -458,7 +468,8 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
                                 use_paged_context_fmha=paged_context_fmha, enable_kv_cache_reuse=kv_cache_reuse,
                                 kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
                                 batch_scheduler_policy=batch_scheduler_policy, priority_levels=priority_levels,
-                                default_priority_level=default_priority_level), backend=backend)
+                                default_priority_level=default_priority_level), backend=backend,
+            image=runtime_image)
     except Refusal as exc:   # each "instead" as the whole command, planned before it is named
         ctx = click.get_current_context()
         raise UserError(exc.explained(lambda flags: plan_command_line(ctx, flags))) from None
@@ -499,7 +510,8 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     if instances > 1:
         console.print(f"{instances} instances on one {gpu.name}: {result.memory.memory_bytes / 2**30:.2f} GiB each. "
                       "Largest number of instances that fits, per precision:")
-        for d in densities(info, gpu, kv_cache=kv_cache, tp=tp, workload=result.workload, backend=backend):
+        for d in densities(info, gpu, kv_cache=kv_cache, tp=tp, workload=result.workload, backend=backend,
+                            image=runtime_image):
             console.print(f"  {d.precision:<8} {d.max_instances:>3}" + (
                 f"  ({d.memory_per_instance_bytes / 2**30:.2f} GiB, max_batch_size {d.max_batch_size} each)"
                 if d.max_instances else f"  ({d.reason})"))

@@ -99,7 +99,7 @@ def render(src: DeploymentSource, options: K8sOptions, replicas: Replicas, sourc
     sizing = k.PodSizing.from_plan(src.plan)
     objects = {
         "deployment.yaml": k.deployment(src, options.image, replicas, source, sizing),
-        "service.yaml": k.service(src.name),
+        "service.yaml": k.service(src.name, k.speaks_openai_here(src)),
         "hpa.yaml": k.autoscaler(src.name, replicas, QUEUE_COMPUTE_RATIO, ratio),
         "pdb.yaml": k.disruption_budget(src.name),
         "podmonitor.yaml": pod_monitor(m, {**k.labels(src.name), **PROMETHEUS_LABELS}, k.selector(src.name)),

@@ -10,13 +10,20 @@ import math
 from dataclasses import dataclass
 
 from ..backends import backend_for
-from ..backends.names import PORTS
+from ..backends.names import INFLIGHT_BATCHER, PORTS
+from ..openai_front.protocol import DEFAULT_OPENAI_PORT
 from ..plan import Plan
 from ..tritonconfig import to_pbtxt
 from .source import VOLUME_ROOT, DeploymentSource, Replicas, RepoSource
 
 GIB = 1 << 30
 HTTP, GRPC, METRICS = PORTS["http"], PORTS["grpc"], PORTS["metrics"]
+#: The OpenAI-compatible API's port (Triton's OpenAI frontend's default, `openai_front.protocol`).
+OPENAI = DEFAULT_OPENAI_PORT
+#: The openai container's share of the pod: an aiohttp loop relaying JSON and the tokenizer's chat template (no
+#: model); one CPU and 1 GiB hold transformers' import and the tokenizer with room to spare (measured here: about
+#: 450 MB resident for SmolLM2's).
+OPENAI_CPU, OPENAI_MEMORY = "1", "1Gi"
 #: GPU-feature-discovery's `nvidia.com/gpu.product` label for each GPU target: NVML's product name with
 #: spaces as '-' (the tutorial's chart matches `Tesla-T4` the same way). Not checked on a cluster here.
 GPU_PRODUCTS = {
@@ -169,6 +176,32 @@ def container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
     }
 
 
+def speaks_openai_here(src: DeploymentSource) -> bool:
+    """Whether the pod carries trtpipe's OpenAI front: repositories of the ensemble contract (the
+    inflight_batcher_llm layout). An llmapi repository's OpenAI endpoint is trtllm-serve's."""
+    return backend_for(src.plan.backend).layout == INFLIGHT_BATCHER
+
+
+def openai_container(src: DeploymentSource, image: str, sizing: PodSizing) -> dict:
+    """`trtpipe serve --openai --url`: the OpenAI-compatible API over the pod's Triton, with the repository's
+    tokenizer and chat template; it waits for Triton as long as Triton's startup probe does."""
+    resources = {"cpu": OPENAI_CPU, "memory": OPENAI_MEMORY}
+    return {
+        "name": "openai",
+        "image": image,
+        "command": ["trtpipe", "serve", f"{VOLUME_ROOT}/model_repo", "--openai", "--openai-port", str(OPENAI),
+                    "--host", "0.0.0.0", "--url", f"http://127.0.0.1:{HTTP}", "--timeout", str(sizing.startup_s)],
+        "ports": [{"name": "openai", "containerPort": OPENAI}],
+        "readinessProbe": {"httpGet": {"path": "/health/ready", "port": "openai"}, "periodSeconds": 5,
+                           "failureThreshold": 3},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
+        "resources": {"requests": resources, "limits": dict(resources)},
+        "securityContext": container_security(),
+        "volumeMounts": [{"name": "model-repo", "mountPath": VOLUME_ROOT, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
 def gpu_scheduling(target: str) -> dict:
     """Node affinity on the target's GPU product and the toleration of NVIDIA's GPU-node taint."""
     return {
@@ -197,7 +230,8 @@ def deployment(src: DeploymentSource, image: str, replicas: Replicas, source: Re
         "terminationGracePeriodSeconds": sizing.grace_s,
         "securityContext": pod_security(),
         **({"initContainers": [artifact_fetcher(src, image, source)]} if source.artifact_url else {}),
-        "containers": [container(src, image, sizing)],
+        "containers": [container(src, image, sizing),
+                       *([openai_container(src, image, sizing)] if speaks_openai_here(src) else [])],
         "volumes": volumes(src, source, sizing),
         **(gpu_scheduling(src.plan.target.name) if sizing.gpus else {}),
     }
@@ -212,8 +246,9 @@ def deployment(src: DeploymentSource, image: str, replicas: Replicas, source: Re
 # The other objects
 
 
-def service(name: str) -> dict:
-    ports = [{"name": n, "port": p, "targetPort": n} for n, p in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS))]
+def service(name: str, openai: bool) -> dict:
+    named = (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS), *((("openai", OPENAI),) if openai else ()))
+    ports = [{"name": n, "port": p, "targetPort": n} for n, p in named]
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(name),
             "spec": {"selector": selector(name), "ports": ports}}
 

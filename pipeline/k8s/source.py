@@ -18,6 +18,7 @@ from ..artifact_signing import SHA256_HEX
 from ..errors import UserError
 from ..model_repository import read_repository
 from ..triton_names import TENSORRT_LLM
+from ..backends.runtime_images import not_on_triton
 from ..plan import Plan, load_plan
 from ..targets import get_target
 
@@ -117,6 +118,9 @@ def read_source(path: Path, name: str | None) -> DeploymentSource:
         raise UserError(f"{path} is neither a build directory (plan.json and model_repo/, from `trtpipe build`) "
                         "nor a model repository written by `trtpipe deploy` (manifest.json)")
     get_target(plan.target.name)   # a plan for a target this trtpipe does not know is refused here
+    refusal = not_on_triton(plan.runtime_image, "trtpipe k8s")
+    if refusal:
+        raise refusal
     name = check_name(name) if name else default_name(model, plan.target.name)
     engine_config, repo = None, repository.path
     volume = directory_bytes(repo)

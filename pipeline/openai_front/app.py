@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..errors import UserError
 from ..model_repository import read_repository
-from ..triton_names import NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_INPUT, TEXT_OUTPUT
+from ..triton_names import MAX_TOKENS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_INPUT, TEXT_OUTPUT
 from .protocol import (CHAT, COMPLETIONS, DEFAULT_MAX_TOKENS, DEFAULT_OPENAI_PORT, GenerationRequest, OpenAIError,
                        ServedModel, StopScanner, chunk_body, finish_reason, parse_request, response_body, usage)
 
@@ -28,16 +28,18 @@ OWNER = "Triton Inference Server"
 
 
 def served_models(repo: Path) -> dict[str, ServedModel]:
-    """The repository's models that take the ensemble contract (text_input -> text_output): the ensemble and the
-    BLS model. Triton's frontend lists every model and fails on the others at request time."""
+    """The repository's models that take the ensemble contract (text_input, max_tokens -> text_output): the ensemble
+    and the BLS model. Triton's frontend lists every model and fails on the others at request time; an llmapi
+    model (`sampling_param_max_tokens`) is not one: its OpenAI endpoint is trtllm-serve's."""
     repository = read_repository(Path(repo))
     out = {}
     for name, model in sorted(repository.models.items()):
-        if TEXT_INPUT in model.inputs() and TEXT_OUTPUT in model.outputs():
+        if {TEXT_INPUT, MAX_TOKENS} <= set(model.inputs()) and TEXT_OUTPUT in model.outputs():
             out[name] = ServedModel(name, frozenset(model.inputs()))
     if not out:
-        raise UserError(f"{repo} has no model that takes text_input and answers text_output (the ensemble "
-                        "contract the OpenAI front speaks)")
+        raise UserError(f"{repo} has no model that takes text_input and max_tokens and answers text_output (the "
+                        "ensemble contract the OpenAI front speaks); an llmapi repository's OpenAI endpoint is "
+                        "trtllm-serve's (its trtllm-serve.sh)")
     return out
 
 

@@ -13,7 +13,8 @@ from ..arch import ModelArch
 from ..errors import UserError
 from ..model.layout import check_parallelism
 from ..precisions import FLOAT_DTYPES, KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from ..targets import FP8_MIN_SM, Target
+from ..backends.capabilities import Combination, require
+from ..targets import Target
 from .schema import ModelInfo, Overrides, Plan, Workload
 from .trtllm import model_context_limit
 
@@ -85,6 +86,7 @@ class PlanRequest:
     overrides: Overrides
     max_context: int           # the longest prompt + output to plan for
     warnings: list[str]        # the checks' warnings; the planner adds its own
+    trtllm: str | None = None  # the TensorRT-LLM version of the runtime image (None: the cpu target)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,12 +197,11 @@ def check_checkpoint_agrees(model: ModelInfo, precision: str, kv_cache_dtype: st
 
 
 def check_target_supports(target: Target, precision: str, kv_cache_dtype: str, tp: int, pp: int,
-                          arch: ModelArch) -> list[str]:
+                          arch: ModelArch, backend: str, trtllm: str | None = None) -> list[str]:
+    """The capability table's verdict on the combination (`pipeline.backends.capabilities`), then the GPU count and the
+    parallelism the architecture allows."""
     warnings = []
-    if target.is_gpu and not target.supports_fp8 and "fp8" in (precision, kv_cache_dtype):
-        raise UserError(f"FP8 needs compute capability {FP8_MIN_SM // 10}.{FP8_MIN_SM % 10} or newer (Ada, "
-                        f"Hopper); {target.name} is sm_{target.sm}. Use --precision fp16/bf16 or int8-sq "
-                        "and --kv-cache fp16/int8")
+    require(Combination(precision, kv_cache_dtype, backend, target.sm if target.is_gpu else None, trtllm))
     if target.is_gpu and tp * pp > target.max_gpus:
         raise UserError(f"tp {tp} x pp {pp} needs {tp * pp} GPUs; the {target.name} target has at most "
                         f"{target.max_gpus}")

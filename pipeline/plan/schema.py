@@ -89,6 +89,8 @@ class ModelInfo:
     checkpoint_pp_size: int | None = None
     checkpoint_sparsity: str | None = None        # a checkpoint's 2:4 claim (its pattern), None: dense
     source_model: str | None = None   # the model a checkpoint was made from (`checkpoint.source_model`), if known
+    #: a Hugging Face model's config.json `quantization_config` (a pre-quantized upload), None: float weights
+    source_quantization: dict | None = None
 
     @property
     def reference(self) -> str | None:
@@ -277,6 +279,8 @@ class Plan:
     performance: Performance | None = None   # plan/performance.py; None: the cpu target, --backend pytorch
     #: --precision auto: {"chosen": precision, "rejected": {precision: why it was not planned}} (None: asked for)
     precision_choice: dict | None = None
+    #: the GPU runtime image it deploys onto (`backends.runtime_images`); None: the cpu target, trtpipe's own Triton
+    runtime_image: str | None = None
 
     @property
     def request_latency_s(self) -> float:
@@ -318,6 +322,7 @@ class Plan:
             "llm_api": asdict(self.llm_api) if self.llm_api else None,
             "performance": self.performance.to_dict() if self.performance else None,
             "precision_choice": self.precision_choice,
+            "runtime_image": self.runtime_image,
         }
 
     @classmethod
@@ -350,6 +355,7 @@ class Plan:
             llm_api=LlmApiSettings(**d["llm_api"]) if d.get("llm_api") else None,
             performance=Performance.from_dict(d["performance"]) if d.get("performance") else None,
             precision_choice=d.get("precision_choice"),
+            runtime_image=d.get("runtime_image"),
         )
 
 
@@ -426,4 +432,4 @@ def resolve_model_info(spec: str, model_dir: Path | None = None) -> ModelInfo:
 
     source = resolve_model(spec, model_dir)
     return ModelInfo(name=spec, source=source.kind, path=str(source.path) if source.path else None,
-                     arch=source.arch)
+                     arch=source.arch, source_quantization=source.quantization_config())
