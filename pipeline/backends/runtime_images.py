@@ -66,8 +66,8 @@ IMAGES = {image.name: image for image in (*_triton_images(), *_release_images())
 #: The default per backend. The engine path: the newest Triton image with TensorRT-LLM 1.2.1. The PyTorch backend:
 #: the same image (Triton's llmapi model and trtllm-serve), because validate, serve, k8s and ci speak to Triton;
 #: `--runtime-image trtllm-1.3.0rc27` is the newest TensorRT-LLM whose LLM API trtpipe checked (trtllm-serve only).
-DEFAULT_IMAGE = {ENGINE: max(name for name in IMAGES if name.startswith("triton-")),
-                 PYTORCH: max(name for name in IMAGES if name.startswith("triton-"))}
+NEWEST_TRITON = max(name for name, image in IMAGES.items() if image.has_triton)
+DEFAULT_IMAGE = {ENGINE: NEWEST_TRITON, PYTORCH: NEWEST_TRITON}
 #: What each GPU backend needs of an image.
 NEEDS = {ENGINE: ENGINE_REPOSITORY, PYTORCH: TRTLLM_SERVE}
 
