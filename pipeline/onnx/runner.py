@@ -28,6 +28,7 @@ from ..runtime.generate import (
 )
 from ..runtime.sampling import SamplingConfig
 from ..runtime.scheduler import Scheduler
+from ..runtime.speculative import Speculation
 from . import CONFIG_FILE, LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
 
 
@@ -115,19 +116,23 @@ class OrtDecoder:
         return torch.from_numpy(logits)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
-                 on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> list[list[int]]:
+                 on_token: TokenCallback | None = None, on_end: EndCallback | None = None,
+                 speculation: Speculation | None = None) -> list[list[int]]:
         """New tokens of every prompt, as `ReferenceModel.generate` makes them."""
-        return [result.tokens for result in self.generate_rows(prompts, sampling, token_steps(on_token), on_end)]
+        return [result.tokens for result in self.generate_rows(prompts, sampling, token_steps(on_token), on_end,
+                                                                    speculation)]
 
     def generate_rows(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
-                      on_step: StepCallback | None = None, on_end: EndCallback | None = None) -> list[RowResult]:
+                      on_step: StepCallback | None = None, on_end: EndCallback | None = None,
+                      speculation: Speculation | None = None) -> list[RowResult]:
         """Each request's record, as `ReferenceModel.generate_rows` makes it."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate_rows(OrtBatch(self, prompts), configs, on_step, on_end, prompts)
+        return generate_rows(OrtBatch(self, prompts), configs, on_step, on_end, prompts, speculation)
 
-    def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end) -> None:
+    def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end,
+                   speculation: Speculation | None = None) -> None:
         """In-flight generation, as `ReferenceModel.serve_rows` does it (pipeline/runtime/generate.py)."""
-        serve_rows(OrtBatch(self), scheduler, poll, on_step, on_end)
+        serve_rows(OrtBatch(self), scheduler, poll, on_step, on_end, speculation)
 
 
 def open_session(ort, path: Path, options):
@@ -190,6 +195,7 @@ class OrtBatch:
         self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [cache rows, 1] the position of each row's next token
         self.cache = decoder.empty_cache(0)
         self.fresh: list[tuple[list[int], Cache, np.ndarray]] = []   # prefilled (rows, cache, next), not yet placed
+        self.verified: dict[int, tuple[int, int]] = {}   # row -> (its cache row, the end of what `verify` fed it)
 
     def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
         self.prompts.update(zip(rows, prompts))
@@ -241,6 +247,34 @@ class OrtBatch:
         self.fresh.append(([row], prompt_cache, np.array([[len(prompt)]], np.int64)))
         return torch.from_numpy(logits[slots, -1]), torch.from_numpy(prompt_logits)
 
+    def verify(self, rows: list[int], tokens: list[list[int]]) -> list[torch.Tensor]:
+        """Each row's tokens after its cache in one run (shorter rows, and free ones, padded on the right and masked):
+        float32 [len(tokens[i]), vocab] per row."""
+        slots = self._place(rows)
+        width = max(map(len, tokens))
+        ids, positions, mask = (np.zeros((len(self.slots), width), np.int64) for _ in range(3))
+        for slot, fed in zip(slots, tokens):
+            n = len(fed)
+            ids[slot, :n], positions[slot, :n], mask[slot, :n] = fed, self.next[slot, 0] + np.arange(n), 1
+        logits, self.cache = self.decoder.step(ids, self.cache, positions, mask)
+        start = self.cache.length - width
+        for row, slot, fed in zip(rows, slots, tokens):
+            self.next[slot, 0] += len(fed)
+            self.verified[row] = (slot, start + len(fed))
+        return [torch.from_numpy(logits[slot, :len(fed)].copy()) for slot, fed in zip(slots, tokens)]
+
+    def rewind(self, row: int, count: int) -> None:
+        """Mask the row's last `count` cache positions (the holes go at the next rebuild) and cut the cache's
+        trailing positions no row uses any more (alone in the batch, a row's rejected drafts are those)."""
+        slot, end = self.verified[row]
+        self.cache.mask[slot, end - count:end] = 0
+        self.next[slot, 0] -= count
+        trailing = int(np.argmax(self.cache.mask[:, ::-1].any(axis=0))) if self.cache.mask.any() else 0
+        if trailing:
+            keep = self.cache.length - trailing
+            self.cache = Cache({name: t[:, :, :keep] for name, t in self.cache.tensors.items()},
+                               self.cache.mask[:, :keep])
+
     def _inputs(self, slots: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """input_ids and position_ids [cache rows, 1]: each row's token at its next position, 0 in free rows."""
         ids, positions = np.zeros((len(self.slots), 1), np.int64), np.zeros((len(self.slots), 1), np.int64)
@@ -271,17 +305,18 @@ class OrtBatch:
 
     def _write(self, slot: int, row: int, cache: Cache, i: int, nxt: int) -> None:
         """Row i of `cache` into free cache row `slot`, right-aligned."""
-        n, length = used(cache, i), self.cache.length
+        kept, length = np.flatnonzero(cache.mask[i]), self.cache.length
+        n = len(kept)
         for name, t in self.cache.tensors.items():
-            t[slot, :, length - n:] = cache.tensors[name][i, :, cache.length - n:]
+            t[slot, :, length - n:] = cache.tensors[name][i][:, kept]
         self.cache.mask[slot, :length - n], self.cache.mask[slot, length - n:] = 0, 1
         self.slots[slot], self.idle[slot], self.next[slot] = row, 0, nxt
 
     def _unused(self) -> int:
-        """Leading cache positions no running row uses."""
+        """Cache positions a rebuild drops: the leading ones no running row uses, and the holes rejected drafts
+        left (rows are right-aligned, so without holes the row that uses most starts first)."""
         live = [slot for slot, r in enumerate(self.slots) if r is not None]
-        used_positions = self.cache.mask[live].any(axis=0)
-        return int(np.argmax(used_positions)) if used_positions.any() else self.cache.length
+        return self.cache.length - max((used(self.cache, slot) for slot in live), default=0)
 
     def _rebuild(self, fresh: list[tuple[int, Cache, int, int]]) -> None:
         """A new cache of the running rows then the prefilled ones, each right-aligned, no free row and no
@@ -295,8 +330,9 @@ class OrtBatch:
         tensors = {name: np.zeros(shape, np.float32) for name in names}
         mask = np.zeros((len(parts), length), np.int64)
         for b, ((_, cache, i, _), n) in enumerate(zip(parts, lengths)):
+            kept = np.flatnonzero(cache.mask[i])
             for name in names:
-                tensors[name][b, :, length - n:] = cache.tensors[name][i, :, cache.length - n:]
+                tensors[name][b, :, length - n:] = cache.tensors[name][i][:, kept]
             mask[b, length - n:] = 1
         self.cache = Cache(tensors, mask)
         self.slots = [r for r, _, _, _ in parts]
@@ -305,5 +341,5 @@ class OrtBatch:
 
 
 def used(cache: Cache, i: int) -> int:
-    """The positions row i of a cache uses: its last ones (a row is padded on the left only)."""
+    """The positions row i of a cache uses (padded on the left; with holes where drafts were rejected)."""
     return int(cache.mask[i].sum())

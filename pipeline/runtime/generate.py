@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..spans import span
 from .sampling import Choice, SamplingConfig, TokenSelector
 from .scheduler import Scheduler
+from .speculative import Speculation, SpeculativeDecoder, draft_limit, leading_matches
 from .scheduler import Sequence as ScheduledSequence
 
 #: on_token(row, token), called for every output token; returning False ends that row now (its client is gone)
@@ -61,6 +62,9 @@ class RowResult:
     end_log_prob: float | None = None
     context_logits: torch.Tensor | None = None
     generation_logits: list[torch.Tensor] | None = None
+    #: speculative decoding: the draft tokens verified for this request, and how many of them it accepted
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @classmethod
     def for_request(cls, cfg: SamplingConfig) -> "RowResult":
@@ -126,10 +130,12 @@ def token_steps(on_token: TokenCallback | None) -> StepCallback | None:
 
 
 def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: StepCallback | None = None,
-                  on_end: EndCallback | None = None,
-                  prompts: Sequence[Sequence[int]] | None = None) -> list[RowResult]:
+                  on_end: EndCallback | None = None, prompts: Sequence[Sequence[int]] | None = None,
+                  speculation: Speculation | None = None) -> list[RowResult]:
     """Every row's RowResult. Rows share batched decode steps; a finished row leaves the batch. A row with
-    max_new_tokens 0 is still prefilled when it asks for its context logits."""
+    max_new_tokens 0 is still prefilled when it asks for its context logits. With `speculation`, each step feeds
+    every row its drafts too (pipeline/runtime/speculative.py)."""
+    check_speculation(decoder, speculation)
     histories = prompts if prompts is not None else [()] * len(configs)
     selectors = [TokenSelector(c, p) for c, p in zip(configs, histories)]
     results = [RowResult.for_request(c) for c in configs]
@@ -144,17 +150,65 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
             end(r)
     if active != prefilled:
         logits = logits[[prefilled.index(r) for r in active]]
+    steps, drafts = [logits[i:i + 1] for i in range(len(active))], [[] for _ in active]
     while active:
         fed = []
         for i, r in enumerate(active):
-            if advance(r, logits[i], selectors[r], configs[r], results[r], on_step):
+            if take(decoder, r, steps[i], drafts[i], selectors[r], configs[r], results[r], on_step):
                 fed.append(r)
             else:
                 end(r)
         active = fed
         if active:
-            logits = decoder.decode(active, [results[r].tokens[-1] for r in active])
+            drafts = [propose(speculation, len(active), selectors[r].history, configs[r], results[r], None)
+                      for r in active]
+            steps = decode_step(decoder, active, [results[r].tokens[-1] for r in active], drafts)
     return results
+
+
+def check_speculation(decoder: Decoder, speculation: Speculation | None) -> None:
+    if speculation is not None and not isinstance(decoder, SpeculativeDecoder):
+        raise UserError(f"{type(decoder).__name__} cannot verify draft tokens (no speculative decoding)")
+
+
+def propose(speculation: Speculation | None, rows: int, history: Sequence[int], cfg: SamplingConfig,
+            result: RowResult, room: int | None) -> list[int]:
+    """A row's drafts for the next step: none without speculation, never more than its request can still output
+    after the token it feeds (nor than `room`, the KV its blocks still hold)."""
+    if speculation is None:
+        return []
+    limit = draft_limit(cfg.max_new_tokens, len(result.tokens))
+    return speculation.drafts(rows, history, limit if room is None else min(limit, room))
+
+
+def decode_step(decoder: Decoder, rows: list[int], tokens: list[int], drafts: list[list[int]]) -> list[torch.Tensor]:
+    """Each row's logits [1 + its drafts, vocab] after feeding its token and its drafts: a plain decode step when no
+    row has a draft."""
+    if not any(drafts):
+        logits = decoder.decode(rows, tokens)
+        return [logits[i:i + 1] for i in range(len(rows))]
+    return decoder.verify(rows, [[token, *d] for token, d in zip(tokens, drafts)])
+
+
+def take(decoder: Decoder, r: int, logits: torch.Tensor, drafts: list[int], selector: TokenSelector,
+         cfg: SamplingConfig, result: RowResult, on_step: StepCallback | None, key: object = None) -> bool:
+    """Choose row r's tokens from the logits of one step ([1 + drafts, vocab]) in order until one differs from its
+    draft (that one is the step's last) or the request ends; True when it continues. The decoder forgets the
+    rejected drafts. `key`: what on_step is told (default: r)."""
+    before = len(result.tokens)
+    for j in range(logits.shape[0]):
+        if not advance(r if key is None else key, logits[j], selector, cfg, result, on_step):
+            going = False
+            break
+        if j == len(drafts) or result.tokens[-1] != drafts[j]:
+            going = True
+            break
+    if drafts:
+        result.draft_tokens += len(drafts)
+        result.accepted_draft_tokens += leading_matches(result.tokens[before:], drafts)
+        if going and j < len(drafts):
+            decoder.rewind(r, len(drafts) - j)
+    return going
 
 
 def prefill(decoder: Decoder, rows: list[int], configs, results) -> torch.Tensor:
@@ -217,7 +271,8 @@ class MixingDecoder(InflightDecoder, Protocol):
 
 
 def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallback,
-               on_step: Callable[[object, RowResult], "bool | None"], on_end: Callable[[object], None]) -> None:
+               on_step: Callable[[object, RowResult], "bool | None"], on_end: Callable[[object], None],
+               speculation: Speculation | None = None) -> None:
     """Generate every sequence submitted to `scheduler`, admitting new ones between decode steps, until none runs
     and none waits (a sequence resumed after a pause is prefilled with the tokens it produced).
 
@@ -228,7 +283,9 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
     read once for both; the others started wait for the next steps, one per step. Otherwise, and for a sequence
     that wants its context logits or starts on an empty batch, each started sequence is prefilled on its own first,
     choosing (and streaming) its first token as soon as its prompt is done. The callbacks see a sequence's key; its
-    row is freed once it ends (a server answers it then)."""
+    row is freed once it ends (a server answers it then). With `speculation`, a step that admits no prompt feeds
+    each running row its drafts too (pipeline/runtime/speculative.py), within the KV blocks the row holds."""
+    check_speculation(decoder, speculation)
     rows: dict[int, ScheduledSequence] = {}
     fed: list[int] = []        # rows whose last chosen token the next decode step feeds
     #: started rows whose prompt a coming decode step computes, with what their prefill would be told (`start_config`)
@@ -236,9 +293,11 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
     mixing = isinstance(decoder, MixingDecoder) and decoder.mixes_prompts
     next_row = 0
 
-    def chosen(row: int, logits: torch.Tensor) -> bool:
+    def chosen(row: int, logits: torch.Tensor, drafts: list[int] = ()) -> bool:
+        """Row `row`'s tokens from a step's logits ([vocab], or [1 + drafts, vocab]); False once it ended."""
         s = rows[row]
-        if advance(s.key, logits, s.selector, s.config, s.result, on_step):
+        if take(decoder, row, logits.reshape(-1, logits.shape[-1]), list(drafts), s.selector, s.config, s.result,
+                on_step, s.key):
             return True
         _end(decoder, scheduler, rows, row, on_end)
         return False
@@ -293,12 +352,15 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             row, _ = joining.pop(0)
             with span("forward", phase="decode", rows=len(fed), prompt_tokens=len(rows[row].context())):
                 logits, first = decoder.decode_with_prompt(fed, tokens, row)
+            drafts = [[] for _ in fed]
         else:
             row = None
-            with span("forward", phase="decode", rows=len(fed)):
-                logits = decoder.decode(fed, tokens)
+            drafts = [propose(speculation, len(fed), rows[r].selector.history, rows[r].config, rows[r].result,
+                              scheduler.room(rows[r])) for r in fed]
+            with span("forward", phase="decode", rows=len(fed), drafts=sum(map(len, drafts))):
+                logits = decode_step(decoder, fed, tokens, drafts)
         with span("sample", rows=len(fed) + (row is not None)):
-            fed = [r for i, r in enumerate(fed) if chosen(r, logits[i])]
+            fed = [r for i, r in enumerate(fed) if chosen(r, logits[i], drafts[i])]
             if row is not None and chosen(row, first):
                 fed.append(row)
 

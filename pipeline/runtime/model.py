@@ -32,6 +32,7 @@ from .generate import (
 )
 from .sampling import SamplingConfig
 from .scheduler import Scheduler
+from .speculative import Speculation
 
 Observer = Callable[[str, torch.Tensor], None]
 #: the GatedMLP linears that read the same input and can run as one GEMM
@@ -147,24 +148,28 @@ class ReferenceModel:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
-                 on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> list[list[int]]:
+                 on_token: TokenCallback | None = None, on_end: EndCallback | None = None,
+                 speculation: Speculation | None = None) -> list[list[int]]:
         """New tokens of every prompt. Requests share batched decode steps but never each other's cache rows."""
-        return [result.tokens for result in self.generate_rows(prompts, sampling, token_steps(on_token), on_end)]
+        return [result.tokens for result in self.generate_rows(prompts, sampling, token_steps(on_token), on_end,
+                                                                    speculation)]
 
     @torch.inference_mode()
     def generate_rows(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | Sequence[SamplingConfig],
-                      on_step: StepCallback | None = None, on_end: EndCallback | None = None) -> list[RowResult]:
+                      on_step: StepCallback | None = None, on_end: EndCallback | None = None,
+                      speculation: Speculation | None = None) -> list[RowResult]:
         """`generate` with each request's record: its tokens and the log probs and logits it asked for."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
         if not prompts:
             return []
-        return generate_rows(CacheDecoder(self, prompts, configs), configs, on_step, on_end, prompts)
+        return generate_rows(CacheDecoder(self, prompts, configs), configs, on_step, on_end, prompts, speculation)
 
     @torch.inference_mode()
-    def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end) -> None:
+    def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end,
+                   speculation: Speculation | None = None) -> None:
         """In-flight generation (pipeline/runtime/generate.py `serve_rows`): the sequences submitted to `scheduler`
         join the running batch between decode steps, each in a cache row a finished one left."""
-        serve_rows(CacheDecoder(self), scheduler, poll, on_step, on_end)
+        serve_rows(CacheDecoder(self), scheduler, poll, on_step, on_end, speculation)
 
 
 class CacheDecoder:
@@ -241,6 +246,31 @@ class CacheDecoder:
         hidden = self.model._hidden_groups(groups, self.cache)
         logits = self.model._logits(torch.cat([hidden[:len(rows)], hidden[-1:]]))
         return logits[:-1], logits[-1]
+
+    def verify(self, rows: list[int], tokens: list[list[int]]) -> list[torch.Tensor]:
+        """Each row's tokens after its cache in one pass (rows feeding as many tokens form one attention group):
+        float32 [len(tokens[i]), vocab] per row."""
+        groups: dict[int, list[int]] = {}
+        for i, fed in enumerate(tokens):
+            groups.setdefault(len(fed), []).append(i)
+        batches = []
+        for n, members in groups.items():
+            starts = torch.tensor([[self.lengths[rows[i]]] for i in members])
+            batches.append((torch.tensor([tokens[i] for i in members]), starts + torch.arange(n)[None],
+                            torch.tensor([self.slots[rows[i]] for i in members])))
+            for i in members:
+                self.lengths[rows[i]] += n
+        logits = self.model._logits(self.model._hidden_groups(batches, self.cache))
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        offset = 0
+        for n, members in groups.items():
+            for i in members:
+                out[i], offset = logits[offset:offset + n], offset + n
+        return out
+
+    def rewind(self, row: int, count: int) -> None:
+        """Positions are written by index and read up to each query's own, so moving back is enough."""
+        self.lengths[row] -= count
 
     def _next_positions(self, rows: list[int]) -> torch.Tensor:
         """[rows, 1]: where each row's next token goes (and the row moves on by one)."""

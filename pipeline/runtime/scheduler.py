@@ -177,6 +177,13 @@ class Scheduler:
         """Blocks of the pool `tokens` fill (without a pool, the count is never used)."""
         return math.ceil(tokens / (self.limits.tokens_per_block or 1))
 
+    def room(self, s: Sequence) -> int | None:
+        """Tokens a running sequence may write after its context within the blocks it holds (None: no pool), which
+        bounds the drafts a speculative step feeds it."""
+        if self.limits.blocks is None:
+            return None
+        return len(s.blocks) * self.limits.tokens_per_block - len(s.context())
+
     def reservation(self, s: Sequence) -> int:
         """Blocks a sequence takes when it starts: all it will need, or what its context fills."""
         tokens = s.final_tokens() if self.limits.policy == GUARANTEED_NO_EVICT else len(s.context())
