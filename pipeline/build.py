@@ -49,6 +49,7 @@ from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
 from .outputs import portable, write_atomic
 from .plan.schema import Workload
+from .plan.speculative import SpeculativeRequest
 from .precisions import AUTO, FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class BuildOptions:
     sparsity: str | None = None               # "2:4": sparsify the converted checkpoint (None: dense)
     distill_tokens: int | None = None         # with sparsity: distill the sparse checkpoint on this many tokens
     checkpoints_on_cpu: bool = False          # a GPU target's checkpoints made on this machine's CPU, without a GPU
+    speculative: SpeculativeRequest | None = None   # --speculative (plan/speculative.py)
 
 
 @dataclass
@@ -176,7 +178,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     source = resolve_model(options.model, options.model_dir)
     # Plan first from the architecture alone: an impossible plan stops the build before any conversion.
     planned = make_plan(source.arch, target, options.precision, options.kv_cache, tp=options.tp, pp=options.pp,
-                        workload=options.workload, backend=backend.name, image=options.runtime_image)
+                        workload=options.workload, backend=backend.name, image=options.runtime_image,
+                        speculative=options.speculative)
     if options.precision == AUTO:      # the precision the architecture's plan picks is the one built
         options = replace(options, precision=planned.precision)
         say(planned.warnings[0])
@@ -211,7 +214,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     started = time.monotonic()
     plan_path = out / "plan.json"
     plan = make_plan(plan_model(hf, checkpoint, options), target, options.precision, options.kv_cache,
-                     tp=options.tp, workload=options.workload, backend=backend.name, image=options.runtime_image)
+                     tp=options.tp, workload=options.workload, backend=backend.name, image=options.runtime_image,
+                        speculative=options.speculative)
     unchanged = plan_path.is_file() and same_plan(plan_path, plan)
     if not unchanged:
         save_plan(plan, plan_path)
@@ -477,7 +481,7 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
     started = time.monotonic()
     plan = make_plan(expected_model(options, source, checkpoint, dtype, hf), target, options.precision,
                      options.kv_cache, tp=options.tp, workload=options.workload, backend=backend.name,
-                     image=options.runtime_image)
+                     image=options.runtime_image, speculative=options.speculative)
     plan_path, engine, repo = out / "plan.json", out / "engine", out / "model_repo"
     steps.append(Step("plan", command_line("trtpipe", "plan", options.model if hf else checkpoint, "--target",
                                            options.target, "--precision", options.precision,
@@ -614,4 +618,11 @@ def plan_flags(options: BuildOptions, hf: bool) -> list:
             flags += [flag, getattr(workload, name)]
     return (flags + (["--backend", options.backend] if options.backend else [])
             + (["--runtime-image", options.runtime_image] if options.runtime_image else [])
-            + (model_dir_flags(options) if hf else []))
+            + speculative_flags(options.speculative) + (model_dir_flags(options) if hf else []))
+
+
+def speculative_flags(request: SpeculativeRequest | None) -> list:
+    if request is None:
+        return []
+    return (["--speculative", request.to_flags()] + (["--draft-len", request.draft_len] if request.draft_len else [])
+            + (["--acceptance", request.acceptance] if request.acceptance is not None else []))

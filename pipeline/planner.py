@@ -26,6 +26,7 @@ from .errors import UserError
 from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoint_agrees, check_target_supports,
                           choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
+from .plan.speculative import SpeculativeRequest, plan_speculation, request_of
 from .precisions import AUTO, AUTO_PRECISIONS, FLOAT_DTYPES, PRECISIONS, QUANT_ALGO, WEIGHT_BITS
 from .targets import GIB, Target
 from .triton_names import BATCH_SCHEDULER_POLICIES
@@ -33,12 +34,13 @@ from .triton_names import BATCH_SCHEDULER_POLICIES
 
 def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_cache: str = "auto",
               tp: int = 1, workload: Workload | None = None, overrides: Overrides | None = None,
-              pp: int = 1, backend: str | None = None, image: str | None = None) -> Plan:
+              pp: int = 1, backend: str | None = None, image: str | None = None,
+              speculative: SpeculativeRequest | None = None) -> Plan:
     """Plan MODEL on TARGET with BACKEND (default: the target's) in the GPU runtime IMAGE (default: the backend's,
     `runtime_images.DEFAULT_IMAGE`); raises UserError for anything that cannot work. `precision` auto: the first of
     AUTO_PRECISIONS that plans (`plan_auto`)."""
     if precision == AUTO:
-        return plan_auto(model, target, kv_cache, tp, workload, overrides, pp, backend, image)
+        return plan_auto(model, target, kv_cache, tp, workload, overrides, pp, backend, image, speculative)
     if isinstance(model, ModelArch):
         model = ModelInfo(name=model.architecture, source="arch", path=None, arch=model)
     workload = workload or Workload()
@@ -74,6 +76,8 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     max_context = choose_max_context(workload, arch)
     plan = server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
                                    max_context, warnings, trtllm))
+    if speculative is not None:
+        plan = plan_speculation(plan, speculative)
     return replace(plan, runtime_image=runtime.name) if runtime else plan
 
 
@@ -84,7 +88,8 @@ def refuse_image(image: str | None, target: Target) -> None:
 
 
 def plan_auto(model, target: Target, kv_cache: str, tp: int, workload: Workload | None, overrides: Overrides | None,
-              pp: int, backend: str | None, image: str | None = None) -> Plan:
+              pp: int, backend: str | None, image: str | None = None,
+              speculative: SpeculativeRequest | None = None) -> Plan:
     """--precision auto: the highest-quality precision whose plan fits the workload (context, concurrency, latency
     budget) on the target, trying AUTO_PRECISIONS in order; the plan records the choice and why each one before it
     was not planned. A checkpoint's precision is its own: auto takes it. Nothing fits: one UserError with every
@@ -95,11 +100,12 @@ def plan_auto(model, target: Target, kv_cache: str, tp: int, workload: Workload 
             next(p for p, d in FLOAT_DTYPES.items() if d == model.arch.dtype)
         if own is None:
             raise UserError(f"--precision auto: checkpoint {model.name} is {algo}, which plan does not take")
-        return make_plan(model, target, own, kv_cache, tp, workload, overrides, pp, backend, image)
+        return make_plan(model, target, own, kv_cache, tp, workload, overrides, pp, backend, image, speculative)
     rejected = {}
     for precision in AUTO_PRECISIONS:
         try:
-            plan = make_plan(model, target, precision, kv_cache, tp, workload, overrides, pp, backend, image)
+            plan = make_plan(model, target, precision, kv_cache, tp, workload, overrides, pp, backend, image,
+                             speculative)
         except UserError as exc:
             rejected[precision] = str(exc).split("; instead:")[0]
             continue
@@ -149,7 +155,8 @@ def replan(plan: Plan, overrides: Overrides | None = None, target: Target | None
     overrides = overrides or Overrides()
     kept = {name: getattr(plan.triton, name) or None for name in SCHEDULING_CHOICES if getattr(overrides, name) is None}
     return make_plan(plan.model, target or plan.target, plan.precision, kv_cache_request(plan), plan.tp_size,
-                     plan.workload, replace(overrides, **kept), plan.pp_size, backend=plan.backend)
+                     plan.workload, replace(overrides, **kept), plan.pp_size, backend=plan.backend,
+                     speculative=request_of(plan.speculative))
 
 
 #: What a plan records of its request's scheduling overrides, kept by `replan` unless overridden

@@ -162,13 +162,13 @@ def test_a_failed_run_fails_its_requests_and_the_waiting_ones_still_run(checkpoi
         "parameters": {"checkpoint_dir": {"string_value": str(checkpoint("gqa"))}}})})
     real, calls, answers = model.model.serve_rows, [], {}
 
-    def failing_once(scheduler, poll, on_step, on_end):
+    def failing_once(scheduler, poll, on_step, on_end, speculation=None):
         calls.append(len(calls))
         if len(calls) == 1:
             poll()
             assert len(scheduler.admit()) == 1          # one row at a time: r0 starts, r1 and r2 wait
             raise RuntimeError("out of memory")
-        return real(scheduler, poll, on_step, on_end)
+        return real(scheduler, poll, on_step, on_end, speculation)
 
     monkeypatch.setattr(model.model, "serve_rows", failing_once)
 

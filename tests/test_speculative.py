@@ -4,15 +4,29 @@ batched generation and in-flight serving."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from click.testing import CliRunner
+
+from support.triton_stubs import StubRequest, load_cpu_model
+from pipeline.cli import main
+from pipeline.deploy import deploy_repository
 
 from pipeline.errors import UserError
 from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import OrtDecoder
+from pipeline.plan import Plan, Workload, resolve_model_info
+from pipeline.plan.speculative import SpeculativeRequest
+from pipeline.planner import make_plan, replan
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
-from pipeline.runtime.speculative import NgramDrafter, Speculation
+from pipeline.runtime.speculative import PROBE_EVERY, NgramDrafter, Speculation
+from pipeline.targets import get_target
+from pipeline.triton_names import (ACCEPTANCE_RATE, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
+                                   SPECULATIVE_MAX_ROWS, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS)
 
 PROMPTS = [[5, 9, 13, 2, 7], [3, 3, 8], [11, 4, 6, 1, 6, 1, 6, 10]]
 GREEDY = SamplingConfig(max_new_tokens=14)
@@ -54,7 +68,7 @@ def test_speculation_changes_no_token_of_a_batch(runtimes, runtime, sampling):
     model = runtimes[runtime]
     plain = [model.generate_rows([p], sampling)[0].tokens for p in PROMPTS]
     oracle = Oracle(PROMPTS, plain, silent=[PROMPTS[1]])
-    results = model.generate_rows(PROMPTS, sampling, speculation=Speculation(oracle_drafter(oracle, 4)))
+    results = model.generate_rows(PROMPTS, sampling, speculation=Speculation(oracle_drafter(oracle, 4), adaptive=False))
     assert [r.tokens for r in results] == plain
     assert results[1].draft_tokens == 0
     drafted = [r.draft_tokens for r in results]
@@ -80,7 +94,7 @@ def test_rejected_drafts_leave_no_trace_in_the_cache(runtimes, runtime):
     config = SamplingConfig(max_new_tokens=40)
     plain = [model.generate_rows([p], config)[0].tokens for p in PROMPTS]
     oracle = Oracle(PROMPTS, plain, wrong=1)
-    results = model.generate_rows(PROMPTS, config, speculation=Speculation(oracle_drafter(oracle, 3)))
+    results = model.generate_rows(PROMPTS, config, speculation=Speculation(oracle_drafter(oracle, 3), adaptive=False))
     assert [r.tokens for r in results] == plain
     assert sum(r.accepted_draft_tokens for r in results) == 0 and sum(r.draft_tokens for r in results) > 60
 
@@ -111,7 +125,7 @@ def test_in_flight_serving_speculates_and_keeps_every_request_exact(runtimes, ru
             return oracle.propose(history, min(3, limit))
 
     model.serve_rows(scheduler, poll, lambda key, result: tokens.__setitem__(key, list(result.tokens)),
-                     lambda key: None, Speculation(Bounded()))
+                     lambda key: None, Speculation(Bounded(), adaptive=False))
     assert [tokens[i] for i in range(len(schedule))] == alone
     assert sum(map(len, oracle.proposed)) > 0
     if limits.blocks is not None:
@@ -141,3 +155,134 @@ def test_a_decoder_that_cannot_verify_refuses_speculation(runtimes):
 
     with pytest.raises(UserError, match="cannot verify draft tokens"):
         generate_rows(Plain(), [GREEDY], speculation=Speculation(NgramDrafter(2)), prompts=[[1, 2]])
+
+
+def test_the_server_drafts_only_while_drafting_steps_pay():
+    """The choice of each step follows what was observed at that number of rows: drafting while (1 + accepted drafts
+    per row) x the plain step >= the drafting step, with a step of the other kind every PROBE_EVERY; never above the
+    plan's max_rows."""
+    spec = Speculation(NgramDrafter(3), max_rows=4)
+    assert spec.drafting(1)                              # nothing seen yet: draft
+    spec.observe(1, True, 0.012, 2)                      # 1 row, 2 drafts accepted, 12 ms
+    assert not spec.drafting(1)                          # then once plainly, for the plain step's cost
+    spec.observe(1, False, 0.010, 0)
+    choices = [spec.drafting(1) for _ in range(2 * PROBE_EVERY)]
+    assert choices.count(False) == 2                     # (1 + 2) x 10 ms >= 12 ms: drafts, but for the probes
+    spec.observe(1, True, 0.040, 0)                      # drafts stop being accepted and the step grows
+    for _ in range(10):
+        spec.observe(1, True, 0.040, 0)
+    assert not spec.gains(1)
+    choices = [spec.drafting(1) for _ in range(2 * PROBE_EVERY)]
+    assert choices.count(True) == 2                      # plain, but for the probes
+    assert not spec.drafting(5)                          # above the plan's break-even: never
+    assert Speculation(NgramDrafter(3), adaptive=False).drafting(64)
+
+
+def cpu_model(monkeypatch, ckpt, **parameters):
+    module = load_cpu_model(monkeypatch)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({
+        "model_transaction_policy": {"decoupled": True},
+        "parameters": {name: {"string_value": str(value)} for name, value in
+                       {"checkpoint_dir": ckpt, **parameters}.items()}})})
+    return model
+
+
+class Collect(StubRequest):
+    def __init__(self, *args, log, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    def send(self, response, flags=0):
+        assert response.error is None, response.error.message
+        self.log.append(response.outputs())
+
+
+def test_the_deployed_model_speculates_as_deployed_and_reports_nvidias_draft_counts(checkpoint, monkeypatch):
+    """The cpu model deployed with --speculative ngram: the same tokens as without, and its perf metrics carry the
+    drafts verified and accepted and TensorRT-LLM's acceptance rate (accepted / drafted)."""
+    ckpt = checkpoint("gqa")
+    prompt = [3, 14, 15, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5]
+    answers = {}
+    for name, parameters in (("plain", {}), ("ngram", {SPECULATIVE_DECODING_MODE: "ngram", MAX_DRAFT_LEN: 4,
+                                                       MAX_MATCHING_NGRAM_SIZE: 2})):
+        model = cpu_model(monkeypatch, ckpt, **parameters)
+        log = []
+        model.execute([Collect("r", prompt, 20, log=log, return_perf_metrics=True, streaming=False)])
+        model.queue.join()
+        out = log[-1]
+        answers[name] = out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist()
+        drafted, accepted = int(out[TOTAL_DRAFT_TOKENS][0, 0]), int(out[TOTAL_ACCEPTED_DRAFT_TOKENS][0, 0])
+        rate = float(out[ACCEPTANCE_RATE][0, 0])
+        if name == "plain":
+            assert drafted == accepted == 0 and rate == 0.0
+        else:
+            assert drafted > 0 and rate == pytest.approx(accepted / drafted)
+    assert answers["ngram"] == answers["plain"]
+
+
+@pytest.mark.parametrize("parameters,message", [
+    ({SPECULATIVE_DECODING_MODE: "medusa", MAX_DRAFT_LEN: 3}, "ngram only"),
+    ({SPECULATIVE_DECODING_MODE: "ngram", MAX_DRAFT_LEN: 0}, "draft length"),
+    ({SPECULATIVE_DECODING_MODE: "ngram", MAX_DRAFT_LEN: "three"}, "must be integers"),
+])
+def test_a_speculative_setting_the_cpu_model_cannot_honour_stops_it_loading(checkpoint, monkeypatch, parameters,
+                                                                            message):
+    with pytest.raises(ValueError, match=message):
+        cpu_model(monkeypatch, checkpoint("gqa"), **parameters)
+
+
+def plan_of(ckpt, speculative=None, **workload):
+    return make_plan(resolve_model_info(str(ckpt)), get_target("cpu"), "fp32",
+                     workload=Workload(input_len=32, output_len=16, **workload), speculative=speculative)
+
+
+def test_the_plan_predicts_each_concurrency_and_stops_where_drafting_loses(checkpoint, monkeypatch, tmp_path,
+                                                                          smollm2_hf_dir):
+    """speedup = (1 + a K) x plain step / drafting step at each concurrency timed; the server drafts up to the first
+    concurrency that loses, and the deployment carries it (monkeypatched timings, both ways)."""
+    from pipeline.plan import speculative as planned
+
+    costs = {1: (0.010, 0.012), 2: (0.012, 0.015), 4: (0.015, 0.030), 8: (0.020, 0.050)}
+    monkeypatch.setattr(planned, "step_timings", lambda plan, rows, k, context: [costs[r] for r in rows])
+    request = SpeculativeRequest("ngram", None, 4, 0.25)
+    plan = plan_of(checkpoint("gqa"), request)
+    spec = plan.speculative
+    assert spec.rows == [1, 2, 4, 8] and spec.draft_len == 4 and spec.acceptance == 0.25
+    assert spec.speedup == [pytest.approx(2 * p / v, abs=1e-3) for p, v in costs.values()]
+    assert spec.max_rows == 4 and "--acceptance" in spec.acceptance_basis
+    assert Plan.from_dict(plan.to_dict()).speculative == spec
+    repo = deploy_repository(plan, tmp_path / "repo", checkpoint=checkpoint("gqa"), tokenizer=smollm2_hf_dir).path
+    config = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    for name, value in ((SPECULATIVE_DECODING_MODE, "ngram"), (MAX_DRAFT_LEN, "4"), (SPECULATIVE_MAX_ROWS, "4")):
+        assert f'key: "{name}"\n  value {{\n    string_value: "{value}"' in config
+    assert replan(plan).speculative == spec                      # tune's replanning keeps it
+
+    costs.update({1: (0.010, 0.030)})
+    slow = plan_of(checkpoint("gqa"), SpeculativeRequest("ngram", None, 4, 0.25), max_context=64)
+    assert slow.speculative.max_rows == 0 and any("the server will not draft" in w for w in slow.warnings)
+    plain = deploy_repository(plan_of(checkpoint("gqa")), tmp_path / "plain", checkpoint=checkpoint("gqa"),
+                              tokenizer=smollm2_hf_dir).path
+    assert SPECULATIVE_DECODING_MODE not in (plain / "tensorrt_llm" / "config.pbtxt").read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--speculative", "draft:smollm2-135m"], "ngram) only in this version"),
+    (["--speculative", "draft"], "needs the model that drafts"),
+    (["--speculative", "medusa"], "must be one of ngram"),
+    (["--speculative", "ngram", "--draft-len", "0"], "between 1 and 16"),
+    (["--speculative", "ngram", "--draft-len", "17"], "between 1 and 16"),
+    (["--speculative", "ngram", "--acceptance", "1.5"], "between 0 and 1"),
+    (["--draft-len", "3"], "go with --speculative"),
+    (["--speculative", "ngram", "--backend", "reference-llmapi"], "does not speculate"),
+])
+def test_speculation_the_cpu_target_cannot_run_is_one_line_and_exit_2(args, message):
+    result = CliRunner().invoke(main, ["plan", "smollm2-135m", "--target", "cpu", "--precision", "fp32", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_speculation_on_a_gpu_target_says_it_is_not_planned_there_yet():
+    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
+                                       "--speculative", "ngram"])
+    assert result.exit_code == 2 and "cpu target only in this version" in result.output

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..outputs import link_or_copy
-from ..triton_names import GUARANTEED_NO_EVICT, TENSORRT_LLM
+from ..triton_names import (GUARANTEED_NO_EVICT, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
+                            SPECULATIVE_MAX_ROWS, TENSORRT_LLM)
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
     format_gib,
@@ -116,7 +117,7 @@ class ReferenceBackend:
         return {**scheduler, "checkpoint_dir": CHECKPOINT_DIR, "max_seq_len": str(plan.max_seq_len),
                 "exclude_input_in_output": parameter_string(plan.triton.exclude_input_in_output),
                 # as the engine repository writes it (NVIDIA's default): greedy log probs are then 0
-                "normalize_log_probs": "true"}
+                "normalize_log_probs": "true", **speculative_parameters(plan)}
 
     def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
                       extra_args: tuple[str, ...] = ()) -> list[str]:
@@ -128,6 +129,16 @@ class ReferenceBackend:
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
         copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
         copy_runtime(runtime_closure(model=MODEL_SOURCE), version_dir)
+
+
+def speculative_parameters(plan: Plan) -> dict[str, str]:
+    """The cpu model's speculative decoding (none without --speculative): the method, K, prompt lookup's longest
+    n-gram and the most running rows it drafts for (the plan's break-even)."""
+    spec = plan.speculative
+    if spec is None:
+        return {}
+    return {SPECULATIVE_DECODING_MODE: spec.method, MAX_DRAFT_LEN: str(spec.draft_len),
+            MAX_MATCHING_NGRAM_SIZE: str(spec.max_ngram), SPECULATIVE_MAX_ROWS: str(spec.max_rows)}
 
 
 class ReferenceOnnxBackend(ReferenceBackend):

@@ -226,6 +226,34 @@ def concurrency_option(help_text: str, default=None, sweep: bool = False):
                         metavar="N,N,..." if sweep else "N", help=help_text)
 
 
+def speculative_options(command):
+    """--speculative, --draft-len and --acceptance (plan and build): pipeline/plan/speculative.py."""
+    for option in reversed((
+            click.option("--speculative", default=None, metavar="METHOD",
+                         help="Speculative decoding: ngram (prompt lookup; the cpu target's runtimes run it), "
+                              "draft:MODEL, lookahead or eagle:MODEL (not implemented yet: refused). The plan "
+                              "predicts the speedup at each concurrency and the most rows the server drafts for."),
+            click.option("--draft-len", type=int, default=None, metavar="K",
+                         help="Drafts verified per step (default 3)."),
+            click.option("--acceptance", type=float, default=None, metavar="A",
+                         help="The acceptance rate (accepted / drafted tokens) the prediction assumes; `trtpipe "
+                              "validate` measures a deployment's (default 0.35)."))):
+        command = option(command)
+    return command
+
+
+def speculative_request(speculative: str | None, draft_len: int | None, acceptance: float | None):
+    """The SpeculativeRequest the three options ask for (None: no speculation); UserError for a lone --draft-len or
+    --acceptance."""
+    from ..plan.speculative import SpeculativeRequest
+
+    if speculative is None:
+        if draft_len is not None or acceptance is not None:
+            raise UserError("--draft-len and --acceptance go with --speculative METHOD")
+        return None
+    return SpeculativeRequest.parse(speculative, draft_len, acceptance)
+
+
 #: Tokens generated per request by every command that sends requests (validate, compare, tune, profile).
 MAX_TOKENS = 16
 

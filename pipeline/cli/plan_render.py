@@ -106,6 +106,8 @@ def verdict(plan: Plan) -> list[str]:
     ]
     source = figure_source(plan)
     rows += [(name, f"{value:<11} {source}") for name, value in speed_rows(plan)]
+    if plan.speculative:
+        rows.append(("Speculate", speculative_line(plan.speculative)))
     width = max(len(name) for name, _ in rows) + 2
     lines = [f"{name:<{width}}{value}" for name, value in rows]
     bounds = [msg for msg in plan.warnings if msg.startswith(BOUND_WARNING)]
@@ -115,6 +117,15 @@ def verdict(plan: Plan) -> list[str]:
     lines.append(f"{'More':<{width}}--details: the memory budget, build_config, Triton parameters, speed of light, "
                  "energy; --json: plan.json")
     return lines
+
+
+def speculative_line(spec) -> str:
+    """--speculative: K, the acceptance assumed and the speedup predicted at each concurrency, and where it stops."""
+    gains = ", ".join(f"{r} row{'s' if r > 1 else ''} x{s:.2f}" for r, s in zip(spec.rows, spec.speedup))
+    stop = (f"drafts while at most {spec.max_rows} rows run" if spec.max_rows else "never gains here: off")
+    return (f"{spec.method}, K {spec.draft_len}, acceptance {spec.acceptance:g} "
+            f"({'--acceptance' if spec.acceptance_basis.startswith('--acceptance') else 'default'}): "
+            f"tokens/s {gains}; {stop}")
 
 
 #: how serving_choice's warning of a plan without measured or derived figures begins

@@ -17,7 +17,8 @@ from ..errors import UserError
 from ..triton_names import BATCH_SCHEDULER_POLICIES
 from ..precisions import (AUTO, AUTO_PRECISIONS, CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, FLOAT_DTYPES,
                           KV_CACHE_CHOICES, KV_CACHE_QUANT_ALGO, PRECISIONS)
-from .base import DEFAULT_IMAGE, calibration_data_options, choice, concurrency_option, device_option, main
+from .base import (DEFAULT_IMAGE, calibration_data_options, choice, concurrency_option, device_option, main,
+                   speculative_options, speculative_request)
 
 
 @main.command()
@@ -120,10 +121,11 @@ def convert(source, out, precision, tp, pp, model_dir, force, as_json):
               help="GPU targets: download, convert and calibrate here on this machine's CPU, without a GPU (hours for "
                    "an 8B model; the download and time are printed before it starts), then write the engine build "
                    "command. Without it, a GPU target's build needs the GPU machine.")
+@speculative_options
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
           device, backend, runtime_image, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens,
-          checkpoints_on_cpu, as_json):
+          checkpoints_on_cpu, speculative, draft_len, acceptance, as_json):
     """Run every stage: convert, [sparsify, distill,] calibrate, plan, compile, deploy, validate.
 
     \b
@@ -147,6 +149,8 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
         if (sparsity, distill_tokens) != (None, None):
             raise UserError("--sparsity and --distill-tokens compress one build; a matrix build takes its matrix's "
                             "settings")
+        if (speculative, draft_len, acceptance) != (None, None, None):
+            raise UserError("--speculative plans one build; a matrix build takes its matrix's settings")
         if (input_len, output_len, max_context) != (None, None, None):
             raise UserError("--input-len, --output-len and --max-context plan one build; a matrix build takes its "
                             "matrix's settings")
@@ -167,7 +171,8 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
                            calibration_samples=samples, device=device, progress=not as_json, backend=backend,
                            runtime_image=runtime_image,
                            workload=Workload(**lengths) if lengths else None, sparsity=sparsity,
-                           distill_tokens=distill_tokens, checkpoints_on_cpu=checkpoints_on_cpu)
+                           distill_tokens=distill_tokens, checkpoints_on_cpu=checkpoints_on_cpu,
+                           speculative=speculative_request(speculative, draft_len, acceptance))
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:
@@ -424,10 +429,12 @@ def targets(as_json):
 @click.option("--details", is_flag=True,
               help="After the verdict, every section: the memory budget, build_config, plugin_config, profiles, "
                    "Triton parameters, performance, speed of light, energy.")
+@speculative_options
 def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_context, concurrency, p99_latency,
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
          kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, priority_levels, default_priority_level, model_dir,
-         out, as_json, server, backend, runtime_image, instances, measured, details):
+         out, as_json, server, backend, runtime_image, instances, measured, details, speculative, draft_len,
+         acceptance):
     """Whether MODEL fits a target, its batch, KV cache and speed; its build configuration and Triton parameters.
 
     \b
@@ -447,6 +454,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
       trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --server vllm
       trtpipe plan llama-3-8b --target rtx4090 --precision fp8 --instances 2
       trtpipe plan smollm2-135m --target cpu --precision fp8 --measured out/validate/load_test.json
+      trtpipe plan smollm2-135m --target cpu --precision fp32 --speculative ngram --draft-len 3
     """
     from rich.console import Console
 
@@ -457,6 +465,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     from ..plan.servers import server_settings
     from ..targets import get_target
 
+    spec = speculative_request(speculative, draft_len, acceptance)
     info, gpu = resolve_model_info(model, model_dir), get_target(target)
     try:
         result = plan_instances(
@@ -469,7 +478,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
                                 kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
                                 batch_scheduler_policy=batch_scheduler_policy, priority_levels=priority_levels,
                                 default_priority_level=default_priority_level), backend=backend,
-            image=runtime_image)
+            image=runtime_image, speculative=spec)
     except Refusal as exc:   # each "instead" as the whole command, planned before it is named
         ctx = click.get_current_context()
         raise UserError(exc.explained(lambda flags: plan_command_line(ctx, flags))) from None

@@ -264,16 +264,11 @@ class OrtBatch:
         return [torch.from_numpy(logits[slot, :len(fed)].copy()) for slot, fed in zip(slots, tokens)]
 
     def rewind(self, row: int, count: int) -> None:
-        """Mask the row's last `count` cache positions (the holes go at the next rebuild) and cut the cache's
-        trailing positions no row uses any more (alone in the batch, a row's rejected drafts are those)."""
+        """Mask the row's last `count` cache positions: the holes stay until a rebuild drops them (`_unused` counts
+        them), since cutting the cache would hand ONNX Runtime a strided view, which it copies whole every step."""
         slot, end = self.verified[row]
         self.cache.mask[slot, end - count:end] = 0
         self.next[slot, 0] -= count
-        trailing = int(np.argmax(self.cache.mask[:, ::-1].any(axis=0))) if self.cache.mask.any() else 0
-        if trailing:
-            keep = self.cache.length - trailing
-            self.cache = Cache({name: t[:, :, :keep] for name, t in self.cache.tensors.items()},
-                               self.cache.mask[:, :keep])
 
     def _inputs(self, slots: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """input_ids and position_ids [cache rows, 1]: each row's token at its next position, 0 in free rows."""

@@ -196,6 +196,25 @@ class TritonParams:
 
 
 @dataclass
+class SpeculativePlan:
+    """Speculative decoding as planned (pipeline/plan/speculative.py): the drafting method, K drafts verified a step,
+    the acceptance rate assumed, the steps timed with and without drafts at each concurrency, the predicted speedup
+    there, and the most running rows the server drafts for (above it speculation loses and is off)."""
+
+    method: str                      # "ngram"
+    draft_len: int                   # K
+    max_ngram: int                   # prompt lookup's longest n-gram
+    acceptance: float                # accepted / drafted tokens (TensorRT-LLM's acceptance_rate)
+    acceptance_basis: str
+    rows: list[int]                  # concurrencies predicted
+    step_s: list[float]              # a plain decode step of that many rows
+    verify_step_s: list[float]       # a step of K + 1 tokens a row
+    speedup: list[float]             # output tokens/s with speculation over without
+    max_rows: int                    # 0: it never pays on this host
+    basis: str
+
+
+@dataclass
 class MemoryBudget:
     """Per-GPU memory (host RAM for the cpu target), in bytes."""
 
@@ -281,6 +300,7 @@ class Plan:
     precision_choice: dict | None = None
     #: the GPU runtime image it deploys onto (`backends.runtime_images`); None: the cpu target, trtpipe's own Triton
     runtime_image: str | None = None
+    speculative: SpeculativePlan | None = None   # --speculative (None: every step decodes one token a row)
 
     @property
     def request_latency_s(self) -> float:
@@ -323,6 +343,7 @@ class Plan:
             "performance": self.performance.to_dict() if self.performance else None,
             "precision_choice": self.precision_choice,
             "runtime_image": self.runtime_image,
+            "speculative": asdict(self.speculative) if self.speculative else None,
         }
 
     @classmethod
@@ -356,6 +377,7 @@ class Plan:
             performance=Performance.from_dict(d["performance"]) if d.get("performance") else None,
             precision_choice=d.get("precision_choice"),
             runtime_image=d.get("runtime_image"),
+            speculative=SpeculativePlan(**d["speculative"]) if d.get("speculative") else None,
         )
 
 

@@ -11,6 +11,7 @@ runtime (pipeline/runtime/model.py) and ONNX Runtime (pipeline/onnx/runner.py) g
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
@@ -150,19 +151,24 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
             end(r)
     if active != prefilled:
         logits = logits[[prefilled.index(r) for r in active]]
-    steps, drafts = [logits[i:i + 1] for i in range(len(active))], [[] for _ in active]
+    steps, drafts, timed = [logits[i:i + 1] for i in range(len(active))], [[] for _ in active], None
     while active:
-        fed = []
+        fed, accepted = [], 0
         for i, r in enumerate(active):
+            before = results[r].accepted_draft_tokens
             if take(decoder, r, steps[i], drafts[i], selectors[r], configs[r], results[r], on_step):
                 fed.append(r)
             else:
                 end(r)
+            accepted += results[r].accepted_draft_tokens - before
+        if timed is not None:
+            speculation.observe(*timed, accepted)
         active = fed
         if active:
-            drafts = [propose(speculation, len(active), selectors[r].history, configs[r], results[r], None)
-                      for r in active]
+            drafts = step_drafts(speculation, [(selectors[r].history, configs[r], results[r], None) for r in active])
+            started = time.perf_counter()
             steps = decode_step(decoder, active, [results[r].tokens[-1] for r in active], drafts)
+            timed = None if speculation is None else (len(active), any(drafts), time.perf_counter() - started)
     return results
 
 
@@ -171,14 +177,18 @@ def check_speculation(decoder: Decoder, speculation: Speculation | None) -> None
         raise UserError(f"{type(decoder).__name__} cannot verify draft tokens (no speculative decoding)")
 
 
-def propose(speculation: Speculation | None, rows: int, history: Sequence[int], cfg: SamplingConfig,
-            result: RowResult, room: int | None) -> list[int]:
-    """A row's drafts for the next step: none without speculation, never more than its request can still output
-    after the token it feeds (nor than `room`, the KV its blocks still hold)."""
-    if speculation is None:
-        return []
-    limit = draft_limit(cfg.max_new_tokens, len(result.tokens))
-    return speculation.drafts(rows, history, limit if room is None else min(limit, room))
+def step_drafts(speculation: Speculation | None,
+                rows: list[tuple[Sequence[int], SamplingConfig, RowResult, int | None]]) -> list[list[int]]:
+    """Each row's drafts for the next step, from its (history, config, record, room): none unless the speculation
+    drafts at this many rows; never more than its request can still output after the token it feeds, nor than
+    `room` (the KV its blocks still hold; None: no bound)."""
+    if speculation is None or not speculation.drafting(len(rows)):
+        return [[] for _ in rows]
+    drafts = []
+    for history, cfg, result, room in rows:
+        limit = draft_limit(cfg.max_new_tokens, len(result.tokens))
+        drafts.append(speculation.drafts(history, limit if room is None else min(limit, room)))
+    return drafts
 
 
 def decode_step(decoder: Decoder, rows: list[int], tokens: list[int], drafts: list[list[int]]) -> list[torch.Tensor]:
@@ -352,15 +362,21 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             row, _ = joining.pop(0)
             with span("forward", phase="decode", rows=len(fed), prompt_tokens=len(rows[row].context())):
                 logits, first = decoder.decode_with_prompt(fed, tokens, row)
-            drafts = [[] for _ in fed]
+            drafts, timed = [[] for _ in fed], None
         else:
             row = None
-            drafts = [propose(speculation, len(fed), rows[r].selector.history, rows[r].config, rows[r].result,
-                              scheduler.room(rows[r])) for r in fed]
+            drafts = step_drafts(speculation, [(rows[r].selector.history, rows[r].config, rows[r].result,
+                                                scheduler.room(rows[r])) for r in fed])
             with span("forward", phase="decode", rows=len(fed), drafts=sum(map(len, drafts))):
+                started = time.perf_counter()
                 logits = decode_step(decoder, fed, tokens, drafts)
+                timed = None if speculation is None else (len(fed), any(drafts), time.perf_counter() - started)
         with span("sample", rows=len(fed) + (row is not None)):
+            records = [rows[r].result for r in fed]
+            before = sum(result.accepted_draft_tokens for result in records)
             fed = [r for i, r in enumerate(fed) if chosen(r, logits[i], drafts[i])]
+            if timed is not None:
+                speculation.observe(*timed, sum(result.accepted_draft_tokens for result in records) - before)
             if row is not None and chosen(row, first):
                 fed.append(row)
 

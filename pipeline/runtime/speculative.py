@@ -21,12 +21,13 @@ several-token step against a one-token one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
-
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 #: the drafting methods the cpu runtimes run (`--speculative`)
 NGRAM = "ngram"
@@ -83,18 +84,63 @@ class NgramDrafter:
         return []
 
 
+#: a step of the other kind every this many steps of one number of rows, so that the figures the choice rests on stay
+#: current (the acceptance moves with the requests; a step's cost with the contexts)
+PROBE_EVERY = 32
+#: what a drafting step must gain over a plain one, by its own time, to go on drafting: it also leaves costs to later
+#: steps (the cache positions of its rejected drafts, which the ONNX cache drops only when it is rebuilt)
+MARGIN = 1.15
+#: the weight of a new observation in the running figures (an exponential moving average)
+SMOOTHING = 0.25
+
+
 @dataclass
 class Speculation:
-    """How a loop speculates: the drafter, and the most rows a step may have for it to draft (above that a step of
-    K + 1 tokens a row costs more than the accepted tokens save: the plan's break-even concurrency)."""
+    """How a loop speculates: the drafter, the most rows a step may have for it to draft (the plan's break-even), and,
+    when `adaptive`, the choice of each step made from what the loop observed at that number of rows: a step that
+    drafts outputs each row's accepted drafts and one token in `verify_s`, a plain one a token a row in `plain_s`, so
+    it drafts while (1 + accepted drafts per row) x plain_s >= verify_s. One step in PROBE_EVERY does the other kind
+    to keep both figures current; a number of rows not yet seen drafts first, then steps plainly once."""
 
     drafter: Drafter
     max_rows: int | None = None
+    adaptive: bool = True
+    plain_s: dict[int, float] = field(default_factory=dict)
+    verify_s: dict[int, float] = field(default_factory=dict)
+    gain: dict[int, float] = field(default_factory=dict)      # accepted drafts per row of a drafting step
+    steps: dict[int, int] = field(default_factory=dict)
 
-    def drafts(self, rows: int, history: Sequence[int], limit: int) -> list[int]:
+    def drafting(self, rows: int) -> bool:
+        """Whether the next step of `rows` rows drafts."""
         if self.max_rows is not None and rows > self.max_rows:
-            return []
+            return False
+        if not self.adaptive:
+            return True
+        self.steps[rows] = count = self.steps.get(rows, 0) + 1
+        if rows not in self.verify_s:
+            return True
+        if rows not in self.plain_s:
+            return False
+        return self.gains(rows) != (count % PROBE_EVERY == 0)
+
+    def gains(self, rows: int) -> bool:
+        return (1 + self.gain[rows]) * self.plain_s[rows] >= MARGIN * self.verify_s[rows]
+
+    def observe(self, rows: int, drafted: bool, seconds: float, accepted: int) -> None:
+        """A step of `rows` rows took `seconds`; when it `drafted`, its rows accepted `accepted` drafts in all."""
+        if drafted:
+            smooth(self.verify_s, rows, seconds)
+            smooth(self.gain, rows, accepted / rows)
+        else:
+            smooth(self.plain_s, rows, seconds)
+
+    def drafts(self, history: Sequence[int], limit: int) -> list[int]:
         return self.drafter.propose(history, limit)
+
+
+def smooth(figures: dict[int, float], rows: int, value: float) -> None:
+    old = figures.get(rows)
+    figures[rows] = value if old is None else old + SMOOTHING * (value - old)
 
 
 def draft_limit(max_new_tokens: int, produced: int) -> int:

@@ -50,15 +50,16 @@ from pipeline.runtime.scheduler import (  # noqa: E402
     GUARANTEED_NO_EVICT, Scheduler, SchedulerLimits, Sequence,
 )
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
+from pipeline.runtime.speculative import MAX_NGRAM, NGRAM, NgramDrafter, Speculation  # noqa: E402
 from pipeline.triton_names import (  # noqa: E402
     ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
     EMBEDDING_BIAS, END_ID, EXCLUDE_INPUT_IN_OUTPUT, FIRST_SCHEDULED_TIME_NS, FIRST_TOKEN_TIME_NS, FREQUENCY_PENALTY,
     GENERATION_LOGITS, INPUT_IDS, INPUT_LENGTHS, KV_CACHE_ALLOC_NEW_BLOCKS, KV_CACHE_ALLOC_TOTAL_BLOCKS,
-    KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MIN_TOKENS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, NUM_RETURN_SEQUENCES,
+    KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, MIN_TOKENS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, NUM_RETURN_SEQUENCES,
     OUTPUT_IDS, OUTPUT_LOG_PROBS, PAD_ID, PRESENCE_PENALTY, REPETITION_PENALTY, REQUEST_OUTPUT_LEN,
     RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS, RETURN_LOG_PROBS, RETURN_NUM_INPUT_TOKENS,
     RETURN_NUM_OUTPUT_TOKENS, RETURN_PERF_METRICS, RUNTIME_TOP_K, RUNTIME_TOP_P, SEED, SEQUENCE_INDEX, SEQUENCE_LENGTH,
-    STOP, STOP_WORDS_LIST, STREAMING, TEMPERATURE, TENSORRT_LLM, TENSORRT_LLM_SAMPLING_INPUTS,
+    SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, STOP, STOP_WORDS_LIST, STREAMING, TEMPERATURE, TENSORRT_LLM, TENSORRT_LLM_SAMPLING_INPUTS,
     TENSORRT_LLM_SAMPLING_RANGES, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS, parameter, sampling_error,
 )
 
@@ -82,7 +83,8 @@ HONOURED = (INPUT_IDS, INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, 
             STREAMING, *UNUSED_AT_BEAM_WIDTH_1, *DECODER_ONLY_UNUSED)
 #: Inputs refused by name when a request sends them: what the reference runtime cannot do.
 REFUSED = {
-    **{name: "speculative decoding (draft tokens) is not supported"
+    **{name: "drafts from outside (draft-target through the BLS model) are not supported: the cpu model drafts "
+             "itself when deployed with --speculative ngram"
        for name in ("draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
     **{name: "encoder-decoder and cross-attention inputs are for encoder-decoder models; this one is decoder-only"
        for name in ("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
@@ -160,6 +162,28 @@ def scheduler_limits(config: dict) -> SchedulerLimits:
         policy=parameter(config, "batch_scheduler_policy", GUARANTEED_NO_EVICT),
         priority_levels=int(batching.get("priority_levels", 0)),
         default_priority_level=int(batching.get("default_priority_level", 0)))
+
+
+def speculation_of(config: dict) -> Speculation | None:
+    """Speculative decoding as the deployment's parameters ask (trtpipe plan --speculative): prompt lookup drafting
+    max_draft_len tokens a step while the batch has at most speculative_max_rows rows; None when unset. ValueError
+    (the model does not load) for a mode or value it cannot honour."""
+    mode = parameter(config, SPECULATIVE_DECODING_MODE, "")
+    if not mode:
+        return None
+    if mode != NGRAM:
+        raise ValueError(f"{SPECULATIVE_DECODING_MODE} {mode!r}: the cpu target's runtimes draft with {NGRAM} only")
+    try:
+        k = int(parameter(config, MAX_DRAFT_LEN, ""))
+        ngram = int(parameter(config, MAX_MATCHING_NGRAM_SIZE, str(MAX_NGRAM)))
+        rows = int(parameter(config, SPECULATIVE_MAX_ROWS, "0")) or None
+    except ValueError:
+        raise ValueError(f"{MAX_DRAFT_LEN}, {MAX_MATCHING_NGRAM_SIZE} and {SPECULATIVE_MAX_ROWS} must be integers "
+                         "with speculative decoding") from None
+    try:
+        return Speculation(NgramDrafter(k, ngram), max_rows=rows)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def request_priority(params: dict) -> int | None:
@@ -440,7 +464,7 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
     logits once (the first response of the row), generation logits of the carried tokens, the token counts
     (num_output_tokens: the ids in this response's output_ids, prompt included when it is, NVIDIA's count) and
     the perf metrics (monotonic-clock ns, as TensorRT-LLM's steady-clock TimePoint; the KV blocks the scheduler gave the
-    sequence, a restart after a pause allocating anew, and nothing reused or drafted)."""
+    sequence, a restart after a pause allocating anew, and nothing reused; the drafts verified and accepted)."""
     wants, tensors = job.wants, []
     results = [row.result for row in rows]
 
@@ -479,8 +503,14 @@ def requested_outputs(job: Job, rows: list, pieces: list, outputs: list, first: 
             (ARRIVAL_TIME_NS, job.arrival_ns, np.int64),
             (FIRST_SCHEDULED_TIME_NS, job.scheduled_ns, np.int64),
             (FIRST_TOKEN_TIME_NS, job.first_token_ns, np.int64),
-            (LAST_TOKEN_TIME_NS, job.last_token_ns, np.int64), (ACCEPTANCE_RATE, 0.0, np.float32),
-            (TOTAL_ACCEPTED_DRAFT_TOKENS, 0, np.int32), (TOTAL_DRAFT_TOKENS, 0, np.int32))]
+            (LAST_TOKEN_TIME_NS, job.last_token_ns, np.int64))]
+        drafted = [0 if r is None else r.draft_tokens for r in results]
+        accepted = [0 if r is None else r.accepted_draft_tokens for r in results]
+        # TensorRT-LLM's acceptance rate: accepted / drafted, 0 before any draft (llmRequest.cpp createResult)
+        rate = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+        tensors += [pb_utils.Tensor(name, np.array([[v] for v in values], dtype)) for name, values, dtype in (
+            (ACCEPTANCE_RATE, rate, np.float32), (TOTAL_ACCEPTED_DRAFT_TOKENS, accepted, np.int32),
+            (TOTAL_DRAFT_TOKENS, drafted, np.int32))]
         blocks = np.array([[row.seq.allocated] for row in rows], np.int32)   # the scheduler's pool; none reused
         tensors += [pb_utils.Tensor(KV_CACHE_ALLOC_NEW_BLOCKS, blocks), pb_utils.Tensor(KV_CACHE_REUSED_BLOCKS,
                     np.zeros_like(blocks)), pb_utils.Tensor(KV_CACHE_ALLOC_TOTAL_BLOCKS, blocks)]
@@ -543,6 +573,7 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
         self.scheduler = Scheduler(scheduler_limits(config))   # the worker's: which rows start, pause, hold KV
+        self.speculation = speculation_of(config)
         self.admitted: set = set()       # jobs handed to the scheduler and not yet answered in full
         self.cancel_checked = 0.0
         self.max_rows = config.get("max_batch_size") or sys.maxsize
@@ -640,7 +671,7 @@ class TritonPythonModel:
             try:
                 self.model.serve_rows(self.scheduler, self.poll,
                                       on_step=lambda row, result: row.job.on_step(row, result),
-                                      on_end=lambda row: row.job.on_row_end(row))
+                                      on_end=lambda row: row.job.on_row_end(row), speculation=self.speculation)
             except Exception as exc:  # the runtime failed: every request it was generating gets the reason
                 for s in list(self.scheduler.running):
                     self.scheduler.finish(s)
@@ -753,7 +784,7 @@ class TritonPythonModel:
         try:
             self.model.generate_rows([row.prompt for row in rows], [row.sampling for row in rows],
                                      on_step=lambda i, result: rows[i].job.on_step(rows[i], result),
-                                     on_end=lambda i: rows[i].job.on_row_end(rows[i]))
+                                     on_end=lambda i: rows[i].job.on_row_end(rows[i]), speculation=self.speculation)
         except Exception as exc:  # the runtime failed for the whole batch: every request gets the reason
             for job in started:
                 job.fail(f"generation failed: {type(exc).__name__}: {exc}")
