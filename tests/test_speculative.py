@@ -5,8 +5,10 @@ batched generation and in-flight serving."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+import requests
 
 from click.testing import CliRunner
 
@@ -18,6 +20,7 @@ from pipeline.errors import UserError
 from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import OrtDecoder
 from pipeline.plan import Plan, Workload, resolve_model_info
+from pipeline.plan.schema import SpeculativePlan
 from pipeline.plan.speculative import SpeculativeRequest
 from pipeline.planner import make_plan, replan
 from pipeline.runtime import ReferenceModel, SamplingConfig
@@ -25,6 +28,9 @@ from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
 from pipeline.runtime.speculative import PROBE_EVERY, NgramDrafter, Speculation
 from pipeline.targets import get_target
+from pipeline.validate import validate_repository
+from pipeline.validate.report import ValidateOptions
+from pipeline.validate.speculative import check_speculation
 from pipeline.triton_names import (ACCEPTANCE_RATE, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
                                    SPECULATIVE_MAX_ROWS, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS)
 
@@ -286,3 +292,48 @@ def test_speculation_on_a_gpu_target_says_it_is_not_planned_there_yet():
     result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
                                        "--speculative", "ngram"])
     assert result.exit_code == 2 and "cpu target only in this version" in result.output
+
+
+class FakeClient:
+    """An ensemble client whose generate answers with the perf metrics given (what check_speculation reads)."""
+
+    def __init__(self, answers):
+        self.answers, self.bodies = list(answers), []
+
+    def body(self, prompt, max_tokens):
+        return {"text_input": prompt, "max_tokens": max_tokens}
+
+    def post_generate(self, body):
+        self.bodies.append(body)
+        response = requests.Response()
+        response.status_code, response._content = 200, json.dumps(self.answers.pop(0)).encode()
+        return response
+
+
+def test_validate_measures_the_acceptance_the_plan_should_assume():
+    spec = SpeculativePlan("ngram", 3, 3, 0.35, "default", [1], [0.01], [0.012], [1.7], 8, "")
+    options = ValidateOptions(prompts=("a", "b"))
+    client = FakeClient([{TOTAL_DRAFT_TOKENS: 9, TOTAL_ACCEPTED_DRAFT_TOKENS: 3},
+                         {TOTAL_DRAFT_TOKENS: 3, TOTAL_ACCEPTED_DRAFT_TOKENS: 3}])
+    result = check_speculation(client, options, spec)
+    assert result.passed and result.data["acceptance"] == 0.5 and "--acceptance 0.50" in result.detail
+    assert all(body["return_perf_metrics"] is True for body in client.bodies)
+    silent = check_speculation(FakeClient([{TOTAL_DRAFT_TOKENS: 0}] * 2), options, spec)
+    assert not silent.passed and "drafted nothing" in silent.detail
+    off = replace(spec, max_rows=0)
+    assert check_speculation(FakeClient([{TOTAL_DRAFT_TOKENS: 0}] * 2), options, off).passed
+
+
+def test_a_speculating_deployment_validates_with_its_acceptance_measured(tiny_ckpt, tiny_hf, tmp_path):
+    """convert -> plan --speculative -> deploy -> validate: every check passes, the speculation one with the
+    acceptance the deployment measured on the validation prompts."""
+    plan = make_plan(resolve_model_info(str(tiny_ckpt)), get_target("cpu"), "fp32",
+                     workload=Workload(input_len=32, output_len=32, max_context=96),
+                     speculative=SpeculativeRequest("ngram", None, 3, 0.5))
+    plan = replace(plan, speculative=replace(plan.speculative, max_rows=8))     # whatever this host timed
+    repo = deploy_repository(plan, tmp_path / "repo", checkpoint=tiny_ckpt, tokenizer=tiny_hf).path
+    report = validate_repository(repo, tmp_path / "validation", ValidateOptions(max_tokens=48))
+    checks = {c.name: c for c in report.checks}
+    assert not [c.name for c in report.checks if c.failed], [c.detail for c in report.checks if c.failed]
+    spec = checks["speculation"]
+    assert spec.passed and spec.data["drafted"] > 0 and spec.data["planned_acceptance"] == 0.5

@@ -33,6 +33,8 @@ from .llmapi import LlmapiClient, llmapi_bad_requests
 from .energy import meter_for
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
+from .speculative import NAME as SPECULATION
+from .speculative import check_speculation
 from .report import CheckResult, GreedyReference, ValidateOptions, ValidationReport
 
 
@@ -54,6 +56,10 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     for name, check in steps:
         progress(name)
         checks.append(check(client, options))
+    spec = speculative_plan(repo)
+    if spec is not None and isinstance(client, EnsembleClient):
+        progress(SPECULATION)
+        checks.append(check_speculation(client, options, spec))
     if options.load_test:
         progress("load_test")
         plan, tokenizer = load_test_context(repo)
@@ -74,6 +80,12 @@ def load_test_context(repo: Path | None):
         return repository.plan(), repository.tokenizer
     except UserError:
         return None, None
+
+
+def speculative_plan(repo: Path | None):
+    """The SpeculativePlan of the plan deploy recorded in REPO (None: it does not speculate, or no plan)."""
+    plan, _ = load_test_context(repo)
+    return plan.speculative if plan is not None else None
 
 
 def repository_layout(repo: Path | None, server: TritonServer) -> str:
