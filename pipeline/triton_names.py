@@ -107,12 +107,6 @@ ARRIVAL_TIME_NS = "arrival_time_ns"
 FIRST_SCHEDULED_TIME_NS = "first_scheduled_time_ns"
 FIRST_TOKEN_TIME_NS = "first_token_time_ns"
 LAST_TOKEN_TIME_NS = "last_token_time_ns"
-#: the cpu model's speculative decoding parameters (pipeline/plan/speculative.py; TensorRT-LLM names the first two
-#: so in trtllm-build's --speculative_decoding_mode / --max_draft_len and the third in its NGram configuration)
-SPECULATIVE_DECODING_MODE = "speculative_decoding_mode"
-MAX_DRAFT_LEN = "max_draft_len"
-MAX_MATCHING_NGRAM_SIZE = "max_matching_ngram_size"
-SPECULATIVE_MAX_ROWS = "speculative_max_rows"
 ACCEPTANCE_RATE = "acceptance_rate"
 TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
 TOTAL_DRAFT_TOKENS = "total_draft_tokens"

@@ -26,13 +26,13 @@ from pipeline.planner import make_plan, replan
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
-from pipeline.runtime.speculative import PROBE_EVERY, NgramDrafter, Speculation
+from pipeline.runtime.speculative import (MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
+                                         SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, NgramDrafter, Speculation)
 from pipeline.targets import get_target
 from pipeline.validate import validate_repository
 from pipeline.validate.report import ValidateOptions
 from pipeline.validate.speculative import check_speculation
-from pipeline.triton_names import (ACCEPTANCE_RATE, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
-                                   SPECULATIVE_MAX_ROWS, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS)
+from pipeline.triton_names import ACCEPTANCE_RATE, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS
 
 PROMPTS = [[5, 9, 13, 2, 7], [3, 3, 8], [11, 4, 6, 1, 6, 1, 6, 10]]
 GREEDY = SamplingConfig(max_new_tokens=14)

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..outputs import link_or_copy
-from ..triton_names import (GUARANTEED_NO_EVICT, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
-                            SPECULATIVE_MAX_ROWS, TENSORRT_LLM)
+from ..triton_names import GUARANTEED_NO_EVICT, TENSORRT_LLM
+from ..runtime.speculative import (MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
+                                   SPECULATIVE_MAX_ROWS)
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
     format_gib,

@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 
 #: the drafting methods the cpu runtimes run (`--speculative`)
 NGRAM = "ngram"
+#: the cpu model's parameters that switch it on (pipeline/plan/speculative.py writes them; TensorRT-LLM names the
+#: first two so in trtllm-build's --speculative_decoding_mode / --max_draft_len, the third in its NGram configuration)
+SPECULATIVE_DECODING_MODE = "speculative_decoding_mode"
+MAX_DRAFT_LEN = "max_draft_len"
+MAX_MATCHING_NGRAM_SIZE = "max_matching_ngram_size"
+SPECULATIVE_MAX_ROWS = "speculative_max_rows"
 #: prompt lookup's defaults: the longest and shortest n-gram matched (vLLM's prompt_lookup_max / _min, TensorRT-LLM
 #: NGramDecodingConfig.max_matching_ngram_size)
 MAX_NGRAM, MIN_NGRAM = 3, 1

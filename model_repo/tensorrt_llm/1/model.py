@@ -50,16 +50,19 @@ from pipeline.runtime.scheduler import (  # noqa: E402
     GUARANTEED_NO_EVICT, Scheduler, SchedulerLimits, Sequence,
 )
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
-from pipeline.runtime.speculative import MAX_NGRAM, NGRAM, NgramDrafter, Speculation  # noqa: E402
+from pipeline.runtime.speculative import (  # noqa: E402
+    MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, MAX_NGRAM, NGRAM, SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS,
+    NgramDrafter, Speculation,
+)
 from pipeline.triton_names import (  # noqa: E402
     ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
     EMBEDDING_BIAS, END_ID, EXCLUDE_INPUT_IN_OUTPUT, FIRST_SCHEDULED_TIME_NS, FIRST_TOKEN_TIME_NS, FREQUENCY_PENALTY,
     GENERATION_LOGITS, INPUT_IDS, INPUT_LENGTHS, KV_CACHE_ALLOC_NEW_BLOCKS, KV_CACHE_ALLOC_TOTAL_BLOCKS,
-    KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, MIN_TOKENS, NUM_INPUT_TOKENS,
+    KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MIN_TOKENS, NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, OUTPUT_LOG_PROBS, PAD_ID, PRESENCE_PENALTY,
     REPETITION_PENALTY, REQUEST_OUTPUT_LEN, RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS, RETURN_LOG_PROBS,
     RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_PERF_METRICS, RUNTIME_TOP_K, RUNTIME_TOP_P, SEED,
-    SEQUENCE_INDEX, SEQUENCE_LENGTH, SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, STOP, STOP_WORDS_LIST,
+    SEQUENCE_INDEX, SEQUENCE_LENGTH, STOP, STOP_WORDS_LIST,
     STREAMING, TEMPERATURE, TENSORRT_LLM, TENSORRT_LLM_SAMPLING_INPUTS, TENSORRT_LLM_SAMPLING_RANGES,
     TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS, parameter, sampling_error,
 )
@@ -84,8 +87,8 @@ HONOURED = (INPUT_IDS, INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, 
             STREAMING, *UNUSED_AT_BEAM_WIDTH_1, *DECODER_ONLY_UNUSED)
 #: Inputs refused by name when a request sends them: what the reference runtime cannot do.
 REFUSED = {
-    **{name: "drafts from outside (draft-target through the BLS model) are not supported: the cpu model drafts "
-             "itself when deployed with --speculative ngram"
+    **{name: "speculative decoding with drafts from outside (draft-target through the BLS model) is not supported: "
+             "the cpu model drafts itself when deployed with --speculative ngram"
        for name in ("draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
     **{name: "encoder-decoder and cross-attention inputs are for encoder-decoder models; this one is decoder-only"
        for name in ("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
