@@ -93,14 +93,19 @@ def host_timing(arch: ModelArch, input_len: int, output_len: int, batch: int, th
 
 
 def cache_path(arch: ModelArch, input_len: int, context: int, batch: int, threads: int) -> Path:
+    return timing_cache_file({"arch": arch.to_dict(), "input_len": input_len, "context": context, "batch": batch,
+                              "threads": threads, "version": TIMING_VERSION})
+
+
+def timing_cache_file(key: dict, prefix: str = "") -> Path:
+    """The host-timing cache entry of what `key` names, timed with this torch on this processor (both added to it)."""
     from importlib.metadata import version
 
     from ..assets import cache_dir
 
-    key = {"arch": arch.to_dict(), "input_len": input_len, "context": context, "batch": batch, "threads": threads,
-           "torch": version("torch"), "cpu": cpu_model(), "version": TIMING_VERSION}
+    key = {**key, "torch": version("torch"), "cpu": cpu_model()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return cache_dir() / "host-timing" / f"{digest}.json"
+    return cache_dir() / "host-timing" / f"{prefix}{digest}.json"
 
 
 def time_reference_runtime(arch: ModelArch, input_len: int, context: int, batch: int, threads: int) -> HostTiming:

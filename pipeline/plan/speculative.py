@@ -19,7 +19,6 @@ deployment, which `--acceptance` feeds back.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 import time
@@ -27,10 +26,10 @@ from dataclasses import dataclass, replace
 
 from ..errors import UserError
 from ..backends.names import REFERENCE, REFERENCE_ONNX
-from ..host import cpu_model, serving_threads
+from ..host import serving_threads
 from ..outputs import write_atomic
 from ..runtime.speculative import MAX_NGRAM, NGRAM
-from .host_timing import LAYERS_TIMED, timing_model
+from .host_timing import LAYERS_TIMED, timing_cache_file, timing_model
 from .schema import Plan, SpeculativePlan
 
 #: what `--speculative` names (draft:MODEL and eagle:MODEL carry a model)
@@ -132,15 +131,9 @@ def concurrencies(batch: int) -> list[int]:
 
 def step_timings(plan: Plan, rows: list[int], k: int, context: int) -> list[tuple[float, float]]:
     """(plain step, K + 1 token step) seconds per entry of `rows`: from the host's timing cache, else timed now."""
-    from importlib.metadata import version
-
-    from ..assets import cache_dir
-
     threads = serving_threads()
-    key = {"arch": plan.model.arch.to_dict(), "rows": rows, "k": k, "context": context, "threads": threads,
-           "torch": version("torch"), "cpu": cpu_model(), "version": TIMING_VERSION}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = cache_dir() / "host-timing" / f"speculative-{digest}.json"
+    path = timing_cache_file({"arch": plan.model.arch.to_dict(), "rows": rows, "k": k, "context": context,
+                              "threads": threads, "version": TIMING_VERSION}, prefix="speculative-")
     if path.is_file():
         try:
             return [tuple(pair) for pair in json.loads(path.read_text())]
