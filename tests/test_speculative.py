@@ -24,6 +24,7 @@ from pipeline.plan.schema import SpeculativePlan
 from pipeline.plan.speculative import SpeculativeRequest
 from pipeline.planner import make_plan, replan
 from pipeline.runtime import ReferenceModel, SamplingConfig
+from pipeline.runtime.draft_model import ModelDrafter
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
 from pipeline.runtime.speculative import (MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
@@ -85,10 +86,65 @@ def test_speculation_changes_no_token_of_a_batch(runtimes, runtime, sampling):
     assert all(r.accepted_draft_tokens > 0 for i, r in enumerate(results) if i != 1)
 
 
-def oracle_drafter(oracle: Oracle, k: int):
+@pytest.fixture(scope="module")
+def other_runtimes(checkpoint, tmp_path_factory) -> dict:
+    """Another model of the same vocabulary (other heads, other weights): a draft model that is often wrong."""
+    ckpt = checkpoint("mha")
+    onnx = export_onnx(ckpt, tmp_path_factory.mktemp("speculative-draft") / "onnx").path
+    return {"torch": ReferenceModel.load(ckpt), "onnxruntime": OrtDecoder(onnx)}
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_draft_model_changes_no_token_and_a_perfect_one_is_always_accepted(runtimes, other_runtimes, runtime,
+                                                                              sampling):
+    """Draft-target: the target's tokens whatever drafts; the target drafting for itself greedily has every draft
+    accepted (its drafts are plain decoding's tokens), another model some and not others."""
+    model = runtimes[runtime]
+    plain = [model.generate_rows([p], sampling)[0].tokens for p in PROMPTS]
+    for draft, perfect in ((model, sampling is GREEDY), (other_runtimes[runtime], False)):
+        speculation = Speculation(ModelDrafter(draft.inflight_decoder(), 3), adaptive=False)
+        results = model.generate_rows(PROMPTS, sampling, speculation=speculation)
+        assert [r.tokens for r in results] == plain
+        drafted, accepted = (sum(getattr(r, n) for r in results) for n in ("draft_tokens", "accepted_draft_tokens"))
+        assert drafted > 0
+        if perfect:
+            assert accepted == drafted
+        elif draft is not model:
+            assert accepted < drafted
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_a_draft_model_follows_requests_joining_and_leaving_a_serving_batch(runtimes, other_runtimes, runtime):
+    """In flight, under max_utilization's pauses: every request as it comes out alone, the draft model's cache rows
+    freed as the target's rows end (none held once the batch is empty)."""
+    model = runtimes[runtime]
+    schedule = [(PROMPTS[0], 14, 0), (PROMPTS[1], 6, 0), (PROMPTS[2], 10, 3), (PROMPTS[0][:3], 9, 5)]
+    alone = [model.generate([p], SamplingConfig(max_new_tokens=n))[0] for p, n, _ in schedule]
+    drafter = ModelDrafter(other_runtimes[runtime].inflight_decoder(), 2)
+    limits = SchedulerLimits(kv_tokens=48, tokens_per_block=4, policy=MAX_UTILIZATION)
+    scheduler, tokens, steps = Scheduler(limits), {}, [0]
+
+    def poll():
+        for i, (prompt, n, at) in enumerate(schedule):
+            if at == steps[0]:
+                scheduler.submit([Sequence(i, prompt, SamplingConfig(max_new_tokens=n))])
+        steps[0] += 1
+
+    model.serve_rows(scheduler, poll, lambda key, result: tokens.__setitem__(key, list(result.tokens)),
+                     lambda key: None, Speculation(drafter, adaptive=False))
+    assert [tokens[i] for i in range(len(schedule))] == alone
+    drafter.draft([])
+    assert drafter.fed == {}
+
+
+def oracle_drafter(oracle: Oracle, k: int, limits: list | None = None):
+    """A Drafter of the oracle's drafts, at most k a row (`limits` records the limit each row was offered)."""
     class Capped:
-        def propose(self, history, limit):
-            return oracle.propose(history, min(k, limit))
+        def draft(self, requests):
+            if limits is not None:
+                limits.extend(r.limit for r in requests)
+            return [oracle.propose(r.history, min(k, r.limit)) for r in requests]
     return Capped()
 
 
@@ -125,13 +181,8 @@ def test_in_flight_serving_speculates_and_keeps_every_request_exact(runtimes, ru
                 scheduler.submit([Sequence(i, prompt, SamplingConfig(max_new_tokens=n))])
         steps[0] += 1
 
-    class Bounded:
-        def propose(self, history, limit):
-            held.append(limit)
-            return oracle.propose(history, min(3, limit))
-
     model.serve_rows(scheduler, poll, lambda key, result: tokens.__setitem__(key, list(result.tokens)),
-                     lambda key: None, Speculation(Bounded(), adaptive=False))
+                     lambda key: None, Speculation(oracle_drafter(oracle, 3, held), adaptive=False))
     assert [tokens[i] for i in range(len(schedule))] == alone
     assert sum(map(len, oracle.proposed)) > 0
     if limits.blocks is not None:

@@ -132,7 +132,11 @@ class OrtDecoder:
     def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end,
                    speculation: Speculation | None = None) -> None:
         """In-flight generation, as `ReferenceModel.serve_rows` does it (pipeline/runtime/generate.py)."""
-        serve_rows(OrtBatch(self), scheduler, poll, on_step, on_end, speculation)
+        serve_rows(self.inflight_decoder(), scheduler, poll, on_step, on_end, speculation)
+
+    def inflight_decoder(self) -> "OrtBatch":
+        """An empty batch whose rows come and go (what serve_rows runs, and what a draft model drafts with)."""
+        return OrtBatch(self)
 
 
 def open_session(ort, path: Path, options):
@@ -195,7 +199,6 @@ class OrtBatch:
         self.next: np.ndarray = np.zeros((0, 1), np.int64)  # [cache rows, 1] the position of each row's next token
         self.cache = decoder.empty_cache(0)
         self.fresh: list[tuple[list[int], Cache, np.ndarray]] = []   # prefilled (rows, cache, next), not yet placed
-        self.verified: dict[int, tuple[int, int]] = {}   # row -> (its cache row, the end of what `verify` fed it)
 
     def add(self, rows: list[int], prompts: Sequence[Sequence[int]], configs: Sequence[SamplingConfig]) -> None:
         self.prompts.update(zip(rows, prompts))
@@ -257,17 +260,16 @@ class OrtBatch:
             n = len(fed)
             ids[slot, :n], positions[slot, :n], mask[slot, :n] = fed, self.next[slot, 0] + np.arange(n), 1
         logits, self.cache = self.decoder.step(ids, self.cache, positions, mask)
-        start = self.cache.length - width
-        for row, slot, fed in zip(rows, slots, tokens):
+        for slot, fed in zip(slots, tokens):
             self.next[slot, 0] += len(fed)
-            self.verified[row] = (slot, start + len(fed))
         return [torch.from_numpy(logits[slot, :len(fed)].copy()) for slot, fed in zip(slots, tokens)]
 
     def rewind(self, row: int, count: int) -> None:
-        """Mask the row's last `count` cache positions: the holes stay until a rebuild drops them (`_unused` counts
+        """Mask the last `count` positions the row uses: the holes stay until a rebuild drops them (`_unused` counts
         them), since cutting the cache would hand ONNX Runtime a strided view, which it copies whole every step."""
-        slot, end = self.verified[row]
-        self.cache.mask[slot, end - count:end] = 0
+        slot = self.slots.index(row)
+        kept = np.flatnonzero(self.cache.mask[slot])
+        self.cache.mask[slot, kept[len(kept) - count:]] = 0
         self.next[slot, 0] -= count
 
     def _inputs(self, slots: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:

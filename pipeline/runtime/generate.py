@@ -21,7 +21,7 @@ from ..errors import UserError
 from ..spans import span
 from .sampling import Choice, SamplingConfig, TokenSelector
 from .scheduler import Scheduler
-from .speculative import Speculation, SpeculativeDecoder, draft_limit, leading_matches
+from .speculative import DraftRequest, Speculation, SpeculativeDecoder, draft_limit, leading_matches
 from .scheduler import Sequence as ScheduledSequence
 
 #: on_token(row, token), called for every output token; returning False ends that row now (its client is gone)
@@ -165,8 +165,9 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
             speculation.observe(*timed, accepted)
         active = fed
         if active:
-            drafts = step_drafts(speculation, [(selectors[r].history, configs[r], results[r], None) for r in active])
-            started = time.perf_counter()
+            started = time.perf_counter()       # a drafting step's time includes its drafter's
+            drafts = step_drafts(speculation, [(r, selectors[r].history, configs[r], results[r], None)
+                                               for r in active])
             steps = decode_step(decoder, active, [results[r].tokens[-1] for r in active], drafts)
             timed = None if speculation is None else (len(active), any(drafts), time.perf_counter() - started)
     return results
@@ -178,17 +179,18 @@ def check_speculation(decoder: Decoder, speculation: Speculation | None) -> None
 
 
 def step_drafts(speculation: Speculation | None,
-                rows: list[tuple[Sequence[int], SamplingConfig, RowResult, int | None]]) -> list[list[int]]:
-    """Each row's drafts for the next step, from its (history, config, record, room): none unless the speculation
-    drafts at this many rows; never more than its request can still output after the token it feeds, nor than
-    `room` (the KV its blocks still hold; None: no bound)."""
+                rows: list[tuple[int, Sequence[int], SamplingConfig, RowResult, int | None]]) -> list[list[int]]:
+    """Each row's drafts for the next step, from its (row, history, config, record, room): none unless the
+    speculation drafts at this many rows; never more than its request can still output after the token it feeds,
+    nor than `room` (the KV its blocks still hold; None: no bound)."""
     if speculation is None or not speculation.drafting(len(rows)):
         return [[] for _ in rows]
-    drafts = []
-    for history, cfg, result, room in rows:
+    requests = []
+    for row, history, cfg, result, room in rows:
         limit = draft_limit(cfg.max_new_tokens, len(result.tokens))
-        drafts.append(speculation.drafts(history, limit if room is None else min(limit, room)))
-    return drafts
+        longest = len(history) - len(result.tokens) + cfg.max_new_tokens
+        requests.append(DraftRequest(row, history, limit if room is None else min(limit, room), longest))
+    return speculation.drafter.draft(requests)
 
 
 def decode_step(decoder: Decoder, rows: list[int], tokens: list[int], drafts: list[list[int]]) -> list[torch.Tensor]:
@@ -365,10 +367,10 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             drafts, timed = [[] for _ in fed], None
         else:
             row = None
-            drafts = step_drafts(speculation, [(rows[r].selector.history, rows[r].config, rows[r].result,
+            started = time.perf_counter()       # a drafting step's time includes its drafter's
+            drafts = step_drafts(speculation, [(r, rows[r].selector.history, rows[r].config, rows[r].result,
                                                 scheduler.room(rows[r])) for r in fed])
             with span("forward", phase="decode", rows=len(fed), drafts=sum(map(len, drafts))):
-                started = time.perf_counter()
                 logits = decode_step(decoder, fed, tokens, drafts)
                 timed = None if speculation is None else (len(fed), any(drafts), time.perf_counter() - started)
         with span("sample", rows=len(fed) + (row is not None)):

@@ -169,7 +169,11 @@ class ReferenceModel:
                    speculation: Speculation | None = None) -> None:
         """In-flight generation (pipeline/runtime/generate.py `serve_rows`): the sequences submitted to `scheduler`
         join the running batch between decode steps, each in a cache row a finished one left."""
-        serve_rows(CacheDecoder(self), scheduler, poll, on_step, on_end, speculation)
+        serve_rows(self.inflight_decoder(), scheduler, poll, on_step, on_end, speculation)
+
+    def inflight_decoder(self) -> "CacheDecoder":
+        """An empty batch whose rows come and go (what serve_rows runs, and what a draft model drafts with)."""
+        return CacheDecoder(self)
 
 
 class CacheDecoder:

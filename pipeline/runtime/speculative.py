@@ -54,9 +54,22 @@ class SpeculativeDecoder(Protocol):
         """Forget the last `count` tokens fed to `row` (the next step writes their positions again)."""
 
 
+@dataclass(frozen=True)
+class DraftRequest:
+    """A running row to draft for: its key (the decoder's row), its history (the prompt and the tokens chosen so
+    far), the most drafts worth proposing (fewer than 1: none) and the longest its history may grow (its prompt and
+    max_new_tokens)."""
+
+    key: object
+    history: Sequence[int]
+    limit: int
+    longest: int
+
+
 class Drafter(Protocol):
-    def propose(self, history: Sequence[int], limit: int) -> list[int]:
-        """Up to `limit` tokens that may follow `history` (the prompt and the tokens chosen so far)."""
+    def draft(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
+        """Each request's drafts (at most its limit): tokens that may follow its history. A row the drafter drafted
+        for before and that `requests` lacks has left the batch (a drafter keeping state per row frees it)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,9 @@ class NgramDrafter:
             raise UserError(f"the draft length must be at least 1 (got {self.draft_len})")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise UserError(f"n-gram sizes must satisfy 1 <= min ({self.min_ngram}) <= max ({self.max_ngram})")
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
+        return [self.propose(r.history, r.limit) for r in requests]
 
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
         k = min(self.draft_len, limit)
@@ -140,8 +156,6 @@ class Speculation:
         else:
             smooth(self.plain_s, rows, seconds)
 
-    def drafts(self, history: Sequence[int], limit: int) -> list[int]:
-        return self.drafter.propose(history, limit)
 
 
 def smooth(figures: dict[int, float], rows: int, value: float) -> None:
