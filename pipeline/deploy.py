@@ -135,8 +135,9 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     # trtpipe's model files with the package files they import (package_data.MODEL_SUPPORT_FILES), or NVIDIA's
     sources = nvidia_python_models(python_models, llmapi) if python_models else [*model_source_files(),
                                                                                  *MODEL_SUPPORT_FILES]
+    draft = draft_checkpoint(plan)
     inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *sources,
-                                 *backend.repository_inputs(engine, checkpoint)])
+                                 *backend.repository_inputs(engine, checkpoint), *([draft] if draft else [])])
     params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None}
     with stage_output(out, STAGE, inputs, params, force=force,
                       extra={"trtllm_version": plan.llm_api.tensorrt_llm_version if plan.llm_api else TRTLLM_VERSION,
@@ -152,8 +153,22 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
             write_repository(output.dir, settings, tokenizer_dir, python_models)
         if on_triton:
             backend.write_model(output.dir / TENSORRT_LLM / "1", checkpoint)
+            if draft:
+                backend.write_draft_model(output.dir / TENSORRT_LLM / "1", draft)
         refuse_if_check_fails(output.dir, engine)
     return DeployResult(out, settings.target, False, models, engine, deployment)
+
+
+def draft_checkpoint(plan: Plan) -> Path | None:
+    """A draft-target plan's draft checkpoint (pipeline/plan/speculative.py); UserError when it is gone since."""
+    spec = plan.speculative
+    if spec is None or spec.draft_checkpoint is None:
+        return None
+    draft = Path(spec.draft_checkpoint)
+    if not (draft / "config.json").is_file():
+        raise UserError(f"the plan drafts with {draft}, which is not a TensorRT-LLM checkpoint (any more): plan "
+                        "again with --speculative draft:CHECKPOINT")
+    return draft
 
 
 def describe_deployment(plan: Plan, checkpoint: Path | None, model: str | None = None) -> Deployment:

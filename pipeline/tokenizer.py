@@ -6,6 +6,7 @@ the model repository, checked by loading them (`copy_tokenizer`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -68,3 +69,29 @@ def copy_tokenizer(source: Path, dest: Path) -> None:
     except Exception as exc:  # transformers raises many types for broken tokenizer files
         raise UserError(f"the tokenizer in {source} does not load ({type(exc).__name__}: {exc}); "
                         "pass --tokenizer with a Hugging Face model directory") from None
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what decides the token ids: the vocabulary, the added tokens and the special-token ids."""
+    special = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+    added = sorted((tok, i) for tok, i in tokenizer.get_added_vocab().items())
+    payload = json.dumps([sorted(tokenizer.get_vocab().items()), added, special])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def tokenizer_dir_of(path: Path, checkpoint: bool) -> Path:
+    """Where a model's tokenizer files are: beside a TensorRT-LLM checkpoint (convert's copy), or in a Hugging Face
+    directory itself."""
+    return Path(path) / "tokenizer" if checkpoint else Path(path)
+
+
+def has_tokenizer_files(directory: Path) -> bool:
+    return any((Path(directory) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def same_tokenizer(a: Path, b: Path) -> bool:
+    """Whether two tokenizer directories give the same token ids (vocabulary, added and special tokens)."""
+    from transformers import AutoTokenizer
+
+    return tokenizer_fingerprint(AutoTokenizer.from_pretrained(a)) == tokenizer_fingerprint(
+        AutoTokenizer.from_pretrained(b))

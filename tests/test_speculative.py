@@ -5,13 +5,16 @@ batched generation and in-flight serving."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import requests
 
 from click.testing import CliRunner
 
+from support.models import make_tiny_model
 from support.triton_stubs import StubRequest, load_cpu_model
 from pipeline.cli import main
 from pipeline.deploy import deploy_repository
@@ -27,7 +30,7 @@ from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.draft_model import ModelDrafter
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
-from pipeline.runtime.speculative import (MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
+from pipeline.runtime.speculative import (DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
                                          SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, NgramDrafter, Speculation)
 from pipeline.targets import get_target
 from pipeline.validate import validate_repository
@@ -278,8 +281,34 @@ def test_the_deployed_model_speculates_as_deployed_and_reports_nvidias_draft_cou
     assert answers["ngram"] == answers["plain"]
 
 
+def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoint, monkeypatch):
+    """--speculative draft:CHECKPOINT as deployed (draft_dir): the target's tokens, drafts counted; a draft whose
+    vocabulary differs does not load."""
+    ckpt, prompt = checkpoint("gqa"), [3, 14, 15, 9, 2, 6, 5, 3]
+    answers = {}
+    for name, parameters in (("plain", {}), ("draft", {SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3,
+                                                       DRAFT_DIR: checkpoint("mha")})):
+        model = cpu_model(monkeypatch, ckpt, **parameters)
+        log = []
+        model.execute([Collect("r", prompt, 20, log=log, return_perf_metrics=True, streaming=False)])
+        model.queue.join()
+        out = log[-1]
+        answers[name] = out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist()
+        drafted = int(out[TOTAL_DRAFT_TOKENS][0, 0])
+        assert (drafted > 0) == (name == "draft")
+    assert answers["draft"] == answers["plain"]
+
+
+def test_a_draft_of_another_vocabulary_does_not_load(checkpoint, tiny_ckpt, monkeypatch):
+    with pytest.raises(ValueError, match="must share the target's tokenizer"):
+        cpu_model(monkeypatch, checkpoint("gqa"), **{SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3,
+                                                     DRAFT_DIR: tiny_ckpt})
+
+
 @pytest.mark.parametrize("parameters,message", [
-    ({SPECULATIVE_DECODING_MODE: "medusa", MAX_DRAFT_LEN: 3}, "ngram only"),
+    ({SPECULATIVE_DECODING_MODE: "medusa", MAX_DRAFT_LEN: 3}, "ngram or draft only"),
+    ({SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3}, "needs draft_dir"),
+    ({SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 0, DRAFT_DIR: "."}, "draft length"),
     ({SPECULATIVE_DECODING_MODE: "ngram", MAX_DRAFT_LEN: 0}, "draft length"),
     ({SPECULATIVE_DECODING_MODE: "ngram", MAX_DRAFT_LEN: "three"}, "must be integers"),
 ])
@@ -301,7 +330,7 @@ def test_the_plan_predicts_each_concurrency_and_stops_where_drafting_loses(check
     from pipeline.plan import speculative as planned
 
     costs = {1: (0.010, 0.012), 2: (0.012, 0.015), 4: (0.015, 0.030), 8: (0.020, 0.050)}
-    monkeypatch.setattr(planned, "step_timings", lambda plan, rows, k, context: [costs[r] for r in rows])
+    monkeypatch.setattr(planned, "step_timings", lambda arch, rows, k, context: [costs[r] for r in rows])
     request = SpeculativeRequest("ngram", None, 4, 0.25)
     plan = plan_of(checkpoint("gqa"), request)
     spec = plan.speculative
@@ -323,8 +352,63 @@ def test_the_plan_predicts_each_concurrency_and_stops_where_drafting_loses(check
     assert SPECULATIVE_DECODING_MODE not in (plain / "tensorrt_llm" / "config.pbtxt").read_text()
 
 
+def test_a_draft_model_plan_adds_k_draft_steps_and_its_memory_and_deploys_it(checkpoint, monkeypatch, tmp_path,
+                                                                              smollm2_hf_dir):
+    """speedup = (1 + a K) x plain / (K + 1 token step + K draft steps); the draft's weights and KV per token in the
+    plan; deploy puts the draft beside the target, as each runtime serves it (monkeypatched timings)."""
+    from pipeline.plan import speculative as planned
+
+    target, draft = checkpoint("gqa"), checkpoint("mha")
+    def steps(arch, rows, k, context):      # the target (2 KV heads) and the draft (4): plain and K + 1 steps
+        scale = 1.0 if arch.num_key_value_heads == 2 else 0.4
+        return [(scale * (0.010 + 0.002 * r), scale * (0.012 + 0.006 * r)) for r in rows]
+
+    monkeypatch.setattr(planned, "step_timings", steps)
+    plan = plan_of(target, SpeculativeRequest("draft", str(draft), 2, None), max_context=64)
+    spec = plan.speculative
+    assert spec.method == "draft" and spec.acceptance == planned.DEFAULT_ACCEPTANCE["draft"] == 0.7
+    target_steps, draft_steps = steps(plan.model.arch, spec.rows, 2, 0), [0.4 * (0.010 + 0.002 * r) for r in spec.rows]
+    assert spec.draft_step_s == pytest.approx(draft_steps, abs=1e-6)
+    expected = [2.4 * p / (v + 2 * d) for (p, v), d in zip(target_steps, draft_steps)]
+    assert spec.speedup == pytest.approx(expected, abs=1e-3) and expected[0] > 1 > expected[-1]
+    assert spec.max_rows == max(r for r, e in zip(spec.rows, expected) if e >= 1) and spec.max_ngram is None
+    assert spec.draft_weights_bytes == sum(f.stat().st_size for f in draft.glob("rank*.safetensors")) > 0
+    assert spec.draft_kv_bytes_per_token == 2 * 4 * 4 * 12 * 4          # K and V, 4 layers x 4 heads x 12, float32
+    assert Plan.from_dict(plan.to_dict()).speculative == spec
+    assert replan(plan).speculative.draft_checkpoint == str(draft)
+    for runtime, made in (("torch", "config.json"), ("onnxruntime", "model.onnx")):
+        repo = deploy_repository(plan, tmp_path / runtime, checkpoint=target, tokenizer=smollm2_hf_dir,
+                                 runtime=runtime).path
+        config = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+        assert f'key: "{DRAFT_DIR}"\n  value {{\n    string_value: "draft"' in config
+        assert MAX_MATCHING_NGRAM_SIZE not in config
+        assert (repo / "tensorrt_llm" / "1" / "draft" / made).is_file(), list((repo / "tensorrt_llm" / "1").iterdir())
+
+
+def test_a_draft_that_cannot_draft_for_the_target_is_one_line_and_exit_2(checkpoint, tiny_hf, tiny_ckpt, tmp_path):
+    """Another vocabulary; the same vocabulary with other token ids (the tokenizer compared, not only its size);
+    a model that is not a checkpoint."""
+    small = ["--target", "cpu", "--precision", "fp32", "--input-len", "16", "--output-len", "16"]
+    other_vocab = CliRunner().invoke(main, ["plan", str(checkpoint("gqa")), *small, "--speculative",
+                                            f"draft:{tiny_ckpt}"])
+    assert other_vocab.exit_code == 2 and "vocabulary has 49152 tokens, the target's 101" in other_vocab.output
+    shuffled = tmp_path / "shuffled"
+    shutil.copytree(tiny_ckpt, shuffled)
+    tokenizer = json.loads((shuffled / "tokenizer" / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[300:302]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (shuffled / "tokenizer" / "tokenizer.json").write_text(json.dumps(tokenizer))
+    for draft, message in ((shuffled, "other token ids than the target's"),
+                           (tiny_hf, "drafts with a TensorRT-LLM checkpoint")):
+        result = CliRunner().invoke(main, ["plan", str(tiny_ckpt), *small, "--speculative", f"draft:{draft}"])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("args,message", [
-    (["--speculative", "draft:smollm2-135m"], "ngram) only in this version"),
+    (["--speculative", "draft:smollm2-135m"], "drafts with a TensorRT-LLM checkpoint"),
+    (["--speculative", "lookahead"], "lookahead and EAGLE are not implemented"),
     (["--speculative", "draft"], "needs the model that drafts"),
     (["--speculative", "medusa"], "must be one of ngram"),
     (["--speculative", "ngram", "--draft-len", "0"], "between 1 and 16"),
@@ -375,12 +459,28 @@ def test_validate_measures_the_acceptance_the_plan_should_assume():
     assert check_speculation(FakeClient([{TOTAL_DRAFT_TOKENS: 0}] * 2), options, off).passed
 
 
-def test_a_speculating_deployment_validates_with_its_acceptance_measured(tiny_ckpt, tiny_hf, tmp_path):
-    """convert -> plan --speculative -> deploy -> validate: every check passes, the speculation one with the
-    acceptance the deployment measured on the validation prompts."""
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_hf, tmp_path_factory) -> Path:
+    """A smaller random model with tiny_hf's vocabulary and tokenizer, converted: a draft for tiny_ckpt."""
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    hf = make_tiny_model(tmp_path_factory.mktemp("tiny-draft-hf"), seed=1, vocab_size=49152, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tiny_hf / name, hf / name)
+    return convert_model(resolve_model(str(hf)), tmp_path_factory.mktemp("tiny-draft") / "ckpt", dtype="float32",
+                         progress=False).path
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_a_speculating_deployment_validates_with_its_acceptance_measured(tiny_ckpt, tiny_hf, tiny_draft, tmp_path,
+                                                                         method):
+    """convert -> plan --speculative (prompt lookup; a draft checkpoint) -> deploy -> validate: every check passes,
+    the speculation one with the acceptance the deployment measured on the validation prompts."""
+    request = SpeculativeRequest(method, str(tiny_draft) if method == "draft" else None, 3, 0.5)
     plan = make_plan(resolve_model_info(str(tiny_ckpt)), get_target("cpu"), "fp32",
-                     workload=Workload(input_len=32, output_len=32, max_context=96),
-                     speculative=SpeculativeRequest("ngram", None, 3, 0.5))
+                     workload=Workload(input_len=32, output_len=32, max_context=96), speculative=request)
     plan = replace(plan, speculative=replace(plan.speculative, max_rows=8))     # whatever this host timed
     repo = deploy_repository(plan, tmp_path / "repo", checkpoint=tiny_ckpt, tokenizer=tiny_hf).path
     report = validate_repository(repo, tmp_path / "validation", ValidateOptions(max_tokens=48))

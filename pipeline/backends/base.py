@@ -68,6 +68,10 @@ class Backend(Protocol):
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         """Files of the `tensorrt_llm` model's version directory (`REPO/tensorrt_llm/1`)."""
 
+    def write_draft_model(self, version_dir: Path, draft: Path) -> None:
+        """A draft-target plan's draft checkpoint, as this backend serves it, into the version directory (only the
+        backends whose plans draft with a model: pipeline/plan/speculative.py)."""
+
     def serve_command(self, plan: Plan, model_repository: str = MODEL_REPOSITORY,
                       extra_args: tuple[str, ...] = ()) -> list[str]:
         """The command that serves the repository of `plan` in the trtpipe image (NVIDIA's Triton container)

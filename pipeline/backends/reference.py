@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..outputs import link_or_copy
 from ..triton_names import GUARANTEED_NO_EVICT, TENSORRT_LLM
-from ..runtime.speculative import (MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
+from ..runtime.speculative import (DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
                                    SPECULATIVE_MAX_ROWS)
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
@@ -60,6 +60,8 @@ QUEUE_DELAY_US = 1000
 MODEL_SOURCE = MODEL_SOURCES / TENSORRT_LLM / "1" / "model.py"
 CHECKPOINT_DIR = "checkpoint"
 ONNX_DIR = "onnx"
+#: draft-target: the draft's checkpoint (reference) or ONNX export (reference-onnx)
+DRAFT_MODEL_DIR = "draft"
 #: What the onnxruntime runtime imports besides pipeline/runtime (copied into the repository).
 ORT_RUNNER = PACKAGE_DIR / "onnx" / "runner.py"
 #: What writes the repository's ONNX export (not copied: the served model needs onnxruntime, not onnx). Inputs of the
@@ -131,15 +133,20 @@ class ReferenceBackend:
         copy_checkpoint(checkpoint, version_dir / CHECKPOINT_DIR)
         copy_runtime(runtime_closure(model=MODEL_SOURCE), version_dir)
 
+    def write_draft_model(self, version_dir: Path, draft: Path) -> None:
+        copy_checkpoint(draft, version_dir / DRAFT_MODEL_DIR)
+
 
 def speculative_parameters(plan: Plan) -> dict[str, str]:
-    """The cpu model's speculative decoding (none without --speculative): the method, K, prompt lookup's longest
-    n-gram and the most running rows it drafts for (the plan's break-even)."""
+    """The cpu model's speculative decoding (none without --speculative): the method, K, the most running rows it
+    drafts for (the plan's break-even), and prompt lookup's longest n-gram or where the draft model lies."""
     spec = plan.speculative
     if spec is None:
         return {}
+    drafting = ({DRAFT_DIR: DRAFT_MODEL_DIR} if spec.draft_checkpoint else
+                {MAX_MATCHING_NGRAM_SIZE: str(spec.max_ngram)})
     return {SPECULATIVE_DECODING_MODE: spec.method, MAX_DRAFT_LEN: str(spec.draft_len),
-            MAX_MATCHING_NGRAM_SIZE: str(spec.max_ngram), SPECULATIVE_MAX_ROWS: str(spec.max_rows)}
+            SPECULATIVE_MAX_ROWS: str(spec.max_rows), **drafting}
 
 
 class ReferenceOnnxBackend(ReferenceBackend):
@@ -163,6 +170,11 @@ class ReferenceOnnxBackend(ReferenceBackend):
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
         export_onnx(checkpoint, version_dir / ONNX_DIR, ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY))
         copy_runtime(runtime_closure((ORT_RUNNER,), model=MODEL_SOURCE), version_dir)
+
+    def write_draft_model(self, version_dir: Path, draft: Path) -> None:
+        from ..onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx
+
+        export_onnx(draft, version_dir / DRAFT_MODEL_DIR, ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY))
 
 
 BACKEND = ReferenceBackend()

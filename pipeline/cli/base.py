@@ -230,14 +230,15 @@ def speculative_options(command):
     """--speculative, --draft-len and --acceptance (plan and build): pipeline/plan/speculative.py."""
     for option in reversed((
             click.option("--speculative", default=None, metavar="METHOD",
-                         help="Speculative decoding: ngram (prompt lookup; the cpu target's runtimes run it), "
-                              "draft:MODEL, lookahead or eagle:MODEL (not implemented yet: refused). The plan "
+                         help="Speculative decoding: ngram (prompt lookup) or draft:CHECKPOINT (a second "
+                              "TensorRT-LLM checkpoint with the target's tokenizer drafts), which the cpu target's "
+                              "runtimes run; lookahead and eagle:MODEL are not implemented yet (refused). The plan "
                               "predicts the speedup at each concurrency and the most rows the server drafts for."),
             click.option("--draft-len", type=int, default=None, metavar="K",
                          help="Drafts verified per step (default 3)."),
             click.option("--acceptance", type=float, default=None, metavar="A",
                          help="The acceptance rate (accepted / drafted tokens) the prediction assumes; `trtpipe "
-                              "validate` measures a deployment's (default 0.35)."))):
+                              "validate` measures a deployment's (default 0.35 for ngram, 0.7 for draft)."))):
         command = option(command)
     return command
 

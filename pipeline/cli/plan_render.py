@@ -123,7 +123,10 @@ def speculative_line(spec) -> str:
     """--speculative: K, the acceptance assumed and the speedup predicted at each concurrency, and where it stops."""
     gains = ", ".join(f"{r} row{'s' if r > 1 else ''} x{s:.2f}" for r, s in zip(spec.rows, spec.speedup))
     stop = (f"drafts while at most {spec.max_rows} rows run" if spec.max_rows else "never gains here: off")
-    return (f"{spec.method}, K {spec.draft_len}, acceptance {spec.acceptance:g} "
+    draft = ("" if spec.draft_checkpoint is None else
+             f" (draft {spec.draft_weights_bytes / 1e6:.0f} MB of weights + {spec.draft_kv_bytes_per_token} B/token "
+             "of KV cache)")
+    return (f"{spec.method}{draft}, K {spec.draft_len}, acceptance {spec.acceptance:g} "
             f"({'--acceptance' if spec.acceptance_basis.startswith('--acceptance') else 'default'}): "
             f"tokens/s {gains}; {stop}")
 

@@ -9,13 +9,12 @@ agreement of generated tokens, comparable.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, read_json_object
 from ..model_repository import model_names
+from ..tokenizer import tokenizer_fingerprint
 
 #: The plan's model fields that name the model itself; dtype, quantization, paths and sharding do not.
 MODEL_IDENTITY_FIELDS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -75,14 +74,6 @@ def load_build(path: Path, side: str) -> BuildInfo:
     if not tokenizer.is_dir():
         raise UserError(f"build {side}: {checkpoint} has no tokenizer/ directory")
     return BuildInfo(path, f"{plan['precision']} ({path.name})", plan, checkpoint, repo, tokenizer)
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 of what decides the token ids: the vocabulary, the added tokens and the special-token ids."""
-    special = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
-    added = sorted((tok, i) for tok, i in tokenizer.get_added_vocab().items())
-    payload = json.dumps([sorted(tokenizer.get_vocab().items()), added, special])
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def identity_differences(a: BuildInfo, b: BuildInfo, tok_a, tok_b) -> list[str]:

@@ -201,9 +201,9 @@ class SpeculativePlan:
     the acceptance rate assumed, the steps timed with and without drafts at each concurrency, the predicted speedup
     there, and the most running rows the server drafts for (above it speculation loses and is off)."""
 
-    method: str                      # "ngram"
+    method: str                      # "ngram" | "draft"
     draft_len: int                   # K
-    max_ngram: int                   # prompt lookup's longest n-gram
+    max_ngram: int | None            # prompt lookup's longest n-gram (ngram)
     acceptance: float                # accepted / drafted tokens (TensorRT-LLM's acceptance_rate)
     acceptance_basis: str
     rows: list[int]                  # concurrencies predicted
@@ -212,6 +212,12 @@ class SpeculativePlan:
     speedup: list[float]             # output tokens/s with speculation over without
     max_rows: int                    # 0: it never pays on this host
     basis: str
+    #: draft-target: the draft model's checkpoint, its decode step at each concurrency (a drafting step runs K of
+    #: them), its weights and its KV cache per token (host memory beside the target's)
+    draft_checkpoint: str | None = None
+    draft_step_s: list[float] | None = None
+    draft_weights_bytes: int | None = None
+    draft_kv_bytes_per_token: int | None = None
 
 
 @dataclass

@@ -15,6 +15,15 @@ drafts only while its batch has at most that many rows (and, within them, only w
 drafting pays: pipeline/runtime/speculative.py `Speculation`). Steps where prompt lookup finds nothing to draft decode
 plainly, so the prediction is for the steps that draft; `trtpipe validate` measures the acceptance rate of a
 deployment, which `--acceptance` feeds back.
+
+Draft-target (`draft:CHECKPOINT`, a second checkpoint with the target's tokenizer) also runs the draft model K times
+a drafting step (pipeline/runtime/draft_model.py: one pass catching up with the target's tokens, then one a draft
+but the last), so
+
+    speedup(rows) = (1 + a K) x step(rows, 1 token a row) / (step(rows, K + 1 tokens a row) + K x draft_step(rows)).
+
+The draft's step is timed like the target's, from its architecture in float32: a 4-bit draft served by ONNX
+Runtime's MatMulNBits costs less than that (docs/speculative.md has the measured figures).
 """
 
 from __future__ import annotations
@@ -23,25 +32,30 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..errors import UserError
 from ..backends.names import REFERENCE, REFERENCE_ONNX
 from ..host import serving_threads
 from ..outputs import write_atomic
-from ..runtime.speculative import MAX_NGRAM, NGRAM
+from ..runtime.speculative import DRAFT, MAX_NGRAM, NGRAM
 from .host_timing import LAYERS_TIMED, timing_cache_file, timing_model
-from .schema import Plan, SpeculativePlan
+from .memory import kv_bytes_per_token
+from .schema import ModelArch, ModelInfo, Plan, SpeculativePlan, resolve_model_info
 
 #: what `--speculative` names (draft:MODEL and eagle:MODEL carry a model)
-METHODS = (NGRAM, "draft", "lookahead", "eagle")
+METHODS = (NGRAM, DRAFT, "lookahead", "eagle")
 #: the drafts a step verifies when --draft-len is not given: the best of 3, 5, 8 on the input-grounded workload of
 #: benchmarks/bench_speculative.py (SmolLM2-135M, ONNX Runtime, this repository's 2-core machine)
 DEFAULT_DRAFT_LEN = 3
 #: the most drafts a step of the cpu runtimes verifies: past it a step costs more than any acceptance returns
 MAX_DRAFT_LEN = 16
-#: the acceptance rate assumed without --acceptance: prompt lookup on benchmarks/bench_speculative.py's
-#: input-grounded workload (SmolLM2-135M, K = 3) accepted 0.38 of its drafts
-DEFAULT_ACCEPTANCE = 0.35
+#: the acceptance rate assumed without --acceptance, per method: prompt lookup on benchmarks/bench_speculative.py's
+#: input-grounded workload (SmolLM2-135M, K = 3) accepted 0.38-0.46 of its drafts; SmolLM2-135M at int4-awq drafting
+#: for itself at float32 0.69-0.81 (both workloads, K = 3; docs/speculative.md)
+DEFAULT_ACCEPTANCE = {NGRAM: 0.35, DRAFT: 0.7}
+ACCEPTANCE_BASIS = {NGRAM: "prompt lookup on an input-grounded workload",
+                    DRAFT: "a 4-bit draft of the target's own model"}
 TIMING_VERSION = 1
 #: runs of each step timed (the median): a ratio of two steps needs steadier figures than the plan's other phases
 REPEATS = 9
@@ -76,7 +90,7 @@ def request_of(spec: SpeculativePlan | None) -> SpeculativeRequest | None:
     if spec is None:
         return None
     explicit = spec.acceptance_basis.startswith("--acceptance")
-    return SpeculativeRequest(spec.method, None, spec.draft_len, spec.acceptance if explicit else None)
+    return SpeculativeRequest(spec.method, spec.draft_checkpoint, spec.draft_len, spec.acceptance if explicit else None)
 
 
 def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
@@ -85,9 +99,9 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
         raise UserError(f"--speculative is planned for the cpu target only in this version; the {plan.target.name} "
                         "engine and PyTorch configurations (draft-target through BLS, lookahead, speculative_config) "
                         "are not written yet")
-    if request.method != NGRAM:
-        raise UserError(f"--speculative {request.to_flags()}: the cpu runtimes draft with prompt lookup (ngram) "
-                        "only in this version; draft models, lookahead and EAGLE are not implemented")
+    if request.method not in (NGRAM, DRAFT):
+        raise UserError(f"--speculative {request.to_flags()}: the cpu runtimes draft with prompt lookup (ngram) or a "
+                        "draft model (draft:CHECKPOINT) in this version; lookahead and EAGLE are not implemented")
     if plan.backend not in (REFERENCE, REFERENCE_ONNX):
         raise UserError(f"--speculative: the {plan.backend} backend does not speculate (the reference and "
                         "reference-onnx backends do)")
@@ -96,28 +110,74 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     k = DEFAULT_DRAFT_LEN if request.draft_len is None else request.draft_len
     if not 1 <= k <= MAX_DRAFT_LEN:
         raise UserError(f"--draft-len must be between 1 and {MAX_DRAFT_LEN} on the cpu target (got {k})")
-    acceptance = DEFAULT_ACCEPTANCE if request.acceptance is None else request.acceptance
+    default = DEFAULT_ACCEPTANCE[request.method]
+    acceptance = default if request.acceptance is None else request.acceptance
     if not 0.0 <= acceptance <= 1.0:
         raise UserError(f"--acceptance is accepted / drafted tokens, between 0 and 1 (got {acceptance})")
+    draft = draft_model(plan, request.draft_model) if request.method == DRAFT else None
     basis = (f"--acceptance {acceptance}" if request.acceptance is not None else
-             f"the default {DEFAULT_ACCEPTANCE} (prompt lookup on an input-grounded workload); measure yours with "
-             "`trtpipe validate` and plan again with --acceptance")
+             f"the default {default} ({ACCEPTANCE_BASIS[request.method]}); measure yours with `trtpipe validate` "
+             "and plan again with --acceptance")
     rows = concurrencies(plan.triton.triton_max_batch_size)
     context = plan.workload.input_len + plan.workload.output_len // 2
-    steps = step_timings(plan, rows, k, context)
-    speedup = [round((1 + acceptance * k) * plain / verify, 3) for plain, verify in steps]
+    steps = step_timings(plan.model.arch, rows, k, context)
+    drafting = [0.0] * len(rows) if draft is None else [p for p, _ in step_timings(draft.arch, rows, k, context)]
+    speedup = [round((1 + acceptance * k) * plain / (verify + k * d), 3) for (plain, verify), d in zip(steps, drafting)]
     losing = next((i for i, s in enumerate(speedup) if s < 1.0), len(rows))
+    formula = (f"(1 + a K) x step(1 token a row) / (step({k + 1} tokens a row)"
+               + (" + K x draft step)" if draft else ")"))
     spec = SpeculativePlan(
-        method=NGRAM, draft_len=k, max_ngram=MAX_NGRAM, acceptance=acceptance, acceptance_basis=basis, rows=rows,
-        step_s=[round(p, 6) for p, _ in steps], verify_step_s=[round(v, 6) for _, v in steps], speedup=speedup,
-        max_rows=rows[losing - 1] if losing else 0,
-        basis=(f"(1 + a K) x step(1 token a row) / step({k + 1} tokens a row), the steps of the reference runtime "
-               f"timed on this host at {context} tokens of context ({LAYERS_TIMED} layers timed and scaled)"))
+        method=request.method, draft_len=k, max_ngram=MAX_NGRAM if draft is None else None, acceptance=acceptance,
+        acceptance_basis=basis, rows=rows, step_s=[round(p, 6) for p, _ in steps],
+        verify_step_s=[round(v, 6) for _, v in steps], speedup=speedup, max_rows=rows[losing - 1] if losing else 0,
+        basis=(f"{formula}, the steps of the reference runtime timed on this host at {context} tokens of context "
+               f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")),
+        **({} if draft is None else draft_fields(draft, drafting)))
     warnings = list(plan.warnings)
     if not spec.max_rows:
-        warnings.append(f"--speculative {NGRAM}: at acceptance {acceptance} and K = {k} no batch gains on this host; "
-                        "the server will not draft")
+        warnings.append(f"--speculative {request.to_flags()}: at acceptance {acceptance} and K = {k} no batch gains "
+                        "on this host; the server will not draft")
     return replace(plan, speculative=spec, warnings=warnings)
+
+
+def draft_model(plan: Plan, name: str) -> ModelInfo:
+    """The draft checkpoint `draft:NAME` names; UserError unless the cpu runtimes can draft with it for this target:
+    a single-rank TensorRT-LLM checkpoint of the target's vocabulary and tokenizer."""
+    draft = resolve_model_info(name)
+    if draft.source != "checkpoint":
+        raise UserError(f"--speculative draft:{name}: the cpu target drafts with a TensorRT-LLM checkpoint (make one "
+                        f"with `trtpipe convert {name}`, or `trtpipe calibrate` it to int4-awq for a cheaper draft)")
+    if (draft.checkpoint_tp_size or 1) * (draft.checkpoint_pp_size or 1) != 1:
+        raise UserError(f"--speculative draft:{name}: the draft checkpoint has {draft.checkpoint_tp_size} x "
+                        f"{draft.checkpoint_pp_size} ranks; the cpu target runs one (convert it with --tp 1 --pp 1)")
+    target_vocab, draft_vocab = plan.model.arch.vocab_size, draft.arch.vocab_size
+    if draft_vocab != target_vocab:
+        raise UserError(f"--speculative draft:{name}: the draft's vocabulary has {draft_vocab} tokens, the "
+                        f"target's {target_vocab}: a draft must share the target's tokenizer")
+    if tokenizer_mismatch(draft, plan.model):
+        raise UserError(f"--speculative draft:{name}: the draft's tokenizer gives other token ids than the target's "
+                        "(vocabulary, added or special tokens): a draft must share the target's tokenizer")
+    return draft
+
+
+def tokenizer_mismatch(draft: ModelInfo, target: ModelInfo) -> bool:
+    """Whether the draft's tokenizer gives other ids than the target's (False when either carries none: the
+    vocabulary's size is then all there is to compare)."""
+    from ..tokenizer import has_tokenizer_files, same_tokenizer, tokenizer_dir_of
+
+    if not (draft.path and target.path):
+        return False
+    a = tokenizer_dir_of(Path(draft.path), checkpoint=True)
+    b = tokenizer_dir_of(Path(target.path), checkpoint=target.source == "checkpoint")
+    return has_tokenizer_files(a) and has_tokenizer_files(b) and not same_tokenizer(a, b)
+
+
+def draft_fields(draft: ModelInfo, steps: list[float]) -> dict:
+    """The SpeculativePlan fields of a draft model: its checkpoint, step, weights and KV cache per token (the cpu
+    runtimes keep K/V in float32)."""
+    weights = sum(f.stat().st_size for f in Path(draft.path).glob("rank*.safetensors"))
+    return {"draft_checkpoint": draft.path, "draft_step_s": [round(d, 6) for d in steps],
+            "draft_weights_bytes": weights, "draft_kv_bytes_per_token": kv_bytes_per_token(draft.arch, "float32", 1)}
 
 
 def concurrencies(batch: int) -> list[int]:
@@ -129,25 +189,24 @@ def concurrencies(batch: int) -> list[int]:
     return rows + [batch]
 
 
-def step_timings(plan: Plan, rows: list[int], k: int, context: int) -> list[tuple[float, float]]:
+def step_timings(arch: ModelArch, rows: list[int], k: int, context: int) -> list[tuple[float, float]]:
     """(plain step, K + 1 token step) seconds per entry of `rows`: from the host's timing cache, else timed now."""
     threads = serving_threads()
-    path = timing_cache_file({"arch": plan.model.arch.to_dict(), "rows": rows, "k": k, "context": context,
+    path = timing_cache_file({"arch": arch.to_dict(), "rows": rows, "k": k, "context": context,
                               "threads": threads, "version": TIMING_VERSION}, prefix="speculative-")
     if path.is_file():
         try:
             return [tuple(pair) for pair in json.loads(path.read_text())]
         except ValueError:
             pass
-    timings = time_steps(plan, rows, k, context, threads)
+    timings = time_steps(arch, rows, k, context, threads)
     write_atomic(path, json.dumps(timings) + "\n")
     return timings
 
 
-def time_steps(plan: Plan, rows: list[int], k: int, context: int, threads: int) -> list[tuple[float, float]]:
+def time_steps(arch: ModelArch, rows: list[int], k: int, context: int, threads: int) -> list[tuple[float, float]]:
     import torch
 
-    arch = plan.model.arch
     layers = min(LAYERS_TIMED, arch.num_hidden_layers)
     model, scale = timing_model(arch, layers), arch.num_hidden_layers / layers
     before = torch.get_num_threads()

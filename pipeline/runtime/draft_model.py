@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from ..errors import UserError
 from .sampling import SamplingConfig
 from .speculative import DraftRequest
 
@@ -23,6 +24,8 @@ class ModelDrafter:
     """Drafts `draft_len` tokens a row with the draft model's `decoder`, which must verify and rewind."""
 
     def __init__(self, decoder: InflightDecoder, draft_len: int):
+        if draft_len < 1:
+            raise UserError(f"the draft length must be at least 1 (got {draft_len})")
         self.decoder = decoder
         self.draft_len = draft_len
         self.fed: dict[object, list[int]] = {}     # row -> the tokens its draft cache row holds

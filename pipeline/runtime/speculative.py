@@ -29,14 +29,17 @@ from ..errors import UserError
 if TYPE_CHECKING:
     import torch
 
-#: the drafting methods the cpu runtimes run (`--speculative`)
-NGRAM = "ngram"
+#: the drafting methods the cpu runtimes run (`--speculative`): prompt lookup, and draft-target (a second model)
+NGRAM, DRAFT = "ngram", "draft"
 #: the cpu model's parameters that switch it on (pipeline/plan/speculative.py writes them; TensorRT-LLM names the
 #: first two so in trtllm-build's --speculative_decoding_mode / --max_draft_len, the third in its NGram configuration)
 SPECULATIVE_DECODING_MODE = "speculative_decoding_mode"
 MAX_DRAFT_LEN = "max_draft_len"
 MAX_MATCHING_NGRAM_SIZE = "max_matching_ngram_size"
 SPECULATIVE_MAX_ROWS = "speculative_max_rows"
+#: draft-target: where the draft model's checkpoint (reference runtime) or ONNX export (onnxruntime) lies in the model
+#: version directory
+DRAFT_DIR = "draft_dir"
 #: prompt lookup's defaults: the longest and shortest n-gram matched (vLLM's prompt_lookup_max / _min, TensorRT-LLM
 #: NGramDecodingConfig.max_matching_ngram_size)
 MAX_NGRAM, MIN_NGRAM = 3, 1

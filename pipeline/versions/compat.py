@@ -91,7 +91,7 @@ def tokenizer_refusal(repo: Repository, source: Repository) -> str | None:
         return None
     from transformers import AutoTokenizer
 
-    from ..compare.builds import tokenizer_fingerprint
+    from ..tokenizer import tokenizer_fingerprint
 
     try:
         same = tokenizer_fingerprint(AutoTokenizer.from_pretrained(a)) == \

@@ -50,9 +50,10 @@ from pipeline.runtime.scheduler import (  # noqa: E402
     GUARANTEED_NO_EVICT, Scheduler, SchedulerLimits, Sequence,
 )
 from pipeline.runtime.sampling import trtllm_sampling  # noqa: E402
+from pipeline.runtime.draft_model import ModelDrafter  # noqa: E402
 from pipeline.runtime.speculative import (  # noqa: E402
-    MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, MAX_NGRAM, NGRAM, SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS,
-    NgramDrafter, Speculation,
+    DRAFT, DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, MAX_NGRAM, NGRAM, SPECULATIVE_DECODING_MODE,
+    SPECULATIVE_MAX_ROWS, NgramDrafter, Speculation,
 )
 from pipeline.triton_names import (  # noqa: E402
     ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
@@ -168,15 +169,17 @@ def scheduler_limits(config: dict) -> SchedulerLimits:
         default_priority_level=int(batching.get("default_priority_level", 0)))
 
 
-def speculation_of(config: dict) -> Speculation | None:
-    """Speculative decoding as the deployment's parameters ask (trtpipe plan --speculative): prompt lookup drafting
-    max_draft_len tokens a step while the batch has at most speculative_max_rows rows; None when unset. ValueError
-    (the model does not load) for a mode or value it cannot honour."""
+def speculation_of(config: dict, target) -> Speculation | None:
+    """Speculative decoding as the deployment's parameters ask (trtpipe plan --speculative): prompt lookup, or the
+    draft model in draft_dir (loaded as the target is, `load_runtime`), drafting max_draft_len tokens a step while
+    the batch has at most speculative_max_rows rows; None when unset. ValueError (the model does not load) for a mode
+    or value it cannot honour."""
     mode = parameter(config, SPECULATIVE_DECODING_MODE, "")
     if not mode:
         return None
-    if mode != NGRAM:
-        raise ValueError(f"{SPECULATIVE_DECODING_MODE} {mode!r}: the cpu target's runtimes draft with {NGRAM} only")
+    if mode not in (NGRAM, DRAFT):
+        raise ValueError(f"{SPECULATIVE_DECODING_MODE} {mode!r}: the cpu target's runtimes draft with {NGRAM} or "
+                         f"{DRAFT} only")
     try:
         k = int(parameter(config, MAX_DRAFT_LEN, ""))
         ngram = int(parameter(config, MAX_MATCHING_NGRAM_SIZE, str(MAX_NGRAM)))
@@ -184,10 +187,36 @@ def speculation_of(config: dict) -> Speculation | None:
     except ValueError:
         raise ValueError(f"{MAX_DRAFT_LEN}, {MAX_MATCHING_NGRAM_SIZE} and {SPECULATIVE_MAX_ROWS} must be integers "
                          "with speculative decoding") from None
+    if k < 1:
+        raise ValueError(f"{MAX_DRAFT_LEN} {k}: the draft length must be at least 1")
     try:
-        return Speculation(NgramDrafter(k, ngram), max_rows=rows)
+        drafter = NgramDrafter(k, ngram) if mode == NGRAM else draft_model(config, target, k)
     except UserError as exc:
         raise ValueError(str(exc)) from None
+    return Speculation(drafter, max_rows=rows)
+
+
+def draft_model(config: dict, target, k: int) -> ModelDrafter:
+    """Draft-target's drafter: the model in draft_dir, which must share the target's vocabulary."""
+    directory = parameter(config, DRAFT_DIR, "")
+    if not directory or not (HERE / directory).is_dir():
+        raise UserError(f"{SPECULATIVE_DECODING_MODE} {DRAFT} needs {DRAFT_DIR}, the draft model's directory in "
+                        f"the model version (got {directory!r})")
+    draft = load_runtime(config, HERE / directory)
+    if draft.vocab_size != target.vocab_size:
+        raise UserError(f"the draft model in {directory} has a vocabulary of {draft.vocab_size} tokens, the target "
+                        f"{target.vocab_size}: a draft must share the target's tokenizer")
+    return ModelDrafter(draft.inflight_decoder(), k)
+
+
+def load_runtime(config: dict, directory: Path):
+    """The runtime the deployment names (torch: the checkpoint in `directory`; onnxruntime: the ONNX export)."""
+    if parameter(config, "runtime", "torch") == "onnxruntime":
+        from pipeline.onnx.runner import OrtDecoder
+
+        return OrtDecoder(directory, threads=intra_op_threads(config),
+                          spinning=parameter(config, "intra_op_spinning", "true").lower() != "false")
+    return ReferenceModel.load(directory)
 
 
 def request_priority(params: dict) -> int | None:
@@ -553,14 +582,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         if parameter(config, "runtime", "torch") == "onnxruntime":
-            from pipeline.onnx.runner import OrtDecoder
-
             torch.set_num_threads(1)    # torch only samples here: its threads would compete with ONNX Runtime's
-            self.model = OrtDecoder(HERE / parameter(config, "onnx_dir", "onnx"), threads=intra_op_threads(config),
-                                    spinning=parameter(config, "intra_op_spinning", "true").lower() != "false")
+            self.model = load_runtime(config, HERE / parameter(config, "onnx_dir", "onnx"))
         else:
             torch.set_num_threads(intra_op_threads(config))
-            self.model = ReferenceModel.load(HERE / parameter(config, "checkpoint_dir", "checkpoint"))
+            self.model = load_runtime(config, HERE / parameter(config, "checkpoint_dir", "checkpoint"))
         limit = int(parameter(config, "max_seq_len", "0"))
         self.max_seq_len = min(limit, self.model.max_position_embeddings) if limit > 0 else \
             self.model.max_position_embeddings
@@ -577,7 +603,7 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
         self.scheduler = Scheduler(scheduler_limits(config))   # the worker's: which rows start, pause, hold KV
-        self.speculation = speculation_of(config)
+        self.speculation = speculation_of(config, self.model)
         self.admitted: set = set()       # jobs handed to the scheduler and not yet answered in full
         self.cancel_checked = 0.0
         self.max_rows = config.get("max_batch_size") or sys.maxsize
