@@ -18,7 +18,8 @@ Both servers run at once, idle but for the one being measured; each (workload, c
 and then the other, the order alternating by round (--rounds), since this machine's speed drifts by 10-25% over
 minutes. Printed: per workload and concurrency, tokens/s without and with speculation (medians), the ratio of each
 round and their median, the acceptance rate (accepted / drafted), output tokens per step, and the plan's predicted
-ratio at that concurrency; and how many texts are identical with and without speculation. Raw numbers:
+ratio at that concurrency (with its default acceptance and drafts a step, and with the ones this run measured: D, the
+drafts per decode step); and how many texts are identical with and without speculation. Raw numbers:
 --workdir/bench_speculative.json. Run it on an otherwise idle machine: the servers and the client share its cores.
 
     .venv/bin/python benchmarks/bench_speculative.py [--draft-len 3] [--prompts 40] [--c1-prompts 12]
@@ -32,6 +33,7 @@ import json
 import statistics
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import requests
@@ -40,7 +42,7 @@ from bench_batching import smollm2_checkpoint
 from pipeline.deploy import deploy_repository
 from pipeline.evaluate import corpus_split
 from pipeline.plan import Workload, resolve_model_info
-from pipeline.plan.speculative import SpeculativeRequest
+from pipeline.plan.speculative import SpeculativeRequest, plan_speculation
 from pipeline.planner import make_plan
 from pipeline.server import embedded_server
 from pipeline.sources import resolve_model
@@ -131,6 +133,14 @@ def measure(loads: dict, plain_url: str, spec_url: str, args: argparse.Namespace
     return cells
 
 
+def informed_prediction(plan, acceptance: float, drafts_per_step: float, args: argparse.Namespace) -> dict:
+    """The plan's speedup per concurrency given the acceptance and drafts a step this run measured (what `trtpipe
+    validate` tells a user to plan with)."""
+    request = SpeculativeRequest("ngram", None, args.draft_len, round(acceptance, 4), round(drafts_per_step, 4))
+    spec = plan_speculation(replace(plan, speculative=None), request).speculative
+    return dict(zip(spec.rows, spec.speedup))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--draft-len", type=int, default=3)
@@ -161,7 +171,7 @@ def main() -> None:
         cells = measure(loads, plain.http_url, spec.http_url, args)
     predicted = dict(zip(plan.speculative.rows, plan.speculative.speedup))
     print(f"\n{'workload':<9} {'c':>2} {'plain t/s':>9} {'spec t/s':>9} {'ratio (rounds)':<22} {'median':>6} "
-          f"{'accept':>6} {'tok/step':>8} {'plan':>5}  identical")
+          f"{'accept':>6} {'tok/step':>8} {'D':>5} {'plan':>5} {'plan(a,D)':>9}  identical")
     report = {}
     for key, pairs in cells.items():
         workload, c = key.split("@")
@@ -173,12 +183,17 @@ def main() -> None:
         same = sum(a == b for a, b in texts)
         produced = len(texts) * args.output_tokens
         guess = predicted.get(int(c))
+        steps = produced - len(texts) - accepted          # a request's first token comes from its prompt's pass
+        per_step = min(drafted / steps, args.draft_len) if steps else 0.0
+        informed = informed_prediction(plan, rate, per_step, args).get(int(c)) if drafted else None
         print(f"{workload:<9} {c:>2} {statistics.median(p['plain']['tokens_per_s'] for p in pairs):>9.1f} "
               f"{statistics.median(p['speculative']['tokens_per_s'] for p in pairs):>9.1f} "
               f"{', '.join(f'{r:.2f}' for r in ratios):<22} {statistics.median(ratios):>6.2f} {rate:>6.2f} "
-              f"{produced / (produced - accepted):>8.2f} {guess if guess else float('nan'):>5.2f}  {same}/{len(texts)}")
+              f"{produced / (produced - accepted):>8.2f} {per_step:>5.2f} {guess if guess else float('nan'):>5.2f} "
+              f"{informed if informed else float('nan'):>9.2f}  {same}/{len(texts)}")
         report[key] = {"ratios": ratios, "median_ratio": statistics.median(ratios), "acceptance": rate,
-                       "identical": same, "requests": len(texts), "predicted": guess,
+                       "drafts_per_step": per_step, "identical": same, "requests": len(texts), "predicted": guess,
+                       "predicted_with_measured": informed,
                        "rounds": [{name: {k: v for k, v in load.items() if k != "texts"} for name, load in p.items()}
                                   for p in pairs]}
     print(f"plan: acceptance {plan.speculative.acceptance} ({plan.speculative.acceptance_basis}); "

@@ -625,4 +625,5 @@ def speculative_flags(request: SpeculativeRequest | None) -> list:
     if request is None:
         return []
     return (["--speculative", request.to_flags()] + (["--draft-len", request.draft_len] if request.draft_len else [])
-            + (["--acceptance", request.acceptance] if request.acceptance is not None else []))
+            + (["--acceptance", request.acceptance] if request.acceptance is not None else [])
+            + (["--drafts-per-step", request.drafts_per_step] if request.drafts_per_step is not None else []))

@@ -286,8 +286,8 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
     vocabulary differs does not load."""
     ckpt, prompt = checkpoint("gqa"), [3, 14, 15, 9, 2, 6, 5, 3]
     answers = {}
-    for name, parameters in (("plain", {}), ("draft", {SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3,
-                                                       DRAFT_DIR: checkpoint("mha")})):
+    drafting = {SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3, DRAFT_DIR: checkpoint("mha")}
+    for name, parameters in (("plain", {}), ("draft", drafting), ("off", {**drafting, SPECULATIVE_MAX_ROWS: 0})):
         model = cpu_model(monkeypatch, ckpt, **parameters)
         log = []
         model.execute([Collect("r", prompt, 20, log=log, return_perf_metrics=True, streaming=False)])
@@ -295,8 +295,8 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
         out = log[-1]
         answers[name] = out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist()
         drafted = int(out[TOTAL_DRAFT_TOKENS][0, 0])
-        assert (drafted > 0) == (name == "draft")
-    assert answers["draft"] == answers["plain"]
+        assert (drafted > 0) == (name == "draft")         # off: the plan's break-even was 0 rows
+    assert answers["draft"] == answers["off"] == answers["plain"]
 
 
 def test_a_draft_of_another_vocabulary_does_not_load(checkpoint, tiny_ckpt, monkeypatch):
@@ -331,11 +331,15 @@ def test_the_plan_predicts_each_concurrency_and_stops_where_drafting_loses(check
 
     costs = {1: (0.010, 0.012), 2: (0.012, 0.015), 4: (0.015, 0.030), 8: (0.020, 0.050)}
     monkeypatch.setattr(planned, "step_timings", lambda arch, rows, k, context: [costs[r] for r in rows])
-    request = SpeculativeRequest("ngram", None, 4, 0.25)
+    request = SpeculativeRequest("ngram", None, 4, 0.25, 4.0)         # every step drafts K: (1 + a K) p / v
     plan = plan_of(checkpoint("gqa"), request)
     spec = plan.speculative
     assert spec.rows == [1, 2, 4, 8] and spec.draft_len == 4 and spec.acceptance == 0.25
     assert spec.speedup == [pytest.approx(2 * p / v, abs=1e-3) for p, v in costs.values()]
+    # prompt lookup's default: 1.2 drafts a step, which cost their share of the K + 1 token step over a plain one
+    sparse = plan_of(checkpoint("gqa"), SpeculativeRequest("ngram", None, 4, 0.25)).speculative
+    assert sparse.drafts_per_step == 1.2
+    assert sparse.speedup == [pytest.approx(1.3 * p / (p + (v - p) * 1.2 / 4), abs=1e-3) for p, v in costs.values()]
     assert spec.max_rows == 4 and "--acceptance" in spec.acceptance_basis
     assert Plan.from_dict(plan.to_dict()).speculative == spec
     repo = deploy_repository(plan, tmp_path / "repo", checkpoint=checkpoint("gqa"), tokenizer=smollm2_hf_dir).path
@@ -414,6 +418,9 @@ def test_a_draft_that_cannot_draft_for_the_target_is_one_line_and_exit_2(checkpo
     (["--speculative", "ngram", "--draft-len", "0"], "between 1 and 16"),
     (["--speculative", "ngram", "--draft-len", "17"], "between 1 and 16"),
     (["--speculative", "ngram", "--acceptance", "1.5"], "between 0 and 1"),
+    (["--speculative", "ngram", "--drafts-per-step", "4"], "at most --draft-len 3"),
+    (["--speculative", "ngram", "--drafts-per-step", "0"], "above 0"),
+    (["--drafts-per-step", "1"], "go with --speculative"),
     (["--draft-len", "3"], "go with --speculative"),
     (["--speculative", "ngram", "--backend", "reference-llmapi"], "does not speculate"),
 ])
@@ -452,7 +459,11 @@ def test_validate_measures_the_acceptance_the_plan_should_assume():
                          {TOTAL_DRAFT_TOKENS: 3, TOTAL_ACCEPTED_DRAFT_TOKENS: 3}])
     result = check_speculation(client, options, spec)
     assert result.passed and result.data["acceptance"] == 0.5 and "--acceptance 0.50" in result.detail
-    assert all(body["return_perf_metrics"] is True for body in client.bodies)
+    steps = 2 * (options.max_tokens - 1) - 6          # each request's decode steps: N - 1 - its accepted drafts
+    assert result.data["drafts_per_step"] == round(12 / steps, 3)
+    assert f"--drafts-per-step {round(12 / steps, 2):g}" in result.detail
+    assert all(body["return_perf_metrics"] is True and body["min_tokens"] == options.max_tokens
+               for body in client.bodies)
     silent = check_speculation(FakeClient([{TOTAL_DRAFT_TOKENS: 0}] * 2), options, spec)
     assert not silent.passed and "drafted nothing" in silent.detail
     off = replace(spec, max_rows=0)
@@ -488,3 +499,4 @@ def test_a_speculating_deployment_validates_with_its_acceptance_measured(tiny_ck
     assert not [c.name for c in report.checks if c.failed], [c.detail for c in report.checks if c.failed]
     spec = checks["speculation"]
     assert spec.passed and spec.data["drafted"] > 0 and spec.data["planned_acceptance"] == 0.5
+    assert f"--speculative {request.to_flags()} --acceptance" in spec.detail

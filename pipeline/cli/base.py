@@ -238,21 +238,26 @@ def speculative_options(command):
                          help="Drafts verified per step (default 3)."),
             click.option("--acceptance", type=float, default=None, metavar="A",
                          help="The acceptance rate (accepted / drafted tokens) the prediction assumes; `trtpipe "
-                              "validate` measures a deployment's (default 0.35 for ngram, 0.7 for draft)."))):
+                              "validate` measures a deployment's (default 0.35 for ngram, 0.7 for draft)."),
+            click.option("--drafts-per-step", type=float, default=None, metavar="D",
+                         help="The drafts a step verifies on average, at most K (prompt lookup finds no match in "
+                              "many steps); `trtpipe validate` measures a deployment's (default 1.2 for ngram, K "
+                              "for draft)."))):
         command = option(command)
     return command
 
 
-def speculative_request(speculative: str | None, draft_len: int | None, acceptance: float | None):
-    """The SpeculativeRequest the three options ask for (None: no speculation); UserError for a lone --draft-len or
-    --acceptance."""
+def speculative_request(speculative: str | None, draft_len: int | None, acceptance: float | None,
+                        drafts_per_step: float | None = None):
+    """The SpeculativeRequest the options ask for (None: no speculation); UserError for a lone --draft-len,
+    --acceptance or --drafts-per-step."""
     from ..plan.speculative import SpeculativeRequest
 
     if speculative is None:
-        if draft_len is not None or acceptance is not None:
-            raise UserError("--draft-len and --acceptance go with --speculative METHOD")
+        if (draft_len, acceptance, drafts_per_step) != (None, None, None):
+            raise UserError("--draft-len, --acceptance and --drafts-per-step go with --speculative METHOD")
         return None
-    return SpeculativeRequest.parse(speculative, draft_len, acceptance)
+    return SpeculativeRequest.parse(speculative, draft_len, acceptance, drafts_per_step)
 
 
 #: Tokens generated per request by every command that sends requests (validate, compare, tune, profile).

@@ -126,7 +126,8 @@ def speculative_line(spec) -> str:
     draft = ("" if spec.draft_checkpoint is None else
              f" (draft {spec.draft_weights_bytes / 1e6:.0f} MB of weights + {spec.draft_kv_bytes_per_token} B/token "
              "of KV cache)")
-    return (f"{spec.method}{draft}, K {spec.draft_len}, acceptance {spec.acceptance:g} "
+    drafts = "" if spec.drafts_per_step is None else f", {spec.drafts_per_step:g} drafts a step"
+    return (f"{spec.method}{draft}, K {spec.draft_len}{drafts}, acceptance {spec.acceptance:g} "
             f"({'--acceptance' if spec.acceptance_basis.startswith('--acceptance') else 'default'}): "
             f"tokens/s {gains}; {stop}")
 

@@ -125,7 +125,7 @@ def convert(source, out, precision, tp, pp, model_dir, force, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
           device, backend, runtime_image, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens,
-          checkpoints_on_cpu, speculative, draft_len, acceptance, as_json):
+          checkpoints_on_cpu, speculative, draft_len, acceptance, drafts_per_step, as_json):
     """Run every stage: convert, [sparsify, distill,] calibrate, plan, compile, deploy, validate.
 
     \b
@@ -149,7 +149,7 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
         if (sparsity, distill_tokens) != (None, None):
             raise UserError("--sparsity and --distill-tokens compress one build; a matrix build takes its matrix's "
                             "settings")
-        if (speculative, draft_len, acceptance) != (None, None, None):
+        if (speculative, draft_len, acceptance, drafts_per_step) != (None, None, None, None):
             raise UserError("--speculative plans one build; a matrix build takes its matrix's settings")
         if (input_len, output_len, max_context) != (None, None, None):
             raise UserError("--input-len, --output-len and --max-context plan one build; a matrix build takes its "
@@ -172,7 +172,7 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
                            runtime_image=runtime_image,
                            workload=Workload(**lengths) if lengths else None, sparsity=sparsity,
                            distill_tokens=distill_tokens, checkpoints_on_cpu=checkpoints_on_cpu,
-                           speculative=speculative_request(speculative, draft_len, acceptance))
+                           speculative=speculative_request(speculative, draft_len, acceptance, drafts_per_step))
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())
     if summary.passed is False:
@@ -434,7 +434,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
          max_batch_size, max_num_tokens, opt_num_tokens, multiple_profiles, paged_context_fmha, kv_cache_reuse,
          kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, priority_levels, default_priority_level, model_dir,
          out, as_json, server, backend, runtime_image, instances, measured, details, speculative, draft_len,
-         acceptance):
+         acceptance, drafts_per_step):
     """Whether MODEL fits a target, its batch, KV cache and speed; its build configuration and Triton parameters.
 
     \b
@@ -465,7 +465,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
     from ..plan.servers import server_settings
     from ..targets import get_target
 
-    spec = speculative_request(speculative, draft_len, acceptance)
+    spec = speculative_request(speculative, draft_len, acceptance, drafts_per_step)
     info, gpu = resolve_model_info(model, model_dir), get_target(target)
     try:
         result = plan_instances(

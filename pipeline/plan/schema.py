@@ -218,6 +218,7 @@ class SpeculativePlan:
     draft_step_s: list[float] | None = None
     draft_weights_bytes: int | None = None
     draft_kv_bytes_per_token: int | None = None
+    drafts_per_step: float | None = None       # D, the drafts a step verifies on average (None: K, older plans)
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """`plan --speculative`: what drafting K tokens a step and verifying them in one forward pass is predicted to give.
 
-A speculative step feeds each running row its last token and K drafts and outputs the accepted drafts and one token
-of its own. With TensorRT-LLM's acceptance rate a = accepted / drafted tokens (llmRequest.cpp createResult), a step
-that drafts K tokens outputs 1 + a K tokens on average, so against plain decoding at the same number of rows
+A speculative step feeds each running row its last token and up to K drafts and outputs the accepted drafts and one
+token of its own. With TensorRT-LLM's acceptance rate a = accepted / drafted tokens (llmRequest.cpp createResult)
+and D drafts a step on average (a draft model drafts K every step; prompt lookup fewer: many steps find no match), a
+step outputs 1 + a D tokens a row. Its cost grows with the tokens it feeds, from a plain step's p (no drafts) to a
+K + 1 token step's v (K drafts): p + (v - p) D / K. So against plain decoding at the same number of rows
 
-    speedup(rows) = (1 + a K) x step(rows, 1 token a row) / step(rows, K + 1 tokens a row).
+    speedup(rows) = (1 + a D) x p(rows) / (p(rows) + (v(rows) - p(rows)) x D / K).
 
 A step reading the weights once for a few tokens costs little more than for one (small steps are bound by reading
 the weights), so at one row the speedup is about 1 + a K; as rows grow, the step becomes bound by compute and the
@@ -13,14 +15,14 @@ this host with the reference runtime (pipeline/plan/host_timing.py, cached like 
 1, 2, 4, ... rows up to the plan's batch, and records the most rows up to which every prediction gains: the server
 drafts only while its batch has at most that many rows (and, within them, only while the steps it observes say that
 drafting pays: pipeline/runtime/speculative.py `Speculation`). Steps where prompt lookup finds nothing to draft decode
-plainly, so the prediction is for the steps that draft; `trtpipe validate` measures the acceptance rate of a
-deployment, which `--acceptance` feeds back.
+plainly; `trtpipe validate` measures a deployment's acceptance rate and drafts per step, which `--acceptance` and
+`--drafts-per-step` feed back.
 
 Draft-target (`draft:CHECKPOINT`, a second checkpoint with the target's tokenizer) also runs the draft model K times
 a drafting step (pipeline/runtime/draft_model.py: one pass catching up with the target's tokens, then one a draft
-but the last), so
+but the last), so with its step d and D = K
 
-    speedup(rows) = (1 + a K) x step(rows, 1 token a row) / (step(rows, K + 1 tokens a row) + K x draft_step(rows)).
+    speedup(rows) = (1 + a K) x p(rows) / (v(rows) + K x d(rows)).
 
 The draft's step is timed like the target's, from its architecture in float32: a 4-bit draft served by ONNX
 Runtime's MatMulNBits costs less than that (docs/speculative.md has the measured figures).
@@ -56,6 +58,9 @@ MAX_DRAFT_LEN = 16
 DEFAULT_ACCEPTANCE = {NGRAM: 0.35, DRAFT: 0.7}
 ACCEPTANCE_BASIS = {NGRAM: "prompt lookup on an input-grounded workload",
                     DRAFT: "a 4-bit draft of the target's own model"}
+#: prompt lookup's drafts a step assumed without --drafts-per-step (at most K): benchmarks/bench_speculative.py measured
+#: 1.0-1.4 (K = 3, both workloads, concurrency 1 and 8); a draft model drafts K
+NGRAM_DRAFTS_PER_STEP = 1.2
 TIMING_VERSION = 1
 #: runs of each step timed (the median): a ratio of two steps needs steadier figures than the plan's other phases
 REPEATS = 9
@@ -63,15 +68,17 @@ REPEATS = 9
 
 @dataclass(frozen=True)
 class SpeculativeRequest:
-    """`--speculative METHOD[:MODEL] [--draft-len K] [--acceptance A]` as given."""
+    """`--speculative METHOD[:MODEL] [--draft-len K] [--acceptance A] [--drafts-per-step D]` as given."""
 
     method: str
     draft_model: str | None = None
     draft_len: int | None = None
     acceptance: float | None = None
+    drafts_per_step: float | None = None
 
     @classmethod
-    def parse(cls, text: str, draft_len: int | None = None, acceptance: float | None = None) -> "SpeculativeRequest":
+    def parse(cls, text: str, draft_len: int | None = None, acceptance: float | None = None,
+              drafts_per_step: float | None = None) -> "SpeculativeRequest":
         method, _, model = text.partition(":")
         if method not in METHODS:
             raise UserError(f"--speculative must be one of ngram, draft:MODEL, lookahead, eagle:MODEL (got {text!r})")
@@ -79,7 +86,7 @@ class SpeculativeRequest:
             raise UserError(f"--speculative {method} needs the model that drafts: {method}:MODEL")
         if method in (NGRAM, "lookahead") and model:
             raise UserError(f"--speculative {method} drafts without a model (got {text!r})")
-        return cls(method, model or None, draft_len, acceptance)
+        return cls(method, model or None, draft_len, acceptance, drafts_per_step)
 
     def to_flags(self) -> str:
         return self.method + (f":{self.draft_model}" if self.draft_model else "")
@@ -90,7 +97,14 @@ def request_of(spec: SpeculativePlan | None) -> SpeculativeRequest | None:
     if spec is None:
         return None
     explicit = spec.acceptance_basis.startswith("--acceptance")
-    return SpeculativeRequest(spec.method, spec.draft_checkpoint, spec.draft_len, spec.acceptance if explicit else None)
+    drafts = spec.drafts_per_step if spec.drafts_per_step != default_drafts(spec.method, spec.draft_len) else None
+    return SpeculativeRequest(spec.method, spec.draft_checkpoint, spec.draft_len, spec.acceptance if explicit else None,
+                              drafts)
+
+
+def default_drafts(method: str, k: int) -> float:
+    """The drafts a step the plan assumes without --drafts-per-step."""
+    return min(float(k), NGRAM_DRAFTS_PER_STEP) if method == NGRAM else float(k)
 
 
 def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
@@ -114,6 +128,10 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     acceptance = default if request.acceptance is None else request.acceptance
     if not 0.0 <= acceptance <= 1.0:
         raise UserError(f"--acceptance is accepted / drafted tokens, between 0 and 1 (got {acceptance})")
+    drafts = default_drafts(request.method, k) if request.drafts_per_step is None else request.drafts_per_step
+    if not 0.0 < drafts <= k:
+        raise UserError(f"--drafts-per-step is the drafts a step verifies on average, above 0 and at most --draft-len "
+                        f"{k} (got {drafts})")
     draft = draft_model(plan, request.draft_model) if request.method == DRAFT else None
     basis = (f"--acceptance {acceptance}" if request.acceptance is not None else
              f"the default {default} ({ACCEPTANCE_BASIS[request.method]}); measure yours with `trtpipe validate` "
@@ -122,16 +140,18 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     context = plan.workload.input_len + plan.workload.output_len // 2
     steps = step_timings(plan.model.arch, rows, k, context)
     drafting = [0.0] * len(rows) if draft is None else [p for p, _ in step_timings(draft.arch, rows, k, context)]
-    speedup = [round((1 + acceptance * k) * plain / (verify + k * d), 3) for (plain, verify), d in zip(steps, drafting)]
+    speedup = [round((1 + acceptance * drafts) * plain / (plain + (verify - plain + k * d) * drafts / k), 3)
+               for (plain, verify), d in zip(steps, drafting)]
     losing = next((i for i, s in enumerate(speedup) if s < 1.0), len(rows))
-    formula = (f"(1 + a K) x step(1 token a row) / (step({k + 1} tokens a row)"
-               + (" + K x draft step)" if draft else ")"))
+    formula = (f"(1 + a D) x p / (p + (v - p{' + K d' if draft else ''}) x D / K), D = {drafts:g} drafts a step, p "
+               f"a plain step, v a step of {k + 1} tokens a row" + (", d the draft's step" if draft else ""))
     spec = SpeculativePlan(
         method=request.method, draft_len=k, max_ngram=MAX_NGRAM if draft is None else None, acceptance=acceptance,
         acceptance_basis=basis, rows=rows, step_s=[round(p, 6) for p, _ in steps],
         verify_step_s=[round(v, 6) for _, v in steps], speedup=speedup, max_rows=rows[losing - 1] if losing else 0,
-        basis=(f"{formula}, the steps of the reference runtime timed on this host at {context} tokens of context "
+        basis=(f"{formula}; the steps of the reference runtime timed on this host at {context} tokens of context "
                f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")),
+        drafts_per_step=drafts,
         **({} if draft is None else draft_fields(draft, drafting)))
     warnings = list(plan.warnings)
     if not spec.max_rows:

@@ -1,8 +1,12 @@
-"""validate's `speculation` check: the acceptance rate a speculating deployment measures on the validation prompts.
+"""validate's `speculation` check: the acceptance rate and drafts per step a speculating deployment measures on the
+validation prompts.
 
-The plan's predicted speedup rests on an acceptance rate (accepted / drafted tokens) it assumed; this check sends
-each validation prompt once, greedy, with `return_perf_metrics`, sums NVIDIA's `total_draft_tokens` and
-`total_accepted_draft_tokens` and says what the deployment accepted, so that `trtpipe plan --acceptance` can use it.
+The plan's predicted speedup rests on an acceptance rate (accepted / drafted tokens) and a number of drafts a step it
+assumed; this check sends each validation prompt once, greedy, exactly max_tokens tokens (min_tokens = max_tokens),
+with `return_perf_metrics`, sums NVIDIA's `total_draft_tokens` and `total_accepted_draft_tokens` and says what the
+deployment accepted and drafted per decode step, so that `trtpipe plan --acceptance --drafts-per-step` can use
+them. A request of N tokens ran N - 1 - accepted decode steps (its first token comes from the prompt's pass, and each
+step outputs its accepted drafts and one token of its own).
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ NAME = "speculation"
 def check_speculation(client: EnsembleClient, options: ValidateOptions, spec) -> CheckResult:
     """`spec`: the plan's SpeculativePlan. Passes when every request was answered and, unless the plan turned
     drafting off (max_rows 0), the deployment drafted."""
-    drafted = accepted = 0
+    drafted = accepted = steps = 0
     for prompt in options.prompts:
-        body = {**client.body(prompt, options.max_tokens), RETURN_PERF_METRICS: True}
+        body = {**client.body(prompt, options.max_tokens), "min_tokens": options.max_tokens, RETURN_PERF_METRICS: True}
         try:
             response = client.post_generate(body)
         except requests.RequestException as exc:
@@ -33,9 +37,13 @@ def check_speculation(client: EnsembleClient, options: ValidateOptions, spec) ->
         data = response.json()
         drafted += int(data.get(TOTAL_DRAFT_TOKENS, 0))
         accepted += int(data.get(TOTAL_ACCEPTED_DRAFT_TOKENS, 0))
+        steps += options.max_tokens - 1 - int(data.get(TOTAL_ACCEPTED_DRAFT_TOKENS, 0))
     rate = accepted / drafted if drafted else 0.0
+    per_step = drafted / steps if steps > 0 else 0.0
     figures = {"drafted": drafted, "accepted": accepted, "acceptance": round(rate, 4),
-               "planned_acceptance": spec.acceptance, "draft_len": spec.draft_len, "prompts": len(options.prompts)}
+               "drafts_per_step": round(per_step, 3), "planned_acceptance": spec.acceptance,
+               "planned_drafts_per_step": spec.drafts_per_step, "draft_len": spec.draft_len,
+               "prompts": len(options.prompts)}
     if not drafted:
         off = spec.max_rows == 0
         return CheckResult(NAME, off, "no drafts: the plan turned drafting off on this host (max_rows 0)" if off else
@@ -43,6 +51,14 @@ def check_speculation(client: EnsembleClient, options: ValidateOptions, spec) ->
                            f"{options.max_tokens} tokens (prompt lookup found no repeated n-gram)", data=figures,
                            fix="" if off else "speculation pays where outputs repeat their inputs; validate with "
                            "--max-tokens 64 or prompts that do, or deploy without --speculative")
-    return CheckResult(NAME, True, f"acceptance {rate:.2f} ({accepted} of {drafted} drafts, K {spec.draft_len}, "
-                       f"{len(options.prompts)} prompts); the plan assumed {spec.acceptance:g}: `trtpipe plan ... "
-                       f"--speculative {spec.method} --acceptance {rate:.2f}` predicts with it", data=figures)
+    drafts = min(round(per_step, 2), spec.draft_len) or 0.01
+    return CheckResult(NAME, True, f"acceptance {rate:.2f} ({accepted} of {drafted} drafts, K {spec.draft_len}), "
+                       f"{per_step:.2f} drafts a step ({len(options.prompts)} prompts of {options.max_tokens} tokens); "
+                       f"the plan assumed {spec.acceptance:g} and {spec.drafts_per_step or spec.draft_len:g}: `trtpipe "
+                       f"plan ... --speculative {method_flag(spec)} --acceptance {rate:.2f} --drafts-per-step "
+                       f"{drafts:g}` predicts with them", data=figures)
+
+
+def method_flag(spec) -> str:
+    """--speculative's value for the plan's method (draft:CHECKPOINT names its draft)."""
+    return spec.method + (f":{spec.draft_checkpoint}" if spec.draft_checkpoint else "")

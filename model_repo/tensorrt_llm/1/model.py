@@ -172,8 +172,8 @@ def scheduler_limits(config: dict) -> SchedulerLimits:
 def speculation_of(config: dict, target) -> Speculation | None:
     """Speculative decoding as the deployment's parameters ask (trtpipe plan --speculative): prompt lookup, or the
     draft model in draft_dir (loaded as the target is, `load_runtime`), drafting max_draft_len tokens a step while
-    the batch has at most speculative_max_rows rows; None when unset. ValueError (the model does not load) for a mode
-    or value it cannot honour."""
+    the batch has at most speculative_max_rows rows (unset: any; 0: none); None when unset. ValueError (the model
+    does not load) for a mode or value it cannot honour."""
     mode = parameter(config, SPECULATIVE_DECODING_MODE, "")
     if not mode:
         return None
@@ -183,7 +183,8 @@ def speculation_of(config: dict, target) -> Speculation | None:
     try:
         k = int(parameter(config, MAX_DRAFT_LEN, ""))
         ngram = int(parameter(config, MAX_MATCHING_NGRAM_SIZE, str(MAX_NGRAM)))
-        rows = int(parameter(config, SPECULATIVE_MAX_ROWS, "0")) or None
+        limit = parameter(config, SPECULATIVE_MAX_ROWS, "")
+        rows = int(limit) if limit else None      # 0: the plan found no batch where drafting pays: never
     except ValueError:
         raise ValueError(f"{MAX_DRAFT_LEN}, {MAX_MATCHING_NGRAM_SIZE} and {SPECULATIVE_MAX_ROWS} must be integers "
                          "with speculative decoding") from None
