@@ -49,7 +49,7 @@ from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
 from .outputs import portable, write_atomic
 from .plan.schema import Workload
-from .plan.speculative import SpeculativeRequest
+from .plan.speculative import SpeculativeRequest, describe as describe_speculation
 from .precisions import AUTO, FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
 if TYPE_CHECKING:
@@ -220,7 +220,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     if not unchanged:
         save_plan(plan, plan_path)
     record("plan", plan_path, started, unchanged, f"{plan.backend} backend, max_batch_size "
-                                                  f"{plan.triton.triton_max_batch_size}")
+                                                  f"{plan.triton.triton_max_batch_size}"
+           + (f"; {describe_speculation(plan.speculative)}" if plan.speculative else ""))
 
     started = time.monotonic()
     engine_dir = out / "engine"

@@ -24,7 +24,7 @@ from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import OrtDecoder
 from pipeline.plan import Plan, Workload, resolve_model_info
 from pipeline.plan.schema import SpeculativePlan
-from pipeline.plan.speculative import SpeculativeRequest
+from pipeline.plan.speculative import SpeculativeRequest, describe
 from pipeline.planner import make_plan, replan
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.draft_model import ModelDrafter
@@ -468,6 +468,9 @@ def test_validate_measures_the_acceptance_the_plan_should_assume():
     assert not silent.passed and "drafted nothing" in silent.detail
     off = replace(spec, max_rows=0)
     assert check_speculation(FakeClient([{TOTAL_DRAFT_TOKENS: 0}] * 2), options, off).passed
+    # what build says of the plan
+    assert describe(spec).endswith("x1.70 predicted at 1 row; drafts while at most 8 rows run")
+    assert describe(off).endswith("the server will not draft")
 
 
 @pytest.fixture(scope="module")

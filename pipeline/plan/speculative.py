@@ -160,6 +160,15 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     return replace(plan, speculative=spec, warnings=warnings)
 
 
+def describe(spec: SpeculativePlan) -> str:
+    """One line of what the server will do: where it drafts and the speedup predicted at one row, or that it never
+    drafts."""
+    head = f"--speculative {spec.method} K {spec.draft_len}"
+    if not spec.max_rows:
+        return f"{head}: no batch gains on this host (x{spec.speedup[0]:.2f} at 1 row); the server will not draft"
+    return f"{head}: x{spec.speedup[0]:.2f} predicted at 1 row; drafts while at most {spec.max_rows} rows run"
+
+
 def draft_model(plan: Plan, name: str) -> ModelInfo:
     """The draft checkpoint `draft:NAME` names; UserError unless the cpu runtimes can draft with it for this target:
     a single-rank TensorRT-LLM checkpoint of the target's vocabulary and tokenizer."""
