@@ -389,6 +389,30 @@ def test_a_draft_model_plan_adds_k_draft_steps_and_its_memory_and_deploys_it(che
         assert (repo / "tensorrt_llm" / "1" / "draft" / made).is_file(), list((repo / "tensorrt_llm" / "1").iterdir())
 
 
+def test_tune_searches_the_draft_length_of_a_speculative_plan(checkpoint, monkeypatch, tmp_path, smollm2_hf_dir):
+    """A speculative cpu plan's tuning space has K; a candidate's K is planned again (its speedup and break-even) and
+    deployed; a plan that does not speculate has no K to search."""
+    from pipeline.plan import speculative as planned
+    from pipeline.tune.slo import parse_slo
+    from pipeline.tune.space import build_space, candidate_plan
+
+    monkeypatch.setattr(planned, "step_timings",
+                        lambda arch, rows, k, context: [(0.010, 0.010 + 0.002 * k) for _ in rows])
+    plan = plan_of(checkpoint("gqa"), SpeculativeRequest("ngram", None, 3, 0.5))
+    space = build_space(plan, parse_slo("itl_p99<=500ms"), (1, 4))
+    assert space.default.draft_len == 3 and any(p.name == "draft_len" and p.high == 8 for p in space.params)
+    assert candidate_plan(plan, space.default).speculative == plan.speculative
+    longer = candidate_plan(plan, replace(space.default, draft_len=6)).speculative
+    assert longer.draft_len == 6 and longer.acceptance == 0.5 and longer.drafts_per_step == 1.2
+    assert longer.speedup[0] == pytest.approx(1.6 * 0.010 / (0.010 + 0.012 * 1.2 / 6), abs=1e-3)
+    repo = deploy_repository(candidate_plan(plan, replace(space.default, draft_len=6)), tmp_path / "repo",
+                             checkpoint=checkpoint("gqa"), tokenizer=smollm2_hf_dir).path
+    assert f'key: "{MAX_DRAFT_LEN}"\n  value {{\n    string_value: "6"' in (repo / "tensorrt_llm" /
+                                                                         "config.pbtxt").read_text()
+    plain = build_space(plan_of(checkpoint("gqa")), parse_slo("itl_p99<=500ms"), (1, 4))
+    assert plain.default.draft_len is None and not any(p.name == "draft_len" for p in plain.params)
+
+
 def test_a_draft_that_cannot_draft_for_the_target_is_one_line_and_exit_2(checkpoint, tiny_hf, tiny_ckpt, tmp_path):
     """Another vocabulary; the same vocabulary with other token ids (the tokenizer compared, not only its size);
     a model that is not a checkpoint."""

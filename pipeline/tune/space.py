@@ -8,9 +8,10 @@ replaced with `dataclasses.replace`), plus the models' instance counts, which th
 - reference backends (the cpu target): Triton's max_batch_size (the rows the model's scheduler runs at once; up to
   the larger of the plan's and the load's highest concurrency), its max_queue_delay_microseconds (as on a GPU: the
   model batches in flight, so a wait only groups arrivals into one admission), and the instance counts of
-  tensorrt_llm, preprocessing and postprocessing. batch_scheduler_policy is not in it: the cpu plan's KV pool is
-  the host's memory, which a workload that fits the instances (`check_host_memory`) never exhausts, so both
-  policies schedule alike;
+  tensorrt_llm, preprocessing and postprocessing; with a speculative plan, the draft length K (1 to
+  MAX_TUNED_DRAFT_LEN; the plan predicts each K's speedup and break-even rows again, pipeline/plan/speculative.py).
+  batch_scheduler_policy is not in it: the cpu plan's KV pool is the host's memory, which a workload that fits the
+  instances (`check_host_memory`) never exhausts, so both policies schedule alike;
 - engine backend, without rebuilding: Triton max_batch_size up to the engine's, the queue delay,
   kv_cache_free_gpu_mem_fraction, batch_scheduler_policy, enable_chunked_context (only with paged context
   FMHA in the engine) and the pre/postprocessing instance counts. max_num_tokens at run time is not in it:
@@ -34,6 +35,7 @@ from ..triton_names import BATCH_SCHEDULER_POLICIES, POSTPROCESSING, PREPROCESSI
 from ..plan import Overrides, Plan
 from ..planner import replan as plan_again
 from ..plan.memory import decode_step_seconds, weights_read_per_step, format_gib
+from ..plan.speculative import plan_speculation, request_of
 from ..plan.trtllm import MAX_BATCH_SIZE_CAP
 from .slo import Slo
 
@@ -44,6 +46,9 @@ BUILD_NUM_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 CPU_MODEL_INSTANCES = 2
 #: preprocessing/postprocessing instances (tokenizers)
 TOKENIZER_INSTANCES = {"cpu": 2, "gpu": 4}
+#: the longest draft a speculative cpu plan's tuning tries: past it prompt lookup rarely finds that many tokens and a
+#: step of K + 1 tokens a row costs more than its drafts return (benchmarks/bench_speculative.py chose K = 3 of 3, 5, 8)
+MAX_TUNED_DRAFT_LEN = 8
 
 
 class Infeasible(Exception):
@@ -81,6 +86,7 @@ class Candidate:
     enable_chunked_context: bool | None = None
     max_num_tokens: int | None = None       # --rebuild: the engine's
     multiple_profiles: bool | None = None   # --rebuild
+    draft_len: int | None = None            # a speculative plan's K (cpu target)
 
     @property
     def rebuild(self) -> bool:
@@ -129,6 +135,10 @@ def build_space(plan: Plan, slo: Slo, concurrencies: tuple[int, ...], rebuild: b
         params += [Param("max_batch_size", "int", 1, upper, log=True),
                    Param("tensorrt_llm_instances", "int", 1, CPU_MODEL_INSTANCES)]
         default = Candidate(triton.triton_max_batch_size, triton.max_queue_delay_microseconds)
+        if plan.speculative:
+            k = plan.speculative.draft_len
+            params.append(Param("draft_len", "int", 1, max(MAX_TUNED_DRAFT_LEN, k)))
+            default = replace(default, draft_len=k)
     else:
         params, default, notes = engine_params(plan, params, concurrencies, rebuild)
     space = SearchSpace(plan.backend, tuple(params), default, (), tuple(notes))
@@ -198,8 +208,22 @@ def candidate_plan(base: Plan, candidate: Candidate) -> Plan:
         raise Infeasible(f"the planner caps the batch at {plan.triton.triton_max_batch_size} "
                          f"(P99 budget {base.workload.p99_latency_s:g} s)")
     check_host_memory(plan, candidate)
+    if candidate.draft_len is not None and candidate.draft_len != plan.speculative.draft_len:
+        plan = with_draft_len(plan, candidate.draft_len)
     return replace(plan, triton=replace(plan.triton,
                                         max_queue_delay_microseconds=candidate.max_queue_delay_microseconds))
+
+
+def with_draft_len(plan: Plan, k: int) -> Plan:
+    """The speculative plan planned again with K drafts a step (its acceptance and drafts a step as it was asked
+    for: a default drafts-per-step follows K)."""
+    request = replace(request_of(plan.speculative), draft_len=k)
+    if request.drafts_per_step is not None:
+        request = replace(request, drafts_per_step=min(request.drafts_per_step, float(k)))
+    try:
+        return plan_speculation(replace(plan, speculative=None), request)
+    except UserError as exc:
+        raise Infeasible(str(exc)) from None
 
 
 def engine_candidate_plan(base: Plan, c: Candidate) -> Plan:
