@@ -527,3 +527,26 @@ def test_a_speculating_deployment_validates_with_its_acceptance_measured(tiny_ck
     spec = checks["speculation"]
     assert spec.passed and spec.data["drafted"] > 0 and spec.data["planned_acceptance"] == 0.5
     assert f"--speculative {request.to_flags()} --acceptance" in spec.detail
+
+
+def test_compare_reports_a_speculating_builds_acceptance_and_drafts_a_step(tiny_ckpt, tiny_hf, tmp_path):
+    """compare's served side of a speculating build measures its acceptance and drafts a step on the comparison's
+    prompts (validate's check), and the report has a row for each; a plain build has none to measure."""
+    from pipeline.compare.report import speculation_rows
+    from pipeline.compare.serving import ServeOptions, serve_and_measure
+
+    plan = make_plan(resolve_model_info(str(tiny_ckpt)), get_target("cpu"), "fp32",
+                     workload=Workload(input_len=32, output_len=32, max_context=96),
+                     speculative=SpeculativeRequest("ngram", None, 3, 0.5))
+    plan = replace(plan, speculative=replace(plan.speculative, max_rows=8))     # whatever this host timed
+    repo = deploy_repository(plan, tmp_path / "repo", checkpoint=tiny_ckpt, tokenizer=tiny_hf).path
+    served = serve_and_measure(repo, None, ["the cat sat on the mat and the cat sat", "one two one two one"],
+                               ServeOptions(max_tokens=40), speculative=plan.speculative)
+    spec = served.speculation
+    assert spec["method"] == "ngram" and spec["draft_len"] == 3 and spec["drafted"] > 0
+    assert spec["acceptance"] == pytest.approx(spec["accepted"] / spec["drafted"], abs=1e-4)
+    assert 0 < spec["drafts_per_step"] <= 3 and len(served.completions) == 2
+    rows = speculation_rows(None, spec)
+    assert rows[0] == "| speculative decoding | no speculation | ngram | |"
+    assert f"{spec['acceptance']:.3f}" in rows[2] and f"{spec['drafts_per_step']:.2f}" in rows[3]
+    assert speculation_rows(None, None) == []

@@ -63,7 +63,8 @@ def compare_builds(options: CompareOptions, say=lambda message: None) -> Compare
         for side, build, url in (("A", a, options.url_a), ("B", b, options.url_b)):
             say(f"[{side}] {build.label}: held-out perplexity of {build.checkpoint.name}")
             ppl = heldout_perplexity(build.checkpoint, options.ppl_samples, options.device)
-            served = serve_and_measure(build.repo, url, prompts, options.serve, lambda m, s=side: say(f"[{s}] {m}"))
+            served = serve_and_measure(build.repo, url, prompts, options.serve, lambda m, s=side: say(f"[{s}] {m}"),
+                                       build.speculative)
             sides[side] = (build, ppl, served)
         completions_a, completions_b = sides["A"][2].completions, sides["B"][2].completions
         generation = generation_figures(tok_a, completions_a, completions_b).to_dict()
@@ -81,4 +82,4 @@ def compare_builds(options: CompareOptions, say=lambda message: None) -> Compare
 def _build_record(build: BuildInfo, ppl, served) -> dict:
     return {"label": build.label, "path": str(build.path), "precision": build.precision,
             "checkpoint": build.checkpoint.name, "server": served.server, "memory": build.memory(),
-            "perplexity": asdict(ppl), "load": served.load}
+            "perplexity": asdict(ppl), "load": served.load, "speculation": served.speculation}

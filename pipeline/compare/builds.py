@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError, read_json_object
 from ..model_repository import model_names
+from ..plan.schema import SpeculativePlan
 from ..tokenizer import tokenizer_fingerprint
 
 #: The plan's model fields that name the model itself; dtype, quantization, paths and sharding do not.
@@ -36,6 +37,12 @@ class BuildInfo:
     @property
     def precision(self) -> str:
         return self.plan["precision"]
+
+    @property
+    def speculative(self) -> SpeculativePlan | None:
+        """The plan's speculative decoding (None: the build does not speculate)."""
+        spec = self.plan.get("speculative")
+        return SpeculativePlan(**spec) if spec else None
 
     def model_identity(self) -> dict:
         return {k: self.plan["model"].get(k) for k in MODEL_IDENTITY_FIELDS}

@@ -74,6 +74,7 @@ class CompareReport:
                          f"{a['load']['output_tokens_per_s']:.2f} | {b['load']['output_tokens_per_s']:.2f} | "
                          f"x{self.changes['throughput_speedup']:.3f} |")
             lines += energy_rows(a["load"], b["load"], self.changes)
+        lines += speculation_rows(a.get("speculation"), b.get("speculation"))
         g = self.generation
         lines += ["", "B's completions against A's:", "", "| token agreement | ROUGE-L | BLEU | exact match |",
                   "|---|---|---|---|", f"| {g['token_agreement']:.4f} | {g['rouge_l']:.4f} | {g['bleu']:.2f} | "
@@ -93,6 +94,23 @@ class CompareReport:
 ENERGY_ROWS = (("joules_per_output_token", "energy per output token (J)", "{:.4g}", "energy_per_token_saving"),
                ("peak_memory_bytes", "peak memory during the load (GiB)", "{:.2f}", "peak_memory_saving"),
                ("cost_per_million_output_tokens", "cost per million output tokens", "{:.4g}", "cost_saving"))
+
+
+def speculation_rows(a: dict | None, b: dict | None) -> list[str]:
+    """A speculating build's acceptance rate and drafts a step (NVIDIA's draft counts on the comparison's prompts);
+    its speed-up over the other build is the load test's output tokens/s row."""
+    if not a and not b:
+        return []
+
+    def cell(spec: dict | None, key: str, fmt: str) -> str:
+        return "no speculation" if not spec else fmt.format(spec[key])
+
+    return [f"| speculative decoding | {cell(a, 'method', '{}')} | {cell(b, 'method', '{}')} | |",
+            f"| draft length K | {cell(a, 'draft_len', '{}')} | {cell(b, 'draft_len', '{}')} | |",
+            f"| acceptance rate (accepted / drafted) | {cell(a, 'acceptance', '{:.3f}')} | "
+            f"{cell(b, 'acceptance', '{:.3f}')} | |",
+            f"| drafts a decode step | {cell(a, 'drafts_per_step', '{:.2f}')} | "
+            f"{cell(b, 'drafts_per_step', '{:.2f}')} | |"]
 
 
 def energy_value(load: dict, key: str) -> float | None:

@@ -12,6 +12,9 @@ from ..server import connect, embedded_server
 from ..validate import DEFAULT_PROMPTS, EnsembleClient, run_level
 from ..validate.energy import meter_for
 from ..validate.client import RequestFailed
+from ..validate.report import ValidateOptions
+from ..validate.speculative import check_speculation
+from ..plan.schema import SpeculativePlan
 
 #: --prompts recipes: the held-out news corpus (never calibrated on), or validate's four prompts.
 PROMPT_RECIPES = ("heldout", "validate")
@@ -33,6 +36,7 @@ class ServedFigures:
     server: str
     completions: list[str]
     load: dict | None          # validate's run_level record at the comparison's concurrency
+    speculation: dict | None = None   # a speculating build: validate's speculation check's figures on the prompts
 
 
 def load_prompts(spec: str | None, count: int) -> tuple[str, list[str]]:
@@ -56,9 +60,10 @@ def load_prompts(spec: str | None, count: int) -> tuple[str, list[str]]:
 
 
 def serve_and_measure(repo: Path, url: str | None, prompts: list[str], options: ServeOptions,
-                      say=lambda message: None) -> ServedFigures:
+                      say=lambda message: None, speculative: SpeculativePlan | None = None) -> ServedFigures:
     """Serve `repo` with the embedded Triton (or use the server at `url`); greedy completions one request at a
-    time (no batching partner changes the numerics), then the load test when asked."""
+    time (no batching partner changes the numerics), then, for a build that speculates (`speculative`, its plan's),
+    its acceptance rate and drafts a step on the same prompts, then the load test when asked."""
     context = connect(url, ready_timeout=60.0) if url else embedded_server(repo, ready_timeout=options.ready_timeout)
     with context as server:
         say(f"serving {repo if url is None else url} at {server.http_url}")
@@ -67,9 +72,17 @@ def serve_and_measure(repo: Path, url: str | None, prompts: list[str], options: 
             completions = [client.generate(prompt, options.max_tokens) for prompt in prompts]
         except RequestFailed as exc:
             raise RuntimeError(f"{server.http_url}: {exc}") from None
+        speculation = None
+        if speculative is not None:
+            say("speculation: the acceptance rate and drafts a step on the prompts")
+            check = check_speculation(client, ValidateOptions(prompts=tuple(prompts), max_tokens=options.max_tokens),
+                                      speculative)
+            if not check.passed:
+                raise RuntimeError(f"{server.http_url}: speculation: {check.detail}")
+            speculation = {"method": speculative.method, "draft_len": speculative.draft_len, **check.data}
         load = None
         if options.load_test:
             say(f"load test: {options.concurrency} clients x {options.requests_per_client} requests")
             load = run_level(client, tuple(prompts), options.max_tokens, options.concurrency,
                              options.requests_per_client, meter_for(server, options.price_per_hour))
-        return ServedFigures(server.http_url, completions, load)
+        return ServedFigures(server.http_url, completions, load, speculation)
