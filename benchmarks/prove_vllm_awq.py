@@ -29,6 +29,7 @@ from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint, hel
 from pipeline.convert import convert_model
 from pipeline.runtime import ReferenceModel
 from pipeline.runtime.sampling import SamplingConfig
+from pipeline.runtime.speculative import leading_matches
 from pipeline.sources import resolve_model
 
 GROUP = 64
@@ -56,17 +57,8 @@ def vllm_tokens(model_dir: Path, prompts: list[list[int]], tokens: int, args) ->
     return out, ", ".join(kernels) or "none named"
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def compare(runtime: list[list[int]], vllm: list[list[int]]) -> dict:
-    prefixes = [common_prefix(a, b) for a, b in zip(runtime, vllm)]
+    prefixes = [leading_matches(a, b) for a, b in zip(runtime, vllm)]
     return {"identical": sum(a == b for a, b in zip(runtime, vllm)), "mean_prefix": sum(prefixes) / len(prefixes),
             "first": sum(p > 0 for p in prefixes), "prompts": len(prefixes)}
 

@@ -126,6 +126,13 @@ def test_a_draft_model_follows_requests_joining_and_leaving_a_serving_batch(runt
     alone = [model.generate([p], SamplingConfig(max_new_tokens=n))[0] for p, n, _ in schedule]
     drafter = ModelDrafter(other_runtimes[runtime].inflight_decoder(), 2)
     limits = SchedulerLimits(kv_tokens=48, tokens_per_block=4, policy=MAX_UTILIZATION)
+    assert serve_schedule(model, schedule, limits, Speculation(drafter, adaptive=False)) == alone
+    drafter.draft([])
+    assert drafter.fed == {}
+
+
+def serve_schedule(model, schedule, limits: SchedulerLimits, speculation: Speculation) -> list[list[int]]:
+    """Each (prompt, max_new_tokens, step it arrives at) of `schedule` served in flight: its output tokens."""
     scheduler, tokens, steps = Scheduler(limits), {}, [0]
 
     def poll():
@@ -135,10 +142,8 @@ def test_a_draft_model_follows_requests_joining_and_leaving_a_serving_batch(runt
         steps[0] += 1
 
     model.serve_rows(scheduler, poll, lambda key, result: tokens.__setitem__(key, list(result.tokens)),
-                     lambda key: None, Speculation(drafter, adaptive=False))
-    assert [tokens[i] for i in range(len(schedule))] == alone
-    drafter.draft([])
-    assert drafter.fed == {}
+                     lambda key: None, speculation)
+    return [tokens[i] for i in range(len(schedule))]
 
 
 def oracle_drafter(oracle: Oracle, k: int, limits: list | None = None):
@@ -175,18 +180,9 @@ def test_in_flight_serving_speculates_and_keeps_every_request_exact(runtimes, ru
     schedule = [(PROMPTS[0], 14, 0), (PROMPTS[1], 6, 0), (PROMPTS[2], 10, 3)]
     alone = [model.generate([p], SamplingConfig(max_new_tokens=n))[0] for p, n, _ in schedule]
     oracle = Oracle([p for p, _, _ in schedule], alone, wrong=4)
-    scheduler, tokens, steps = Scheduler(limits), {}, [0]
     held = []
-
-    def poll():
-        for i, (prompt, n, at) in enumerate(schedule):
-            if at == steps[0]:
-                scheduler.submit([Sequence(i, prompt, SamplingConfig(max_new_tokens=n))])
-        steps[0] += 1
-
-    model.serve_rows(scheduler, poll, lambda key, result: tokens.__setitem__(key, list(result.tokens)),
-                     lambda key: None, Speculation(oracle_drafter(oracle, 3, held), adaptive=False))
-    assert [tokens[i] for i in range(len(schedule))] == alone
+    assert serve_schedule(model, schedule, limits, Speculation(oracle_drafter(oracle, 3, held), adaptive=False)) \
+        == alone
     assert sum(map(len, oracle.proposed)) > 0
     if limits.blocks is not None:
         assert min(held) < 3          # a row near the end of its blocks was offered fewer drafts
@@ -258,6 +254,14 @@ class Collect(StubRequest):
         self.log.append(response.outputs())
 
 
+def served_once(model, prompt: list[int]) -> dict:
+    """The cpu model's last response to one non-streaming request of 20 tokens with its perf metrics."""
+    log = []
+    model.execute([Collect("r", prompt, 20, log=log, return_perf_metrics=True, streaming=False)])
+    model.queue.join()
+    return log[-1]
+
+
 def test_the_deployed_model_speculates_as_deployed_and_reports_nvidias_draft_counts(checkpoint, monkeypatch):
     """The cpu model deployed with --speculative ngram: the same tokens as without, and its perf metrics carry the
     drafts verified and accepted and TensorRT-LLM's acceptance rate (accepted / drafted)."""
@@ -266,11 +270,7 @@ def test_the_deployed_model_speculates_as_deployed_and_reports_nvidias_draft_cou
     answers = {}
     for name, parameters in (("plain", {}), ("ngram", {SPECULATIVE_DECODING_MODE: "ngram", MAX_DRAFT_LEN: 4,
                                                        MAX_MATCHING_NGRAM_SIZE: 2})):
-        model = cpu_model(monkeypatch, ckpt, **parameters)
-        log = []
-        model.execute([Collect("r", prompt, 20, log=log, return_perf_metrics=True, streaming=False)])
-        model.queue.join()
-        out = log[-1]
+        out = served_once(cpu_model(monkeypatch, ckpt, **parameters), prompt)
         answers[name] = out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist()
         drafted, accepted = int(out[TOTAL_DRAFT_TOKENS][0, 0]), int(out[TOTAL_ACCEPTED_DRAFT_TOKENS][0, 0])
         rate = float(out[ACCEPTANCE_RATE][0, 0])
@@ -288,11 +288,7 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
     answers = {}
     drafting = {SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3, DRAFT_DIR: checkpoint("mha")}
     for name, parameters in (("plain", {}), ("draft", drafting), ("off", {**drafting, SPECULATIVE_MAX_ROWS: 0})):
-        model = cpu_model(monkeypatch, ckpt, **parameters)
-        log = []
-        model.execute([Collect("r", prompt, 20, log=log, return_perf_metrics=True, streaming=False)])
-        model.queue.join()
-        out = log[-1]
+        out = served_once(cpu_model(monkeypatch, ckpt, **parameters), prompt)
         answers[name] = out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist()
         drafted = int(out[TOTAL_DRAFT_TOKENS][0, 0])
         assert (drafted > 0) == (name == "draft")         # off: the plan's break-even was 0 rows

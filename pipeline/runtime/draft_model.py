@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UserError
 from .sampling import SamplingConfig
-from .speculative import DraftRequest
+from .speculative import DraftRequest, leading_matches
 
 if TYPE_CHECKING:
     from .generate import InflightDecoder
@@ -76,18 +76,10 @@ class ModelDrafter:
         """What row r's draft cache must be fed to hold its history: the drafts the target rejected are rewound
         first (at least the history's last token is fed, so the pass gives the logits after it)."""
         fed, history = self.fed[r.key], list(r.history)
-        kept = common_prefix(fed, history)
+        kept = leading_matches(fed, history)
         kept = min(kept, len(history) - 1)
         if len(fed) > kept:
             self.decoder.rewind(r.key, len(fed) - kept)
         self.fed[r.key] = history
         return history[kept:]
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
