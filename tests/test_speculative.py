@@ -222,14 +222,26 @@ def test_the_server_drafts_only_while_drafting_steps_pay():
     spec.observe(1, True, 0.012, 2)                      # 1 row, 2 drafts accepted, 12 ms
     assert not spec.drafting(1)                          # then once plainly, for the plain step's cost
     spec.observe(1, False, 0.010, 0)
-    choices = [spec.drafting(1) for _ in range(2 * PROBE_EVERY)]
-    assert choices.count(False) == 2                     # (1 + 2) x 10 ms >= 12 ms: drafts, but for the probes
-    spec.observe(1, True, 0.040, 0)                      # drafts stop being accepted and the step grows
+
+    def steps(drafting_s: float, accepted: int, n: int = 2 * PROBE_EVERY) -> list[bool]:
+        choices = []
+        for _ in range(n):
+            choices.append(spec.drafting(1))
+            spec.observe(1, choices[-1], drafting_s if choices[-1] else 0.010, accepted if choices[-1] else 0)
+        return choices
+
+    assert steps(0.012, 2).count(False) == 2             # (1 + 2) x 10 ms >= 12 ms: drafts, but for the probes
     for _ in range(10):
-        spec.observe(1, True, 0.040, 0)
+        spec.observe(1, True, 0.040, 0)                  # drafts stop being accepted and the step grows
     assert not spec.gains(1)
-    choices = [spec.drafting(1) for _ in range(2 * PROBE_EVERY)]
-    assert choices.count(True) == 2                      # plain, but for the probes
+    assert steps(0.040, 0).count(True) == 2              # plain, but for the probes
+    # a drafting probe in which no row had a draft measured nothing: it stays due until a step drafts
+    while not spec.drafting(1):
+        spec.observe(1, False, 0.010, 0)
+    spec.observe(1, False, 0.010, 0)                     # chosen to draft, but the drafter found nothing
+    assert spec.drafting(1) and spec.drafting(1)
+    spec.observe(1, True, 0.040, 0)
+    assert not spec.drafting(1)
     assert not spec.drafting(5)                          # above the plan's break-even: never
     assert Speculation(NgramDrafter(3), adaptive=False).drafting(64)
 

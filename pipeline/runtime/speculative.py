@@ -125,7 +125,8 @@ class Speculation:
     when `adaptive`, the choice of each step made from what the loop observed at that number of rows: a step that
     drafts outputs each row's accepted drafts and one token in `verify_s`, a plain one a token a row in `plain_s`, so
     it drafts while (1 + accepted drafts per row) x plain_s >= verify_s. One step in PROBE_EVERY does the other kind
-    to keep both figures current; a number of rows not yet seen drafts first, then steps plainly once."""
+    to keep both figures current (a drafting probe stays due until a step has drafts); a number of rows not yet seen
+    drafts first, then steps plainly once."""
 
     drafter: Drafter
     max_rows: int | None = None
@@ -134,6 +135,9 @@ class Speculation:
     verify_s: dict[int, float] = field(default_factory=dict)
     gain: dict[int, float] = field(default_factory=dict)      # accepted drafts per row of a drafting step
     steps: dict[int, int] = field(default_factory=dict)
+    #: numbers of rows whose drafting probe is still due: a step chosen to draft in which no row had a draft (prompt
+    #: lookup found no match) measured nothing, so the next steps draft until one does
+    due: set[int] = field(default_factory=set)
 
     def drafting(self, rows: int) -> bool:
         """Whether the next step of `rows` rows drafts."""
@@ -142,11 +146,16 @@ class Speculation:
         if not self.adaptive:
             return True
         self.steps[rows] = count = self.steps.get(rows, 0) + 1
-        if rows not in self.verify_s:
+        if rows not in self.verify_s or rows in self.due:
             return True
         if rows not in self.plain_s:
             return False
-        return self.gains(rows) != (count % PROBE_EVERY == 0)
+        probe = count % PROBE_EVERY == 0
+        if self.gains(rows):
+            return not probe
+        if probe:
+            self.due.add(rows)
+        return probe
 
     def gains(self, rows: int) -> bool:
         return (1 + self.gain[rows]) * self.plain_s[rows] >= MARGIN * self.verify_s[rows]
@@ -154,6 +163,7 @@ class Speculation:
     def observe(self, rows: int, drafted: bool, seconds: float, accepted: int) -> None:
         """A step of `rows` rows took `seconds`; when it `drafted`, its rows accepted `accepted` drafts in all."""
         if drafted:
+            self.due.discard(rows)
             smooth(self.verify_s, rows, seconds)
             smooth(self.gain, rows, accepted / rows)
         else:

@@ -48,7 +48,8 @@ def check_speculation(client: EnsembleClient, options: ValidateOptions, spec) ->
         off = spec.max_rows == 0
         return CheckResult(NAME, off, "no drafts: the plan turned drafting off on this host (max_rows 0)" if off else
                            f"the deployment drafted nothing on {len(options.prompts)} prompts of "
-                           f"{options.max_tokens} tokens (prompt lookup found no repeated n-gram)", data=figures,
+                           f"{options.max_tokens} tokens (prompt lookup found no repeated n-gram, or the server "
+                           "measured that drafting does not pay on this host)", data=figures,
                            fix="" if off else "speculation pays where outputs repeat their inputs; validate with "
                            "--max-tokens 64 or prompts that do, or deploy without --speculative")
     drafts = min(round(per_step, 2), spec.draft_len) or 0.01
