@@ -300,10 +300,12 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
     answers = {}
     drafting = {SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3, DRAFT_DIR: checkpoint("mha")}
     for name, parameters in (("plain", {}), ("draft", drafting), ("off", {**drafting, SPECULATIVE_MAX_ROWS: 0})):
-        out = served_once(cpu_model(monkeypatch, ckpt, **parameters), prompt)
+        model = cpu_model(monkeypatch, ckpt, **parameters)
+        out = served_once(model, prompt)
         answers[name] = out["output_ids"][0, 0, :out["sequence_length"][0, 0]].tolist()
         drafted = int(out[TOTAL_DRAFT_TOKENS][0, 0])
         assert (drafted > 0) == (name == "draft")         # off: the plan's break-even was 0 rows
+        assert (model.speculation is None) == (name != "draft")   # off holds no draft model
     assert answers["draft"] == answers["off"] == answers["plain"]
 
 

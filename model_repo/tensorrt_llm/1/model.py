@@ -190,6 +190,8 @@ def speculation_of(config: dict, target) -> Speculation | None:
                          "with speculative decoding") from None
     if k < 1:
         raise ValueError(f"{MAX_DRAFT_LEN} {k}: the draft length must be at least 1")
+    if rows == 0:       # the plan found no batch where drafting pays: decode plainly, and hold no draft model
+        return None
     try:
         drafter = NgramDrafter(k, ngram) if mode == NGRAM else draft_model(config, target, k)
     except UserError as exc:
