@@ -24,6 +24,7 @@ drafts per decode step); and how many texts are identical with and without specu
 
     .venv/bin/python benchmarks/bench_speculative.py [--draft-len 3] [--prompts 40] [--c1-prompts 12]
         [--runtime onnxruntime|torch] [--workdir /tmp/trtpipe-bench-speculative]
+        [--draft CHECKPOINT [--draft-rows N]]     # draft-target instead of prompt lookup
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def repository(name: str, speculative: SpeculativeRequest | None, args: argparse
     checkpoint = smollm2_checkpoint(args.workdir)
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), "fp32",
                      workload=Workload(input_len=256, output_len=args.output_tokens), speculative=speculative)
+    if speculative is not None and args.draft_rows is not None:     # drafting where the plan would not
+        plan = replace(plan, speculative=replace(plan.speculative, max_rows=args.draft_rows))
     repo = deploy_repository(plan, args.workdir / f"repo-{name}", checkpoint=checkpoint,
                              tokenizer=resolve_model("smollm2-135m").hf_dir(), runtime=args.runtime, force=True).path
     return plan, repo
@@ -136,7 +139,8 @@ def measure(loads: dict, plain_url: str, spec_url: str, args: argparse.Namespace
 def informed_prediction(plan, acceptance: float, drafts_per_step: float, args: argparse.Namespace) -> dict:
     """The plan's speedup per concurrency given the acceptance and drafts a step this run measured (what `trtpipe
     validate` tells a user to plan with)."""
-    request = SpeculativeRequest("ngram", None, args.draft_len, round(acceptance, 4), round(drafts_per_step, 4))
+    request = SpeculativeRequest(plan.speculative.method, plan.speculative.draft_checkpoint, args.draft_len,
+                                 round(acceptance, 4), round(drafts_per_step, 4))
     spec = plan_speculation(replace(plan, speculative=None), request).speculative
     return dict(zip(spec.rows, spec.speedup))
 
@@ -152,6 +156,12 @@ def main() -> None:
     parser.add_argument("--acceptance", type=float, default=None,
                         help="the acceptance rate the plan's prediction assumes (default: the plan's default)")
     parser.add_argument("--runtime", choices=["onnxruntime", "torch"], default="onnxruntime")
+    parser.add_argument("--draft", type=Path, default=None,
+                        help="draft-target with this checkpoint (e.g. SmolLM2 calibrated to int4-awq) instead of "
+                             "prompt lookup")
+    parser.add_argument("--draft-rows", type=int, default=None,
+                        help="draft while at most this many rows run, whatever the plan's break-even says (to "
+                             "measure a method the plan turns off)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-speculative"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -159,10 +169,13 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").hf_dir())
     loads = workloads(tokenizer, args.prompts)
-    print(f"SmolLM2-135M fp32, {args.runtime}, {args.output_tokens} output tokens, greedy, K = {args.draft_len}, "
+    print(f"SmolLM2-135M fp32, {args.runtime}, {'draft ' + str(args.draft) if args.draft else 'prompt lookup'}"
+          + ("" if args.draft_rows is None else f" drafting up to {args.draft_rows} rows (--draft-rows)")
+          + f", {args.output_tokens} output tokens, greedy, K = {args.draft_len}, "
           f"{args.rounds} round(s)")
     _, plain_repo = repository("plain", None, args)
-    plan, spec_repo = repository("speculative", SpeculativeRequest("ngram", None, args.draft_len, args.acceptance),
+    method = ("draft", str(args.draft)) if args.draft else ("ngram", None)
+    plan, spec_repo = repository("speculative", SpeculativeRequest(*method, args.draft_len, args.acceptance),
                                  args)
     with embedded_server(plain_repo, log_path=args.workdir / "tritonserver-plain.log") as plain, \
             embedded_server(spec_repo, log_path=args.workdir / "tritonserver-speculative.log") as spec:
