@@ -54,7 +54,7 @@ DEFAULT_DRAFT_LEN = 3
 MAX_DRAFT_LEN = 16
 #: the acceptance rate assumed without --acceptance, per method: prompt lookup on benchmarks/bench_speculative.py's
 #: input-grounded workload (SmolLM2-135M, K = 3) accepted 0.38-0.46 of its drafts; SmolLM2-135M at int4-awq drafting
-#: for itself at float32 0.69-0.81 (both workloads, K = 3; docs/speculative.md)
+#: for itself at float32 0.69-0.84 (both workloads, K = 3; docs/speculative.md)
 DEFAULT_ACCEPTANCE = {NGRAM: 0.35, DRAFT: 0.7}
 ACCEPTANCE_BASIS = {NGRAM: "prompt lookup on an input-grounded workload",
                     DRAFT: "a 4-bit draft of the target's own model"}

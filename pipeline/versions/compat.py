@@ -89,13 +89,10 @@ def tokenizer_refusal(repo: Repository, source: Repository) -> str | None:
     a, b = tokenizer_dir(repo), tokenizer_dir(source)
     if same_files(a, b):
         return None
-    from transformers import AutoTokenizer
-
-    from ..tokenizer import tokenizer_fingerprint
+    from ..tokenizer import same_tokenizer
 
     try:
-        same = tokenizer_fingerprint(AutoTokenizer.from_pretrained(a)) == \
-            tokenizer_fingerprint(AutoTokenizer.from_pretrained(b))
+        same = same_tokenizer(a, b)
     except Exception as exc:  # transformers raises many types for broken tokenizer files
         return f"the tokenizer of REPO ({a}) or SOURCE ({b}) does not load ({type(exc).__name__}: {exc})"
     if same:

@@ -89,7 +89,7 @@ HONOURED = (INPUT_IDS, INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, 
 #: Inputs refused by name when a request sends them: what the reference runtime cannot do.
 REFUSED = {
     **{name: "speculative decoding with drafts from outside (draft-target through the BLS model) is not supported: "
-             "the cpu model drafts itself when deployed with --speculative ngram"
+             "the cpu model drafts itself when deployed with --speculative ngram or draft:CHECKPOINT"
        for name in ("draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
     **{name: "encoder-decoder and cross-attention inputs are for encoder-decoder models; this one is decoder-only"
        for name in ("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
