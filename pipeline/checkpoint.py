@@ -20,7 +20,7 @@ from . import __version__
 from .arch import ModelArch
 from .errors import UserError, read_config_json
 from .outputs import read_manifest, recorded_path
-from .precisions import CHECKPOINT_DTYPES
+from .precisions import CHECKPOINT_DTYPES, INT4_QUANT_ALGOS
 from .model.layout import Rank, RankLayout, kv_heads_per_rank
 from .model.spec import Family
 from .safetensors_stream import SafetensorsFile
@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from .sparsity.pattern import SparsityClaim
 
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
+#: the output projection's module name in a TensorRT-LLM checkpoint
+LM_HEAD = "lm_head"
+#: TensorRT-LLM's `quantize_layers` exclusions when a checkpoint's exclude_modules is null or empty
+#: (tensorrt_llm/quantization/quantize.py; docs/upstream-facts.md): lm_head stays in the model dtype
+TRTLLM_DEFAULT_EXCLUDE = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",
+                          "*shared_expert_gate", "*fused_a")
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,9 @@ class CheckpointConfig:
 
     @property
     def exclude_modules(self) -> tuple[str, ...]:
-        return tuple(self.quantization.get("exclude_modules") or ())
+        """The modules left unquantized: config.json's list, or TensorRT-LLM's default list when it is null or
+        empty (its `quantize_layers` reads `exclude_modules or [...]`, so an empty list leaves lm_head float)."""
+        return tuple(self.quantization.get("exclude_modules") or TRTLLM_DEFAULT_EXCLUDE)
 
     @property
     def is_quantized(self) -> bool:
@@ -105,6 +113,11 @@ class CheckpointConfig:
         if self.quant_algo is None:
             return False
         return not is_excluded(module, self.exclude_modules)
+
+    @property
+    def quantized_lm_head(self) -> bool:
+        """lm_head is stored as 4-bit groupwise weights (trtpipe writes it only for `calibrate --quantize-lm-head`)."""
+        return self.quant_algo in INT4_QUANT_ALGOS and self.quantizes(LM_HEAD)
 
     @property
     def q_heads_per_rank(self) -> int:

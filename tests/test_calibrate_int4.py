@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from pipeline.calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 from pipeline.calibrate import int4, quantized_checkpoint
@@ -19,15 +17,10 @@ from pipeline.cli import main
 from pipeline.errors import UserError
 
 from support.models import make_tiny_model
-from support.modelopt_int4 import ALGOS, modelopt_int4, tiny_int4_llama
+from support.modelopt_int4 import ALGOS, dequantized_float_checkpoint, modelopt_int4, tensors, tiny_int4_llama
 
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 PRECISION = {"W4A16_AWQ": "int4-awq", "W4A8_AWQ": "w4a8-awq"}
-
-
-def tensors(directory: Path, rank: int = 0) -> dict[str, torch.Tensor]:
-    with safe_open(directory / f"rank{rank}.safetensors", "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
 
 
 def run_calibrate(ckpt: Path, out: Path, precision: str, data: Path, **kw):
@@ -119,29 +112,6 @@ def modelopt_exports(tmp_path_factory):
             export_tensorrt_llm_checkpoint(model, "llama", torch.float16, root / f"{algo}-tp{tp}",
                                            inference_tensor_parallel=tp)
             out[algo, tp] = root / f"{algo}-tp{tp}"
-    return out
-
-
-def dequantized_float_checkpoint(exported: Path, out: Path) -> Path:
-    """The float16 checkpoint whose weights are modelopt's quantized ones, un-smoothed (code x scale x prequant)."""
-    from pipeline.runtime.int4 import dequantize_groupwise, unpack_int4
-
-    config = json.loads((exported / "config.json").read_text())
-    out.mkdir()
-    for rank in range(config["mapping"]["world_size"]):
-        q = tensors(exported, rank)
-        plain = {}
-        for name, t in q.items():
-            if not name.endswith(".weight") or t.dtype != torch.int8:
-                if not name.endswith(("_scaling_factor", "_scaling_factor_2")):
-                    plain[name] = t
-                continue
-            prefix = name[: -len(".weight")]
-            w = dequantize_groupwise(unpack_int4(t), q[prefix + ".weights_scaling_factor"])
-            plain[name] = (w * q[prefix + ".prequant_scaling_factor"].float()[None, :]).half()
-        save_file(plain, out / f"rank{rank}.safetensors", metadata={"format": "pt"})
-    config["quantization"] = {"quant_algo": None, "kv_cache_quant_algo": None}
-    (out / "config.json").write_text(json.dumps(config))
     return out
 
 

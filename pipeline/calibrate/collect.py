@@ -14,6 +14,8 @@ For 4-bit weights (int4-awq, w4a8-awq) the first pass records x^T x of every lin
 smoothing search picks each input's prequant_scaling_factor (`int4.awq_smoothing`, with the layer's own weights);
 the statistics are then re-expressed for the smoothed input in place (GPTQ rounds against them), and a second pass,
 only where an activation or the KV cache is quantized (W4A8, --kv-cache), histograms the smoothed inputs.
+With --quantize-lm-head, lm_head is calibrated the same way from the final norm of the last layer's outputs
+(`finish_lm_head`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Iterator
 
 import torch
 
+from ..checkpoint import LM_HEAD
+from ..runtime.model import rms_norm
 from ..runtime.stream import LoadedLayer
 from .quantized_checkpoint import (FloatCheckpoint, QuantizedCheckpointWriter, QuantPlan, is_kv, local_name,
                                   weight_statistics)
@@ -157,6 +161,23 @@ class LayerCalibrator:
         self.reports += reports
         self.histograms.update(stats.histograms)
         self._layer = self._weights = None
+
+    def finish_lm_head(self, hidden: list[torch.Tensor], final_norm: torch.Tensor) -> None:
+        """Quantize lm_head as the decoder's linears (`calibrate --quantize-lm-head`): x^T x of its input, the final
+        norm of every sample's last hidden states, then AWQ's smoothing, the group scales and GPTQ."""
+        stats = HessianStats()
+        for h in hidden:
+            stats.collect(rms_norm(h, final_norm.to(h.device), self.ckpt.cfg.arch.norm_epsilon))
+        hessian = stats.finish()
+        prequant, alpha = awq_smoothing(self.ckpt.lm_head_weight(), hessian, self.options.group_size)
+        prequant = prequant.to(self.ckpt.dtype)
+        moments = torch.diagonal(smoothed_hessian(hessian, prequant.float())).clone()
+        gptq = self.options.weight_rounding == "gptq"
+        self.writer.write_lm_head(QuantPlan(
+            precision=self.options.precision, kv_cache=None, activation_amax={}, weight_amax={},
+            prequant={LM_HEAD: prequant}, kv_amax={}, exclude=(), hessians={LM_HEAD: hessian} if gptq else {},
+            damp=self.options.damp, group_size=self.options.group_size, input_moments={LM_HEAD: moments}))
+        self.awq_alphas[LM_HEAD] = alpha
 
     def close(self) -> dict:
         """Finish the checkpoint (config.json); returns its config."""

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import LAYER_TENSOR, CheckpointConfig, RankFile, is_excluded, open_rank_files
+from ..checkpoint import (LAYER_TENSOR, LM_HEAD, TRTLLM_DEFAULT_EXCLUDE, CheckpointConfig, RankFile, is_excluded,
+                          open_rank_files)
 from ..errors import UserError
 from ..model.spec import Family
 from ..precisions import CALIBRATION_QUANT_ALGO, DTYPE_CODES, INT4_MAX, INT4_PRECISIONS, KV_CACHE_QUANT_ALGO
@@ -54,6 +55,7 @@ from .int4 import group_scales, int4_codes
 from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
 
 MIN_SCALE = 1e-12
+LM_HEAD_WEIGHT = LM_HEAD + ".weight"
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ class FloatCheckpoint:
     @property
     def dtype(self) -> torch.dtype:
         return torch_dtype(DTYPE_CODES[self.cfg.dtype])
+
+    @property
+    def head_ranks(self) -> list[RankFile]:
+        """The rank files of the last pipeline stage (ln_f and lm_head), in tp order."""
+        return sorted((rf for rf in self.ranks if rf.pp_rank == self.cfg.layout.pp - 1), key=lambda rf: rf.tp_rank)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """The float32 lm_head [vocab padded to a multiple of tp, hidden], its tp shards joined."""
+        return torch.cat([rf.file.read(LM_HEAD_WEIGHT).float() for rf in self.head_ranks])
 
     def linear_of(self, global_name: str) -> str | None:
         """'transformer.layers.3.mlp.fc.weight' -> 'transformer.layers.3.mlp.fc' for quantizable linears."""
@@ -201,9 +212,9 @@ class QuantizedCheckpointWriter:
     """The quantized twin of `ckpt` in `out`, written a decoder layer at a time (`write_layer`, in order)."""
 
     def __init__(self, ckpt: FloatCheckpoint, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
-                 alpha: float | None, out: Path, group_size: int | None = None):
+                 alpha: float | None, out: Path, group_size: int | None = None, quantize_lm_head: bool = False):
         self.ckpt, self.precision, self.kv_cache, self.exclude, self.alpha = ckpt, precision, kv_cache, exclude, alpha
-        self.group_size = group_size
+        self.group_size, self.quantize_lm_head = group_size, quantize_lm_head
         self.out = Path(out)
         self._writers: dict[int, SafetensorsWriter] = {}
         self._layer_names: dict[int, dict[int, list[str]]] = {}     # rank -> local layer -> float tensor names
@@ -213,11 +224,14 @@ class QuantizedCheckpointWriter:
                 m = LAYER_TENSOR.match(name)
                 (layers.setdefault(int(m.group(1)), []) if m else outer).append(name)
             self._layer_names[rf.rank] = layers
+            head = [LM_HEAD_WEIGHT] if quantize_lm_head and LM_HEAD_WEIGHT in outer else []
+            outer = [name for name in outer if name not in head]
             specs = [spec for name in outer for spec in self._specs(rf, name)]
             specs += [spec for local in sorted(layers) for name in layers[local] for spec in self._specs(rf, name)]
             specs += [spec for local in sorted(layers) for spec in self._kv_specs(local)]
-            writer = SafetensorsWriter(self.out / rf.path.name, _in_layer_order(specs), metadata={"format": "pt"})
-            for name in outer:                       # embedding, ln_f, lm_head: copied unchanged
+            specs = _in_layer_order(specs) + [spec for name in head for spec in self._int4_specs(rf, name)]
+            writer = SafetensorsWriter(self.out / rf.path.name, specs, metadata={"format": "pt"})
+            for name in outer:                       # embedding, ln_f (and lm_head unless quantized): copied unchanged
                 writer.write([rf.file.rows(name)])
             self._writers[rf.rank] = writer
 
@@ -233,9 +247,7 @@ class QuantizedCheckpointWriter:
                     TensorSpec(prefix + ".weights_scaling_factor", "F32", one),
                     TensorSpec(prefix + ".activation_scaling_factor", "F32", one)]
         if self.precision in INT4_PRECISIONS:
-            specs = [TensorSpec(name, "I8", (shape[0] // 2, shape[1])),
-                     TensorSpec(prefix + ".weights_scaling_factor", "F32", (shape[0], shape[1] // self.group_size)),
-                     TensorSpec(prefix + ".prequant_scaling_factor", dtype_code(self.ckpt.dtype), (shape[1],))]
+            specs = self._int4_specs(rf, name)
             if self.precision == "w4a8-awq":
                 specs += [TensorSpec(prefix + ".activation_scaling_factor", "F32", one),
                           TensorSpec(prefix + ".weights_scaling_factor_2", "F32", one)]
@@ -244,6 +256,13 @@ class QuantizedCheckpointWriter:
                 TensorSpec(prefix + ".weights_scaling_factor", "F32", (shape[0],)),
                 TensorSpec(prefix + ".prequant_scaling_factor", dtype_code(self.ckpt.dtype), (shape[1],)),
                 TensorSpec(prefix + ".activation_scaling_factor", "F32", one)]
+
+    def _int4_specs(self, rf: RankFile, name: str) -> list[TensorSpec]:
+        """A 4-bit linear's packed codes, group scales and smoothing (the W4A16 tensors)."""
+        shape, prefix = rf.file.shape(name), name[: -len(".weight")]
+        return [TensorSpec(name, "I8", (shape[0] // 2, shape[1])),
+                TensorSpec(prefix + ".weights_scaling_factor", "F32", (shape[0], shape[1] // self.group_size)),
+                TensorSpec(prefix + ".prequant_scaling_factor", dtype_code(self.ckpt.dtype), (shape[1],))]
 
     def _kv_specs(self, local: int) -> list[TensorSpec]:
         if not self.kv_cache:
@@ -268,6 +287,15 @@ class QuantizedCheckpointWriter:
             for rf in ranks:
                 self._write(rf, _kv_scales(rf, layer - rf.layer_offset, plan))
 
+    def write_lm_head(self, plan: QuantPlan) -> None:
+        """Quantize lm_head (each tp shard of the last pipeline stage) with `plan`, after the last layer."""
+        hinv = plan.take_gptq_inverse(LM_HEAD)
+        for rf in self.ckpt.head_ranks:
+            w, wsf = _rounding_input(plan, LM_HEAD, False, rf.file.read(LM_HEAD_WEIGHT), rf.tp_rank, self.ckpt.tp_size)
+            codes = round_weight(w, _per_weight(wsf, plan), int4_codes, hinv)
+            self._write(rf, {LM_HEAD_WEIGHT: pack_int4(codes.to(torch.int8)), LM_HEAD + ".weights_scaling_factor": wsf,
+                             LM_HEAD + ".prequant_scaling_factor": plan.prequant[LM_HEAD].clone()})
+
     def _write(self, rf: RankFile, tensors: dict[str, torch.Tensor]) -> None:
         writer = self._writers[rf.rank]
         while writer.pending() in tensors:
@@ -280,7 +308,7 @@ class QuantizedCheckpointWriter:
         for writer in self._writers.values():
             writer.close()
         config = quantized_config(self.ckpt.cfg, self.precision, self.kv_cache, self.exclude, self.alpha,
-                                  self.group_size)
+                                  self.group_size, self.quantize_lm_head)
         config.write(self.out)
         return config.to_dict()
 
@@ -294,11 +322,16 @@ def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
 
 
 def quantized_config(cfg: CheckpointConfig, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
-                     alpha: float | None, group_size: int | None = None) -> CheckpointConfig:
+                     alpha: float | None, group_size: int | None = None,
+                     quantize_lm_head: bool = False) -> CheckpointConfig:
+    """config.json's quantization. A quantized lm_head needs a list that is not empty and does not name it:
+    TensorRT-LLM reads an empty one as its default list, which keeps lm_head float (`TRTLLM_DEFAULT_EXCLUDE`)."""
     quant = dict(cfg.quantization)
+    unquantized = [p for p in TRTLLM_DEFAULT_EXCLUDE if not is_excluded(LM_HEAD, (p,))] if quantize_lm_head \
+        else [LM_HEAD]
     quant.update(quant_algo=CALIBRATION_QUANT_ALGO[precision],
                  kv_cache_quant_algo=KV_CACHE_QUANT_ALGO[kv_cache] if kv_cache else None,
-                 exclude_modules=["lm_head", *exclude])
+                 exclude_modules=[*unquantized, *exclude])
     if precision == "int8-sq":
         quant["smoothquant_val"] = alpha
     if precision in INT4_PRECISIONS:

@@ -21,8 +21,9 @@ from ..precisions import (CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, INT4_GROU
 from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.hf_checkpoint import read_hf_quantization
 from .amax import DEFAULT_PERCENTILE, METHODS
-from ..checkpoint import is_excluded, source_model
-from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
+from ..checkpoint import LM_HEAD, is_excluded, source_model
+from .quantized_checkpoint import (LM_HEAD_WEIGHT, FloatCheckpoint, QuantizedCheckpointWriter,
+                                   open_float_checkpoint)
 from .collect import LayerCalibrator
 from .int4 import default_group_size, group_size_problem
 from .hf_export import write_hf_checkpoint
@@ -40,6 +41,8 @@ DEFAULT_METHOD = {"fp8": "max", "int8-sq": "max", "int4-awq": "max", "w4a8-awq":
 #: perplexity 0.5 +32.9%, 0.7 +6.0%, 0.8 +4.3%, 0.9 +4.5%
 DEFAULT_ALPHA = 0.8
 DEFAULT_ROUNDING = "gptq"
+#: the one precision whose lm_head calibrate quantizes (--quantize-lm-head)
+LM_HEAD_PRECISION = "int4-awq"
 EVAL_WINDOW = 512
 REPORT_DIR = "calibration"
 #: where --format both puts the Hugging Face checkpoint inside the calibrated checkpoint's directory
@@ -63,6 +66,7 @@ class CalibrateOptions:
     device: str = "auto"
     format: str = "trtllm"        # CALIBRATION_FORMATS: both adds OUT/hf; hf and vllm write that checkpoint alone
     group_size: int | None = None  # 4-bit: inputs per weight scale (None: the first of INT4_GROUP_SIZES that fits)
+    quantize_lm_head: bool = False  # int4-awq: lm_head in 4 bits too (modelopt and TensorRT-LLM keep it 16-bit)
     force: bool = False
     progress: bool = True
 
@@ -91,7 +95,8 @@ class CalibrateOptions:
                 "exclude": list(self.exclude), "weight_rounding": self.weight_rounding,
                 "damp": self.damp if self.weight_rounding == "gptq" else None, "eval_samples": self.eval_samples,
                 "recipe": self.recipe.to_dict(), "format": self.format,
-                **({"group_size": self.group_size} if self.precision in INT4_PRECISIONS else {})}
+                **({"group_size": self.group_size} if self.precision in INT4_PRECISIONS else {}),
+                **({"quantize_lm_head": True} if self.quantize_lm_head else {})}
 
 
 @dataclass(frozen=True)
@@ -185,10 +190,13 @@ def calibrate_checkpoint(checkpoint: Path, out: Path, options: CalibrateOptions)
         trtllm.mkdir(exist_ok=True)
         writer = QuantizedCheckpointWriter(ckpt, options.precision, options.kv_cache, options.exclude,
                                            options.alpha if options.precision == "int8-sq" else None, trtllm,
-                                           options.group_size)
+                                           options.group_size, options.quantize_lm_head)
         calibrator = LayerCalibrator(ckpt, options, writer, quantized_modules(ckpt, options.exclude))
-        stream.run_layers(samples, passes=calibrator.passes, after_layer=calibrator.finish,
-                          desc="calibration" if options.progress else None)
+        hidden = stream.run_layers(samples, passes=calibrator.passes, after_layer=calibrator.finish,
+                                   desc="calibration" if options.progress else None)
+        if options.quantize_lm_head:
+            calibrator.finish_lm_head(hidden, stream.reader.final_norm())
+        del hidden
         config = calibrator.close()
         shutil.copytree(checkpoint / "tokenizer", trtllm / "tokenizer")
         if options.format == "both":
@@ -226,6 +234,8 @@ def resolve_group_size(ckpt: FloatCheckpoint, options: CalibrateOptions) -> tupl
                             f"{options.precision} has no weight groups")
         return options, ()
     widths = quantized_input_widths(ckpt, options.exclude)
+    if options.quantize_lm_head:
+        widths[LM_HEAD] = ckpt.cfg.arch.hidden_size
     if options.group_size is None:
         size, note = default_group_size(widths)
         options, notes = replace(options, group_size=size), (note,) if note else ()
@@ -297,6 +307,8 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
             raise UserError(f"--kv-cache {options.kv_cache} needs a quantized attention path, but --exclude "
                             f"leaves {len(plain)} attention layer(s) unquantized (e.g. {plain[0]}); "
                             "drop --kv-cache or the exclusion")
+    if options.quantize_lm_head:
+        check_lm_head_option(ckpt, options)
     if options.format not in CALIBRATION_FORMATS:
         raise UserError(f"--format must be one of {', '.join(CALIBRATION_FORMATS)} (got {options.format!r})")
     hf_precisions = ("fp8", *INT4_PRECISIONS)
@@ -313,6 +325,20 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
         split = split_fused_group(ckpt.family, ckpt.num_layers, lambda module: is_excluded(module, options.exclude))
         if split:
             raise UserError(split)
+
+
+def check_lm_head_option(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
+    """--quantize-lm-head: W4A16 only, into TensorRT-LLM's checkpoint layout, from a checkpoint with an lm_head."""
+    if options.precision != LM_HEAD_PRECISION:
+        raise UserError(f"--quantize-lm-head is for --precision {LM_HEAD_PRECISION} (4-bit weights, 16-bit "
+                        f"activations); got {options.precision}")
+    if options.format != "trtllm":
+        raise UserError(f"--quantize-lm-head writes TensorRT-LLM's checkpoint only: --format {options.format} "
+                        "writes a Hugging Face checkpoint, whose servers (vLLM's AWQ, TensorRT-LLM's PyTorch backend) "
+                        "read lm_head in 16 bits; drop --format or --quantize-lm-head")
+    if any(LM_HEAD_WEIGHT not in rf.file.names() for rf in ckpt.head_ranks):
+        raise UserError(f"{ckpt.path} has no {LM_HEAD_WEIGHT} (its embedding table is shared): --quantize-lm-head "
+                        "needs an lm_head of its own, which `trtpipe convert` writes")
 
 
 def written_config(out: Path) -> dict:

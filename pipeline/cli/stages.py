@@ -230,7 +230,11 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
               help="GPTQ damping, as a fraction of the mean input second moment (default 0.3, chosen by "
                    "measurement).")
 @click.option("--exclude", multiple=True, help="Keep matching modules unquantized (fnmatch on names such as "
-              "transformer.layers.0.mlp.proj; repeatable). lm_head is always excluded.")
+              "transformer.layers.0.mlp.proj; repeatable). lm_head is excluded unless --quantize-lm-head.")
+@click.option("--quantize-lm-head", is_flag=True,
+              help="int4-awq: quantize lm_head to 4 bits as well (AWQ, group scales, GPTQ), written untied from the "
+                   "embedding; NVIDIA's exporter keeps it 16-bit. It is most of a small model's bytes per decode "
+                   "step (docs/int4.md).")
 @click.option("--eval-samples", type=click.IntRange(min=0), default=40, show_default=True,
               help="Held-out documents for the float vs quantized perplexity in the report (0 skips it).")
 @device_option("the model runs")
@@ -245,7 +249,8 @@ def build_matrix(model, matrix_path, only, out, as_json, **options):
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def calibrate(checkpoint, out, precision, group_size, kv_cache, method, dataset, text_field, samples, seq_len, seed,
-              alpha, percentile, weight_rounding, damp, exclude, eval_samples, device, formats, force, quiet, as_json):
+              alpha, percentile, weight_rounding, damp, exclude, quantize_lm_head, eval_samples, device, formats, force,
+              quiet, as_json):
     """Calibrate the float CHECKPOINT into an FP8, INT8-SmoothQuant or 4-bit (AWQ) TensorRT-LLM checkpoint.
 
     \b
@@ -266,7 +271,7 @@ def calibrate(checkpoint, out, precision, group_size, kv_cache, method, dataset,
     options = CalibrateOptions(precision=precision, recipe=recipe, kv_cache=kv_cache, method=method,
                                percentile=percentile, exclude=tuple(exclude), eval_samples=eval_samples,
                                device=device, format=formats, force=force,
-                               group_size=group_size,
+                               group_size=group_size, quantize_lm_head=quantize_lm_head,
                                progress=not quiet and not as_json,
                                **{k: v for k, v in defaulted.items() if v is not None})
     result = calibrate_checkpoint(checkpoint, out, options)

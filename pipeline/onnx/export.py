@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+import torch
 from onnx import TensorProto, helper
 
 from ..checkpoint import CheckpointConfig
@@ -22,7 +23,7 @@ from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.trtllm_reader import CheckpointReader
 from . import CONFIG_FILE, DATA_FILE, MODEL_FILE
 from .graph import BATCH, CONTRIB_DOMAIN, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph
-from .quantize import quantized_weights
+from .quantize import QuantizedHead, quantized_head, quantized_weights
 
 PRECISIONS = ("auto", "fp32", "fp16", "int8-sq", "fp8", "int4-awq")
 #: the checkpoint quantization each precision exports
@@ -92,11 +93,18 @@ def build_model(reader: CheckpointReader, precision: str, opset: int, int4_accur
         layer = reader.layer(i)
         quantized = quantized_weights(reader, i, layer.linears) if cfg.quant_algo else {}
         h = decoder_layer(g, cfg, i, layer, quantized, h, shared)
-    graph = finish_graph(g, cfg, h, reader.final_norm(), None if reader.tied_lm_head else reader.lm_head(), shared)
+    graph = finish_graph(g, cfg, h, reader.final_norm(), export_head(reader), shared)
     domains = [helper.make_opsetid("", opset)]
     if any(node.domain == CONTRIB_DOMAIN for node in graph.node):
         domains.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return helper.make_model(graph, opset_imports=domains, producer_name="trtpipe", ir_version=min(onnx.IR_VERSION, 10))
+
+
+def export_head(reader: CheckpointReader) -> torch.Tensor | QuantizedHead | None:
+    """lm_head as the graph computes it: None when tied to the embedding, 4 bits when the checkpoint holds it so."""
+    if reader.cfg.quantized_lm_head:
+        return quantized_head(reader)
+    return None if reader.tied_lm_head else reader.lm_head()
 
 
 def save_model(model: onnx.ModelProto, directory: Path, external_data_over: int) -> bool:

@@ -37,7 +37,7 @@ from ..runtime.trtllm_reader import Layer, Linear
 from ..runtime.quant import TensorQuant
 from ..runtime.rope import RotaryTable
 from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
-from .quantize import QuantizedWeight, activation_scale, int4_tensors, weight_tensor, zero_point
+from .quantize import QuantizedHead, QuantizedWeight, activation_scale, int4_tensors, weight_tensor, zero_point
 
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
 KEPT = "kept_sequence_length"     # logits' positions: the last logits_to_keep of SEQ
@@ -194,17 +194,21 @@ def with_bias(g: GraphBuilder, y: str, lin: Linear, name: str) -> str:
 def matmul(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
     """x @ W^T + b, W dequantized from its stored values when quantized (int4: ONNX Runtime's MatMulNBits)."""
     if qw is not None and qw.kind == "int4":
-        data, scale = int4_tensors(name + ".weight", qw)
-        out, width = qw.values.shape
-        y = g.op("MatMulNBits", [x, g.tensor(data), g.tensor(scale)], domain=CONTRIB_DOMAIN, K=width, N=out, bits=4,
-                 block_size=qw.group_size, accuracy_level=g.int4_accuracy)
-        return with_bias(g, y, lin, name)
+        return with_bias(g, int4_matmul(g, x, qw, name), lin, name)
     if qw is None:
         weight = g.float_weight(name + ".weight", lin.weight.t().contiguous())
     else:
         data, scale = weight_tensor(name + ".weight", qw)
         weight = g.op("DequantizeLinear", [g.tensor(data), g.tensor(scale)], axis=1)
     return with_bias(g, g.op("MatMul", [x, weight]), lin, name)
+
+
+def int4_matmul(g: GraphBuilder, x: str, qw: QuantizedWeight, name: str) -> str:
+    """x @ W^T for a 4-bit W: ONNX Runtime's MatMulNBits on its codes and group scales."""
+    data, scale = int4_tensors(name + ".weight", qw)
+    out, width = qw.values.shape
+    return g.op("MatMulNBits", [x, g.tensor(data), g.tensor(scale)], domain=CONTRIB_DOMAIN, K=width, N=out, bits=4,
+                block_size=qw.group_size, accuracy_level=g.int4_accuracy)
 
 
 def linear(g: GraphBuilder, x: str, lin: Linear, qw: QuantizedWeight | None, name: str) -> str:
@@ -363,10 +367,26 @@ def kept_positions(g: GraphBuilder, x: str) -> str:
     return g.op("Slice", [x, starts, ends, "axes.1"])
 
 
-def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: torch.Tensor, lm_head: torch.Tensor | None,
-                 shared: Shared) -> GraphProto:
-    """ln_f and lm_head (None: tied to the embedding, whose initializer is reused transposed), over the rows' kept
-    positions and the prompt's last token in one MatMul."""
+def head_logits(g: GraphBuilder, x: str, lm_head: torch.Tensor | QuantizedHead | None) -> str:
+    """x @ lm_head^T (`finish_graph`)."""
+    if isinstance(lm_head, QuantizedHead):
+        if lm_head.prequant is not None:
+            x = g.op("Mul", [x, g.const("lm_head.prequant_scaling_factor", lm_head.prequant.numpy())])
+        return int4_matmul(g, x, lm_head.weight, "lm_head")
+    if lm_head is None:
+        table = "transformer.vocab_embedding.weight"
+        if g.weight_dtype == TensorProto.FLOAT16:
+            table = g.op("Cast", [table], to=TensorProto.FLOAT)
+        head = g.op("Transpose", [table], perm=[1, 0])
+    else:
+        head = g.float_weight("lm_head.weight", lm_head.t().contiguous())
+    return g.op("MatMul", [x, head])
+
+
+def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: torch.Tensor,
+                 lm_head: torch.Tensor | QuantizedHead | None, shared: Shared) -> GraphProto:
+    """ln_f and lm_head (None: tied to the embedding, whose initializer is reused transposed; a 4-bit one: its
+    smoothing Mul and a MatMulNBits), over the rows' kept positions and the prompt's last token in one product."""
     arch = cfg.arch
     x = rms_norm(g, h, g.float_weight("transformer.ln_f.weight", final_norm), arch.norm_epsilon, "axes.-1")
     rows, prompt = g.ops("Split", [x, shared.groups], 2, axis=0)
@@ -375,15 +395,8 @@ def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: tor
     last = g.op("Slice", [prompt, g.const("starts.-1", np.array([-1], np.int64)), "ends.max", "axes.0"])
     flat = g.op("Reshape", [rows, "shape.tokens"])
     sizes = g.op("Concat", [g.op("Shape", [flat], start=0, end=1), g.op("Shape", [last], start=0, end=1)], axis=0)
-    if lm_head is None:
-        table = "transformer.vocab_embedding.weight"
-        if g.weight_dtype == TensorProto.FLOAT16:
-            table = g.op("Cast", [table], to=TensorProto.FLOAT)
-        head = g.op("Transpose", [table], perm=[1, 0])
-    else:
-        head = g.float_weight("lm_head.weight", lm_head.t().contiguous())
     kept = g.op("Concat", [flat, last], axis=0)
-    rows_logits, prompt_logits = g.ops("Split", [g.op("MatMul", [kept, head]), sizes], 2, axis=0)
+    rows_logits, prompt_logits = g.ops("Split", [head_logits(g, kept, lm_head), sizes], 2, axis=0)
     vocab = g.const("shape.vocab", np.array([arch.vocab_size], np.int64))
     g.op("Reshape", [rows_logits, g.op("Concat", [g.op("Shape", [rows], start=0, end=2), vocab], axis=0)],
          out="logits")

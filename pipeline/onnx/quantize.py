@@ -33,7 +33,7 @@ from ..checkpoint import CheckpointConfig, RankFile
 from ..errors import UserError
 from ..model.spec import QKV, ROW
 from ..precisions import INT4_MAX, INT4_MIN, INT4_QUANT_ALGOS
-from ..runtime.int4 import read_scale
+from ..runtime.int4 import has_prequant, read_scale, unpack_int4
 from ..runtime.trtllm_reader import CheckpointReader, Linear, merge_qkv, merge_weights
 from ..runtime.quant import TensorQuant
 
@@ -105,6 +105,31 @@ def int4_weight(cfg: CheckpointConfig, spec, stage: list[RankFile], local: str, 
         raise UserError(f"{module}: the merged weight is not int4 codes times its group scales; the checkpoint's "
                         "shards disagree")
     return QuantizedWeight(codes.to(torch.int8), scales, "int4")
+
+
+@dataclass
+class QuantizedHead:
+    """A 4-bit lm_head (`calibrate --quantize-lm-head`): its codes and group scales, and the AWQ smoothing of its
+    input."""
+
+    weight: QuantizedWeight           # int4 codes [vocab, hidden], scales [vocab, hidden / group]
+    prequant: torch.Tensor | None     # [hidden]
+
+
+def quantized_head(reader: CheckpointReader) -> QuantizedHead:
+    """The checkpoint's own lm_head codes and scales, its tp shards joined and the vocabulary padding cut."""
+    cfg = reader.cfg
+    stage = sorted((rf for rf in reader.ranks if rf.pp_rank == cfg.layout.pp - 1), key=lambda rf: rf.tp_rank)
+    vocab = cfg.arch.vocab_size
+    codes = torch.cat([unpack_int4(rf.read("lm_head.weight")) for rf in stage])[:vocab]
+    scales = torch.cat([read_scale(rf, "lm_head.weights_scaling_factor") for rf in stage])[:vocab]
+    prequant = None
+    if has_prequant(cfg):
+        per_rank = [read_scale(rf, "lm_head.prequant_scaling_factor") for rf in stage]
+        if any(not torch.equal(p, per_rank[0]) for p in per_rank[1:]):
+            raise UserError("lm_head: the tp ranks smooth its input differently; the checkpoint's shards disagree")
+        prequant = per_rank[0]
+    return QuantizedHead(QuantizedWeight(codes, scales, "int4"), prequant)
 
 
 def int4_tensors(name: str, qw: QuantizedWeight) -> tuple[TensorProto, TensorProto]:

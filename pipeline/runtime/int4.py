@@ -77,7 +77,12 @@ def dequantize_groupwise(codes: torch.Tensor, scales: torch.Tensor) -> torch.Ten
 
 def read_scale(rf, name: str) -> torch.Tensor:
     """A scale tensor of a rank file, refused by name unless every value is positive and finite."""
-    scale = rf.read(name).float()
+    return read_scale_rows(rf, name, None)
+
+
+def read_scale_rows(rf, name: str, rows: tuple[int, int] | None) -> torch.Tensor:
+    """`read_scale` of only the given rows."""
+    scale = rf.read(name, rows).float()
     bad = ~(torch.isfinite(scale) & (scale > 0))
     if bool(bad.any()):
         raise UserError(f"{rf.path.name}: {rf.global_name(name)} holds {int(bad.sum())} value(s) that are not "

@@ -107,10 +107,13 @@ class CheckpointReader:
         return "lm_head.weight" not in self._stages[-1][0].names()
 
     def lm_head(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
-        """The float32 lm_head [vocab, hidden] (the embedding when tied), or only a range of its rows."""
+        """The float32 lm_head [vocab, hidden] (the embedding when tied), or only a range of its rows; a 4-bit
+        lm_head dequantized with its AWQ smoothing folded in (x @ (W * pqs)^T = (x * pqs) @ W^T)."""
         if self.tied_lm_head:
             return self.embedding(rows)
         start, stop = rows or (0, self.cfg.arch.vocab_size)
+        if self.cfg.quantized_lm_head:
+            return torch.cat(quantized_head_rows(self.cfg, self._stages[-1], start, stop))
         return torch.cat([part.float() for part in _vocab_shards(self._stages[-1], "lm_head.weight", start, stop)])
 
     def merge_all(self) -> ModelWeights:
@@ -146,7 +149,10 @@ def expected_tensors(cfg: CheckpointConfig, rf: RankFile) -> dict[str, Expect]:
         out["transformer.vocab_embedding.weight"] = Expect(emb, dt)
     if pos.is_last_pp:
         out["transformer.ln_f.weight"] = Expect((h,), dt)
-        out["lm_head.weight"] = Expect((shard_vocab, h), dt, required=not cfg.share_embedding_table)
+        if cfg.quantized_lm_head:
+            out.update(int4.expected_linear(cfg, "lm_head", "lm_head", shard_vocab, h, Expect))
+        else:
+            out["lm_head.weight"] = Expect((shard_vocab, h), dt, required=not cfg.share_embedding_table)
     for local in range(cfg.layout.layers_per_stage):
         p, g = f"transformer.layers.{local}.", f"transformer.layers.{pos.layers[local]}."
         for norm in family.layer_norms(arch):
@@ -240,6 +246,28 @@ def _vocab_shards(stage: list[RankFile], name: str, start: int, stop: int) -> li
         lo, hi = max(start, rf.tp_rank * shard), min(stop, (rf.tp_rank + 1) * shard)
         if lo < hi:
             parts.append(rf.read(name, (lo - rf.tp_rank * shard, hi - rf.tp_rank * shard)))
+    return parts
+
+
+def quantized_head_rows(cfg: CheckpointConfig, stage: list[RankFile], start: int, stop: int) -> list[torch.Tensor]:
+    """Rows start..stop of a 4-bit lm_head, float32, each tp shard's codes times its group scales times the
+    smoothing, reading only the bytes of those rows (codes are packed in pairs of rows)."""
+    if INT4_QUANT_ALGOS[cfg.quant_algo]:
+        raise UserError(f"a {cfg.quant_algo} lm_head (FP8 activations) is not read by trtpipe: calibrate with "
+                        "--precision int4-awq to quantize lm_head")
+    shard = stage[0].file.shape("lm_head.weights_scaling_factor")[0]
+    parts = []
+    for rf in stage:
+        offset = rf.tp_rank * shard
+        lo, hi = max(start - offset, 0), min(stop - offset, shard)
+        if lo >= hi:
+            continue
+        first = lo - lo % 2
+        codes = int4.unpack_int4(rf.read("lm_head.weight", (first // 2, (hi + 1) // 2)))[lo - first:hi - first]
+        weight = int4.dequantize_groupwise(codes, int4.read_scale_rows(rf, "lm_head.weights_scaling_factor", (lo, hi)))
+        if int4.has_prequant(cfg):
+            weight = weight * int4.read_scale(rf, "lm_head.prequant_scaling_factor")[None, :]
+        parts.append(weight)
     return parts
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from support.models import make_tiny_model
 
@@ -35,3 +38,31 @@ def modelopt_int4(hf_dir: Path, algo: str, group: int = GROUP):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return mtq.quantize(model, cfg, lambda m: [m(data[i:i + 1]) for i in range(len(data))])
+
+
+def tensors(directory: Path, rank: int = 0) -> dict[str, torch.Tensor]:
+    with safe_open(directory / f"rank{rank}.safetensors", "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def dequantized_float_checkpoint(exported: Path, out: Path) -> Path:
+    """The float16 checkpoint whose weights are modelopt's quantized ones, un-smoothed (code x scale x prequant)."""
+    from pipeline.runtime.int4 import dequantize_groupwise, unpack_int4
+
+    config = json.loads((exported / "config.json").read_text())
+    out.mkdir()
+    for rank in range(config["mapping"]["world_size"]):
+        q = tensors(exported, rank)
+        plain = {}
+        for name, t in q.items():
+            if not name.endswith(".weight") or t.dtype != torch.int8:
+                if not name.endswith(("_scaling_factor", "_scaling_factor_2")):
+                    plain[name] = t
+                continue
+            prefix = name[: -len(".weight")]
+            w = dequantize_groupwise(unpack_int4(t), q[prefix + ".weights_scaling_factor"])
+            plain[name] = (w * q[prefix + ".prequant_scaling_factor"].float()[None, :]).half()
+        save_file(plain, out / f"rank{rank}.safetensors", metadata={"format": "pt"})
+    config["quantization"] = {"quant_algo": None, "kv_cache_quant_algo": None}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
