@@ -2,6 +2,7 @@
 serving trtpipe's AWQ checkpoint and llama.cpp's own llama-server serving SmolLM2's original Q4_1 GGUF, and trtpipe's
 fp32 ONNX Runtime server; one aiperf load, one table, the goal ratios.
 
+    onnx-int4-head  the same with lm_head in 4 bits too (`calibrate --quantize-lm-head`)
     onnx-int4     trtpipe, cpu target, int4-awq (group 64) exported to ONNX with 4-bit MatMulNBits
     onnx          trtpipe, cpu target, fp32, ONNX Runtime (the baseline of the 1.5x goal)
     vllm-awq      vLLM CPU 0.32.0 on `trtpipe calibrate --precision int4-awq --format vllm` (its AWQ method on
@@ -45,7 +46,9 @@ from pipeline.sources import resolve_model
 from pipeline.validate.aiperf import run_aiperf_command
 
 TRTPIPE, INT4, FP32, VLLM, LLAMA = "trtpipe", "onnx-int4", "onnx", "vllm-awq", "llama-server"
-SERVERS = (INT4, FP32, VLLM, LLAMA)
+INT4_HEAD = "onnx-int4-head"
+SERVERS = (INT4_HEAD, INT4, FP32, VLLM, LLAMA)
+OURS = (INT4_HEAD, INT4, FP32)
 GROUP = 64
 
 
@@ -105,7 +108,7 @@ def load(name: str, server, concurrencies: list[int], model_dir: Path, args, war
             warm_up(url)
         for concurrency in concurrencies:
             workdir = args.workdir / f"aiperf-{name}-c{concurrency}"
-            if name in (INT4, FP32):
+            if name in OURS:
                 result = measure_trtpipe(url, model_dir, concurrency, workdir, args)
             else:
                 result = measure_openai(url, model_dir, concurrency, workdir, args, min_tokens=name == VLLM)
@@ -118,7 +121,7 @@ def load(name: str, server, concurrencies: list[int], model_dir: Path, args, war
 
 
 def measure(name: str, model_dir: Path, args) -> dict[int, dict]:
-    if name in (INT4, FP32):
+    if name in OURS:
         return load(name, trtpipe_server(name, model_dir, args), args.concurrency, model_dir, args)
     if name == VLLM:
         return load(name, vllm_server(args.vllm_awq_dtype, awq_checkpoint(args.workdir), args), args.concurrency,
@@ -139,11 +142,15 @@ def print_table(results: dict[str, dict[int, dict]]) -> None:
 
 
 def print_goals(results: dict[str, dict[int, dict]], concurrencies: list[int]) -> None:
+    for name in (INT4_HEAD, INT4):
+        if results.get(name):
+            print_goals_of(name, results, concurrencies)
+
+
+def print_goals_of(name: str, results: dict[str, dict[int, dict]], concurrencies: list[int]) -> None:
     low, high = min(concurrencies), max(concurrencies)
-    ours = results.get(INT4)
-    if not ours:
-        return
-    print(f"\ngoals of {INT4} (met when the ratio is >= 1 for tokens/s, <= 1 for latencies):")
+    ours = results[name]
+    print(f"\ngoals of {name} (met when the ratio is >= 1 for tokens/s, <= 1 for latencies):")
     for peer in (VLLM, LLAMA, FP32):
         theirs = results.get(peer)
         if not theirs:

@@ -40,12 +40,14 @@ def precision_option(parser: argparse.ArgumentParser) -> None:
                         help="the precisions to measure, one side-by-side table each")
 
 
-def checkpoint_for(float_checkpoint: Path, precision: str, workdir: Path) -> Path:
+def checkpoint_for(float_checkpoint: Path, precision: str, workdir: Path, quantize_lm_head: bool = False) -> Path:
     """The checkpoint a precision serves: the float one, or it calibrated into the work directory (reused)."""
     if precision == "fp32":
         return float_checkpoint
-    options = CalibrateOptions(precision, resolve_recipe(None), eval_samples=0, progress=False)
-    return calibrate_checkpoint(float_checkpoint, workdir / f"checkpoint-{precision}", options).path
+    options = CalibrateOptions(precision, resolve_recipe(None), eval_samples=0, progress=False,
+                               quantize_lm_head=quantize_lm_head)
+    name = f"checkpoint-{precision}" + ("-head" if quantize_lm_head else "")
+    return calibrate_checkpoint(float_checkpoint, workdir / name, options).path
 
 
 def measure(precision: str, checkpoint: Path, args: argparse.Namespace) -> float:

@@ -92,7 +92,10 @@ from pipeline.validate.aiperf import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: server name -> (precision, trtpipe runtime) or the vLLM --dtype
 TRTPIPE_SERVERS = {"torch": ("fp32", "torch"), "onnx": ("fp32", "onnxruntime"),
-                   "onnx-int8-sq": ("int8-sq", "onnxruntime"), "onnx-int4": ("int4-awq", "onnxruntime")}
+                   "onnx-int8-sq": ("int8-sq", "onnxruntime"), "onnx-int4": ("int4-awq", "onnxruntime"),
+                   "onnx-int4-head": ("int4-awq", "onnxruntime")}
+#: the servers whose checkpoint is calibrated with --quantize-lm-head
+QUANTIZED_HEAD = ("onnx-int4-head",)
 VLLM_SERVERS = {"vllm-fp32": "float32", "vllm-bf16": "bfloat16"}
 SERVERS = (*TRTPIPE_SERVERS, *VLLM_SERVERS)
 BASELINE, BF16_BASELINE, INT8 = "vllm-fp32", "vllm-bf16", "onnx-int8-sq"
@@ -249,7 +252,7 @@ def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iter
     up. The repository is deployed anew each run (`force`): a repository from another trtpipe's model files must not
     be measured as this one."""
     precision, runtime = TRTPIPE_SERVERS[name]
-    checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir)
+    checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir, name in QUANTIZED_HEAD)
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), precision)
     repo = deploy_repository(plan, args.workdir / f"repo-{name}", checkpoint=checkpoint, tokenizer=model_dir,
                              runtime=runtime, force=True).path

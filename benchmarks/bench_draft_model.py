@@ -13,7 +13,7 @@ target's own checkpoint calibrated to int4-awq (group 64, `trtpipe calibrate`'s 
   (accepted / drafted) and how many outputs are identical to plain decoding's.
 
     .venv/bin/python benchmarks/bench_draft_model.py [--prompts 12] [--draft-len 3] [--output-tokens 96]
-        [--workdir /tmp/trtpipe-bench-draft-model]
+        [--workdir /tmp/trtpipe-bench-draft-model] [--quantize-lm-head]
 
 Run it on an otherwise idle machine.
 """
@@ -46,10 +46,11 @@ def exported(checkpoint: Path, out: Path) -> OrtDecoder:
     return OrtDecoder(out)
 
 
-def int4_checkpoint(float_checkpoint: Path, workdir: Path) -> Path:
-    out = workdir / "checkpoint-int4-awq"
+def int4_checkpoint(float_checkpoint: Path, workdir: Path, quantize_lm_head: bool) -> Path:
+    out = workdir / ("checkpoint-int4-awq" + ("-head" if quantize_lm_head else ""))
     if not (out / "config.json").is_file():
-        options = CalibrateOptions("int4-awq", resolve_recipe(None), group_size=GROUP, eval_samples=0, progress=False)
+        options = CalibrateOptions("int4-awq", resolve_recipe(None), group_size=GROUP, eval_samples=0, progress=False,
+                                   quantize_lm_head=quantize_lm_head)
         calibrate_checkpoint(float_checkpoint, out, options)
     return out
 
@@ -88,13 +89,17 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=96)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-draft-model"))
+    parser.add_argument("--quantize-lm-head", action="store_true",
+                        help="the draft's lm_head in 4 bits too (`calibrate --quantize-lm-head`)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
     float_checkpoint = smollm2_checkpoint(args.workdir)
     target = exported(float_checkpoint, args.workdir / "onnx-fp32")
-    draft = exported(int4_checkpoint(float_checkpoint, args.workdir), args.workdir / "onnx-int4-awq")
+    suffix = "-head" if args.quantize_lm_head else ""
+    draft = exported(int4_checkpoint(float_checkpoint, args.workdir, args.quantize_lm_head),
+                     args.workdir / f"onnx-int4-awq{suffix}")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").hf_dir())
     loads = {name: [tokenizer(p)["input_ids"] for p in prompts]
              for name, prompts in workloads(tokenizer, args.prompts).items()}
@@ -102,7 +107,8 @@ def main() -> None:
     probe = loads["open"][0]
     plain_step, verify_step, draft_step = (step_seconds(target, probe, 1), step_seconds(target, probe, k + 1),
                                            step_seconds(draft, probe, 1))
-    print(f"SmolLM2-135M fp32 target, int4-awq (group {GROUP}) draft, ONNX Runtime, K = {k}, "
+    print(f"SmolLM2-135M fp32 target, int4-awq (group {GROUP}{', lm_head 4-bit' if suffix else ''}) draft, "
+          f"ONNX Runtime, K = {k}, "
           f"{args.output_tokens} tokens, greedy, {args.prompts} prompts a workload")
     print(f"one row's decode step: target {plain_step * 1e3:.1f} ms, draft {draft_step * 1e3:.1f} ms "
           f"(draft / target {draft_step / plain_step:.2f}); target's {k + 1}-token step {verify_step * 1e3:.1f} ms "

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from . import TRTLLM_VERSION
 from .backends.names import HF_CHECKPOINT
+from .checkpoint import written_exclude_modules
 from .compile import CompileStatus, not_built_here_message
 from .errors import UserError
 from .outputs import portable, write_atomic
@@ -86,6 +87,7 @@ class BuildOptions:
     distill_tokens: int | None = None         # with sparsity: distill the sparse checkpoint on this many tokens
     checkpoints_on_cpu: bool = False          # a GPU target's checkpoints made on this machine's CPU, without a GPU
     speculative: SpeculativeRequest | None = None   # --speculative (plan/speculative.py)
+    quantize_lm_head: bool = False            # int4-awq: calibrate lm_head to 4 bits too
 
 
 @dataclass
@@ -183,6 +185,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     if options.precision == AUTO:      # the precision the architecture's plan picks is the one built
         options = replace(options, precision=planned.precision)
         say(planned.warnings[0])
+    check_lm_head(options, backend)
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
     summary.options["backend"] = backend.name
@@ -311,6 +314,20 @@ def make_checkpoints(source, out: Path, dtype: str, hf: bool, options: BuildOpti
     return Checkpoints(converted.path, exported.path)
 
 
+def check_lm_head(options: BuildOptions, backend) -> None:
+    """--quantize-lm-head: an int4-awq build whose served checkpoint is TensorRT-LLM's (the Hugging Face checkpoints
+    the pytorch backends load keep lm_head 16-bit)."""
+    from .calibrate.stage import LM_HEAD_PRECISION
+
+    if not options.quantize_lm_head:
+        return
+    if options.precision != LM_HEAD_PRECISION:
+        raise UserError(f"--quantize-lm-head is for --precision {LM_HEAD_PRECISION} (got {options.precision})")
+    if backend.checkpoint_format == HF_CHECKPOINT:
+        raise UserError(f"--quantize-lm-head: the {backend.name} backend serves a Hugging Face checkpoint, whose "
+                        "lm_head trtpipe writes in 16 bits; use the engine or reference backends, or drop the flag")
+
+
 def check_compression(options: BuildOptions) -> None:
     """--sparsity and --distill-tokens, before any work."""
     from .sparsity.pattern import check_pattern_name
@@ -396,6 +413,7 @@ def run_calibration(checkpoint: Path, out: Path, options: BuildOptions, hf_expor
                                                                   eval_samples=BUILD_EVAL_SAMPLES,
                                                                   device=options.device,
                                                                   format="both" if hf_export else "trtllm",
+                                                                  quantize_lm_head=options.quantize_lm_head,
                                                                   force=True, progress=options.progress))
 
 
@@ -534,7 +552,8 @@ def checkpoint_steps(options: BuildOptions, source, out: Path, dtype: str, hf: b
         steps.append(calibrate_step(command_line(
             "trtpipe", "calibrate", float_ckpt, "-o", calibrated, "--precision", options.precision,
             *(["--kv-cache", kv] if kv else []), *data_flags(options), "--eval-samples", BUILD_EVAL_SAMPLES,
-            *device_flags(options), *(["--format", "both"] if hf else []), "--force"),
+            *device_flags(options), *(["--format", "both"] if hf else []),
+            *(["--quantize-lm-head"] if options.quantize_lm_head else []), "--force"),
             source.arch, options.precision, recipe.samples * recipe.seq_len, BUILD_EVAL_SAMPLES, cores))
         return steps, calibrated, calibrated / HF_DIR if hf else calibrated
     if not hf or golden is not None:
@@ -583,7 +602,7 @@ def expected_model(options: BuildOptions, source, checkpoint: Path, dtype: str, 
     quantization = {"quant_algo": QUANT_ALGO.get(options.precision),
                     "kv_cache_quant_algo": KV_CACHE_QUANT_ALGO.get(calibrated_kv_cache(options))}
     if options.precision in QUANTIZED:
-        quantization["exclude_modules"] = ["lm_head"]    # calibrate never quantizes lm_head
+        quantization["exclude_modules"] = written_exclude_modules(options.quantize_lm_head)
     return ModelInfo(name=str(checkpoint), source="checkpoint", path=str(checkpoint.resolve()),
                      arch=replace(source.arch, dtype=dtype), checkpoint_quantization=quantization,
                      checkpoint_tp_size=options.tp, checkpoint_pp_size=options.pp,

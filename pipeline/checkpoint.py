@@ -100,9 +100,7 @@ class CheckpointConfig:
 
     @property
     def exclude_modules(self) -> tuple[str, ...]:
-        """The modules left unquantized: config.json's list, or TensorRT-LLM's default list when it is null or
-        empty (its `quantize_layers` reads `exclude_modules or [...]`, so an empty list leaves lm_head float)."""
-        return tuple(self.quantization.get("exclude_modules") or TRTLLM_DEFAULT_EXCLUDE)
+        return excluded_modules(self.quantization)
 
     @property
     def is_quantized(self) -> bool:
@@ -116,8 +114,7 @@ class CheckpointConfig:
 
     @property
     def quantized_lm_head(self) -> bool:
-        """lm_head is stored as 4-bit groupwise weights (trtpipe writes it only for `calibrate --quantize-lm-head`)."""
-        return self.quant_algo in INT4_QUANT_ALGOS and self.quantizes(LM_HEAD)
+        return quantizes_lm_head(self.quantization)
 
     @property
     def q_heads_per_rank(self) -> int:
@@ -176,6 +173,25 @@ class CheckpointConfig:
 
     def write(self, directory: Path) -> None:
         (Path(directory) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def excluded_modules(quantization: dict) -> tuple[str, ...]:
+    """The modules a checkpoint's `quantization` leaves unquantized: its exclude_modules, or TensorRT-LLM's default
+    list when that is null or empty (its `quantize_layers` reads `exclude_modules or [...]`: lm_head stays float)."""
+    return tuple(quantization.get("exclude_modules") or TRTLLM_DEFAULT_EXCLUDE)
+
+
+def quantizes_lm_head(quantization: dict) -> bool:
+    """lm_head is stored as 4-bit groupwise weights (trtpipe writes it only for `calibrate --quantize-lm-head`)."""
+    return quantization.get("quant_algo") in INT4_QUANT_ALGOS and not is_excluded(LM_HEAD,
+                                                                                  excluded_modules(quantization))
+
+
+def written_exclude_modules(quantize_lm_head: bool, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The exclude_modules calibrate writes: lm_head and `exclude`; for a quantized lm_head a list that is not empty
+    and does not name it (an empty one is TensorRT-LLM's default list, which keeps lm_head float)."""
+    kept = [p for p in TRTLLM_DEFAULT_EXCLUDE if not is_excluded(LM_HEAD, (p,))] if quantize_lm_head else [LM_HEAD]
+    return [*kept, *exclude]
 
 
 def is_excluded(module: str, patterns: tuple[str, ...]) -> bool:

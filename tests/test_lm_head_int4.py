@@ -204,3 +204,53 @@ def test_quantize_lm_head_refusals(head_ckpts, tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+# --- plan and build -----------------------------------------------------------------------------------------------
+
+def test_the_plan_holds_and_reads_a_4bit_lm_head(tmp_path):
+    """A checkpoint whose lm_head is 4-bit: the engine plan's weights hold it in 4 bits (untied), so a step reads
+    fewer bytes and more KV cache fits; the float head's plan is unchanged."""
+    from pipeline.checkpoint import written_exclude_modules
+    from pipeline.plan.memory import weights_per_rank_by_stage, weights_read_per_step
+    from pipeline.presets import PRESETS
+    from pipeline.plan.schema import ModelInfo
+    from pipeline.planner import make_plan
+    from pipeline.targets import get_target
+
+    arch = PRESETS["qwen2.5-14b"].arch
+    h, v = arch.hidden_size, arch.vocab_size
+    float_head, int4_head = (weights_per_rank_by_stage(arch, "int4-awq", "float16", 1, 1, q)[0] for q in (False, True))
+    assert float_head - int4_head == v * h * 2 - (v * h // 2 + v * (h // 128) * 4 + h * 2)
+    assert weights_read_per_step(arch, "int4-awq", "float16", 1, 1, True) < \
+        weights_read_per_step(arch, "int4-awq", "float16", 1, 1)
+
+    def plan(head: bool):
+        quant = {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None, "group_size": 128,
+                 "exclude_modules": written_exclude_modules(head)}
+        model = ModelInfo(name="ckpt", source="checkpoint", path=str(tmp_path), arch=arch,
+                          checkpoint_quantization=quant, checkpoint_tp_size=1, checkpoint_pp_size=1)
+        assert model.quantized_lm_head == head
+        return make_plan(model, get_target("rtx4090"), "int4-awq")
+
+    plain, quantized = plan(False), plan(True)
+    assert plain.weights_bytes - quantized.weights_bytes == float_head - int4_head
+    assert quantized.memory.kv_cache_tokens > plain.memory.kv_cache_tokens
+
+
+def test_build_refuses_quantize_lm_head_where_nothing_would_hold_it(tmp_path):
+    for args, message in ((["--precision", "fp8"], "--quantize-lm-head is for --precision int4-awq"),
+                          (["--precision", "int4-awq", "--target", "rtx4090", "--backend", "pytorch", "--dry-run"],
+                           "serves a Hugging Face checkpoint")):
+        result = CliRunner().invoke(main, ["build", "smollm2-135m", "--quantize-lm-head", "-o", str(tmp_path / "b"),
+                                           *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert not (tmp_path / "b").exists()
+
+
+def test_build_dry_run_calibrates_lm_head_too(tmp_path):
+    result = CliRunner().invoke(main, ["build", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq",
+                                       "--quantize-lm-head", "--dry-run", "-o", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert "--quantize-lm-head" in next(line for line in result.output.splitlines() if "trtpipe calibrate" in line)

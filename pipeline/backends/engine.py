@@ -261,7 +261,7 @@ def plan_engine(request: PlanRequest) -> Plan:
         warnings.append(f"max_num_tokens {max_num_tokens} > 16384: TensorRT-LLM warns it may exceed the "
                         "TensorRT tensor volume, and it takes memory from the KV cache")
 
-    stages = weights_per_rank_by_stage(arch, precision, dtype, tp, pp)
+    stages = weights_per_rank_by_stage(arch, precision, dtype, tp, pp, model.quantized_lm_head)
     weights_per_rank = max(stages)
     weights_total = tp * sum(stages)
     kv_per_token = kv_bytes_per_token(arch, kv_dtype, tp, pp)
@@ -304,7 +304,7 @@ def plan_engine(request: PlanRequest) -> Plan:
     fit = kv_tokens // seq_tokens
     context = workload.input_len + workload.output_len / 2
     prefill_s = prefill_seconds(arch, workload.input_len, precision, tp, target)
-    read = weights_read_per_step(arch, precision, dtype, tp, pp)
+    read = weights_read_per_step(arch, precision, dtype, tp, pp, model.quantized_lm_head)
     if workload.p99_latency_s is not None:
         cap = latency_batch_cap(workload.p99_latency_s, prefill_s, workload, read, context,
                                 kv_per_token, target)

@@ -26,7 +26,9 @@ KV cache, per layer: attention.{k,v}_cache_scaling_factor float32 [1] and
   1.0 (modelopt's rule), INT8 factors amax / 127.
 config.json: quantization {quant_algo, kv_cache_quant_algo, exclude_modules: ["lm_head", ...]}, and for 4-bit
   group_size, has_zero_point false, pre_quant_scale true.
-lm_head and the embedding stay in the model dtype.
+lm_head and the embedding stay in the model dtype; with --quantize-lm-head (int4-awq) lm_head is a 4-bit linear like
+the others (what modelopt 0.37 writes when its lm_head quantizer is on, checked), written after the last layer, and
+exclude_modules is TensorRT-LLM's default list less lm_head (`checkpoint.written_exclude_modules`).
 GPTQ rounding of a row-parallel linear (dense, proj) sharded over tp ranks works on the full width
 (each shard with its own scales), so the ranks' errors cancel in their summed output; an FP8 tp=2
 checkpoint holds the same values as the tp=1 one, split.
@@ -43,8 +45,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import (LAYER_TENSOR, LM_HEAD, TRTLLM_DEFAULT_EXCLUDE, CheckpointConfig, RankFile, is_excluded,
-                          open_rank_files)
+from ..checkpoint import (LAYER_TENSOR, LM_HEAD, CheckpointConfig, RankFile, is_excluded, open_rank_files,
+                          written_exclude_modules)
 from ..errors import UserError
 from ..model.spec import Family
 from ..precisions import CALIBRATION_QUANT_ALGO, DTYPE_CODES, INT4_MAX, INT4_PRECISIONS, KV_CACHE_QUANT_ALGO
@@ -324,14 +326,10 @@ def _in_layer_order(specs: list[TensorSpec]) -> list[TensorSpec]:
 def quantized_config(cfg: CheckpointConfig, precision: str, kv_cache: str | None, exclude: tuple[str, ...],
                      alpha: float | None, group_size: int | None = None,
                      quantize_lm_head: bool = False) -> CheckpointConfig:
-    """config.json's quantization. A quantized lm_head needs a list that is not empty and does not name it:
-    TensorRT-LLM reads an empty one as its default list, which keeps lm_head float (`TRTLLM_DEFAULT_EXCLUDE`)."""
     quant = dict(cfg.quantization)
-    unquantized = [p for p in TRTLLM_DEFAULT_EXCLUDE if not is_excluded(LM_HEAD, (p,))] if quantize_lm_head \
-        else [LM_HEAD]
     quant.update(quant_algo=CALIBRATION_QUANT_ALGO[precision],
                  kv_cache_quant_algo=KV_CACHE_QUANT_ALGO[kv_cache] if kv_cache else None,
-                 exclude_modules=[*unquantized, *exclude])
+                 exclude_modules=written_exclude_modules(quantize_lm_head, exclude))
     if precision == "int8-sq":
         quant["smoothquant_val"] = alpha
     if precision in INT4_PRECISIONS:

@@ -121,11 +121,14 @@ def convert(source, out, precision, tp, pp, model_dir, force, as_json):
               help="GPU targets: download, convert and calibrate here on this machine's CPU, without a GPU (hours for "
                    "an 8B model; the download and time are printed before it starts), then write the engine build "
                    "command. Without it, a GPU target's build needs the GPU machine.")
+@click.option("--quantize-lm-head", is_flag=True,
+              help="int4-awq: calibrate lm_head to 4 bits too (see `trtpipe calibrate --quantize-lm-head`): fewer "
+                   "bytes a decode step, a little more perplexity (docs/int4.md).")
 @speculative_options
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON.")
 def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, url, load_test, samples, model_dir,
           device, backend, runtime_image, k8s_manifests, input_len, output_len, max_context, sparsity, distill_tokens,
-          checkpoints_on_cpu, speculative, draft_len, acceptance, drafts_per_step, as_json):
+          checkpoints_on_cpu, quantize_lm_head, speculative, draft_len, acceptance, drafts_per_step, as_json):
     """Run every stage: convert, [sparsify, distill,] calibrate, plan, compile, deploy, validate.
 
     \b
@@ -146,9 +149,9 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
             raise UserError("--k8s writes one build's manifests: run `trtpipe k8s BUILD` for each matrix build")
         if backend is not None:
             raise UserError("--backend chooses one build's backend; a matrix build takes its matrix's settings")
-        if (sparsity, distill_tokens) != (None, None):
-            raise UserError("--sparsity and --distill-tokens compress one build; a matrix build takes its matrix's "
-                            "settings")
+        if (sparsity, distill_tokens) != (None, None) or quantize_lm_head:
+            raise UserError("--sparsity, --distill-tokens and --quantize-lm-head make one build's checkpoint; a "
+                            "matrix build takes its matrix's settings")
         if (speculative, draft_len, acceptance, drafts_per_step) != (None, None, None, None):
             raise UserError("--speculative plans one build; a matrix build takes its matrix's settings")
         if (input_len, output_len, max_context) != (None, None, None):
@@ -162,8 +165,8 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
     if only:
         raise UserError("--only selects builds of a matrix: give --matrix FILE with it")
     safe_name = Path(model).name.replace(".gguf", "")
-    out = out or Path("out") / (f"{safe_name}-{target}-{precision}" + (f"-{backend}" if backend else "")
-                                + ("-sparse" if sparsity else ""))
+    out = out or Path("out") / (f"{safe_name}-{target}-{precision}" + ("-head" if quantize_lm_head else "")
+                                + (f"-{backend}" if backend else "") + ("-sparse" if sparsity else ""))
     lengths = {k: v for k, v in (("input_len", input_len), ("output_len", output_len), ("max_context", max_context))
                if v is not None}
     options = BuildOptions(model=model, target=target, precision=precision, kv_cache=kv_cache, out=out,
@@ -172,6 +175,7 @@ def build(model, matrix_path, only, target, precision, kv_cache, out, dry_run, u
                            runtime_image=runtime_image,
                            workload=Workload(**lengths) if lengths else None, sparsity=sparsity,
                            distill_tokens=distill_tokens, checkpoints_on_cpu=checkpoints_on_cpu,
+                           quantize_lm_head=quantize_lm_head,
                            speculative=speculative_request(speculative, draft_len, acceptance, drafts_per_step))
     summary = run_build(options, say=(lambda msg: click.echo(msg, err=True)) if as_json else click.echo)
     click.echo(json.dumps(summary.to_dict(), indent=2) if as_json else summary.render())

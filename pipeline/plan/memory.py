@@ -61,19 +61,21 @@ def layer_bytes_per_rank(arch: ModelArch, precision: str, dtype: str, tp: int) -
     return total
 
 
-def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int) -> list[int]:
+def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int,
+                              quantized_head: bool = False) -> list[int]:
     """Bytes of weights one GPU holds, for each pipeline stage (all tp ranks of a stage are equal).
 
     Decoder layers as `layer_bytes_per_rank`; vocab_embedding whole on pp stage 0; lm_head (vocab padded
     to a multiple of tp, split) and ln_f on the last stage; lm_head stays in the engine dtype (modelopt
-    does not quantize it); a tied lm_head shares the embedding when tp == pp == 1 (tensorrt_llm
-    share_embedding).
+    does not quantize it) unless `quantized_head` (`calibrate --quantize-lm-head`: a 4-bit linear, untied); a
+    tied float lm_head shares the embedding when tp == pp == 1 (tensorrt_llm share_embedding).
     """
     h, eb = arch.hidden_size, _element_bytes(dtype)
     per_layer = layer_bytes_per_rank(arch, precision, dtype, tp)
     embedding = arch.vocab_size * h * eb
-    lm_head = padded_vocab(arch.vocab_size, tp) // tp * h * eb
-    if arch.tie_word_embeddings and tp == 1 and pp == 1:
+    rows = padded_vocab(arch.vocab_size, tp) // tp
+    lm_head = _linear_weight_bytes(h, rows, "int4-awq", eb) if quantized_head else rows * h * eb
+    if arch.tie_word_embeddings and tp == 1 and pp == 1 and not quantized_head:
         lm_head = 0
     layout = RankLayout(tp, pp, arch.num_hidden_layers)
     stages = []
@@ -87,11 +89,12 @@ def weights_per_rank_by_stage(arch: ModelArch, precision: str, dtype: str, tp: i
     return stages
 
 
-def weights_read_per_step(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int) -> int:
+def weights_read_per_step(arch: ModelArch, precision: str, dtype: str, tp: int, pp: int,
+                          quantized_head: bool = False) -> int:
     """Bytes of weights one GPU reads in a decode step: its weights less the input embedding table, of which a
     step gathers only the batch's rows (a tied lm_head still reads the shared table whole). The busiest stage."""
-    stages = weights_per_rank_by_stage(arch, precision, dtype, tp, pp)
-    shared = arch.tie_word_embeddings and tp == 1 and pp == 1
+    stages = weights_per_rank_by_stage(arch, precision, dtype, tp, pp, quantized_head)
+    shared = arch.tie_word_embeddings and tp == 1 and pp == 1 and not quantized_head
     stages[0] -= 0 if shared else arch.vocab_size * arch.hidden_size * _element_bytes(dtype)
     return max(stages)
 

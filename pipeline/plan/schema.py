@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..arch import ModelArch
 from ..backends.names import NAMES
-from ..checkpoint import CheckpointConfig, source_model
+from ..checkpoint import CheckpointConfig, quantizes_lm_head, source_model
 from ..errors import UserError
 from ..outputs import recorded_path
 from ..targets import Target
@@ -91,6 +91,11 @@ class ModelInfo:
     source_model: str | None = None   # the model a checkpoint was made from (`checkpoint.source_model`), if known
     #: a Hugging Face model's config.json `quantization_config` (a pre-quantized upload), None: float weights
     source_quantization: dict | None = None
+
+    @property
+    def quantized_lm_head(self) -> bool:
+        """A checkpoint whose lm_head is 4-bit (`calibrate --quantize-lm-head`)."""
+        return self.checkpoint_quantization is not None and quantizes_lm_head(self.checkpoint_quantization)
 
     @property
     def reference(self) -> str | None:

@@ -181,7 +181,8 @@ def roofline_candidate(plan: Plan, slo: Slo, space: SearchSpace) -> Candidate:
     upper = int(next(p.high for p in space.params if p.name == "max_batch_size"))
     itl = [c.limit for c in slo.clauses if c.metric.startswith("itl_")]
     context = plan.workload.input_len + plan.workload.output_len / 2
-    read = weights_read_per_step(plan.model.arch, plan.precision, plan.dtype, plan.tp_size, plan.pp_size)
+    read = weights_read_per_step(plan.model.arch, plan.precision, plan.dtype, plan.tp_size, plan.pp_size,
+                                 plan.model.quantized_lm_head)
     performance = plan.performance
     slower = 100 / performance.percent_of_speed_of_light if performance and performance.percent_of_speed_of_light \
         else 1.0
