@@ -8,6 +8,7 @@ import json
 
 import onnx
 import pytest
+import torch
 from click.testing import CliRunner
 from support.models import buildable_copy, make_tiny_model
 from test_tune import fake_load  # noqa: F401  (the fixture)
@@ -62,6 +63,40 @@ def test_the_onnx_int4_build_serves_4bit_matmuls(builds):
     model = onnx.load(next((out / "model_repo").rglob("model.onnx")))
     assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 2 * 5
     assert validation(out)["passed"]
+
+
+@pytest.fixture(scope="module")
+def grid_model(tmp_path_factory):
+    """wide_model's shape with an even vocabulary (128: 4-bit lm_head rows pack in pairs) and every linear, lm_head
+    included, already on the 4-bit grid of its groups of 64 (each group's values k x amax / 7, k in -7..7): the
+    4-bit checkpoint is exact, so validation's golden check of a random tiny model does not rest on near-ties."""
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("int4-grid")
+    hf = make_tiny_model(root / "hf", vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    weights = load_file(hf / "model.safetensors")
+    for name, w in weights.items():
+        if name.endswith("proj.weight") or name == "lm_head.weight":
+            groups = w.reshape(w.shape[0], -1, 64)
+            scale = groups.abs().amax(dim=2, keepdim=True) / 7
+            weights[name] = (torch.round(groups / scale) * scale).reshape(w.shape)
+    save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
+    return buildable_copy(hf, root / "model")
+
+
+def test_a_4bit_lm_head_build_serves_it_as_matmulnbits(grid_model, tmp_path):
+    """--quantize-lm-head: the build's checkpoint holds lm_head in 4 bits, its ONNX export computes it with
+    MatMulNBits, and validation passes."""
+    out = build(grid_model, tmp_path / "head", "int4-awq", "--backend", "reference-onnx", "--quantize-lm-head")
+    quant = json.loads((out / "checkpoint-int4-awq" / "config.json").read_text())["quantization"]
+    assert "lm_head" not in quant["exclude_modules"] and quant["exclude_modules"]
+    assert load_plan(out / "plan.json").model.quantized_lm_head
+    model = onnx.load(next((out / "model_repo").rglob("model.onnx")))
+    assert [n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits"][-1] == "lm_head.weight"
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 2 * 5 + 1
+    report = validation(out)
+    assert report["passed"] and [c["passed"] for c in report["checks"]] == [True] * 7, report
 
 
 def test_compare_takes_the_int4_build_against_the_fp8_build(builds, tmp_path):

@@ -254,3 +254,17 @@ def test_build_dry_run_calibrates_lm_head_too(tmp_path):
                                        "--quantize-lm-head", "--dry-run", "-o", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
     assert "--quantize-lm-head" in next(line for line in result.output.splitlines() if "trtpipe calibrate" in line)
+
+
+def test_an_odd_vocabulary_keeps_its_lm_head_16bit(tmp_path, text_file):
+    """4-bit codes pack two output rows a byte; an odd number of rows per rank is refused before anything is written."""
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+
+    hf = make_tiny_model(tmp_path / "hf", vocab_size=101, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=1)
+    ck = convert_model(resolve_model(str(hf)), tmp_path / "ck", dtype="float32", progress=False).path
+    with pytest.raises(UserError, match="lm_head has 101 rows per tp rank .* an odd count"):
+        calibrate_checkpoint(ck, tmp_path / "q", CalibrateOptions(
+            "int4-awq", resolve_recipe(str(text_file), samples=2, seq_len=16), quantize_lm_head=True, progress=False))
+    assert not (tmp_path / "q").exists()

@@ -339,6 +339,11 @@ def check_lm_head_option(ckpt: FloatCheckpoint, options: CalibrateOptions) -> No
     if any(LM_HEAD_WEIGHT not in rf.file.names() for rf in ckpt.head_ranks):
         raise UserError(f"{ckpt.path} has no {LM_HEAD_WEIGHT} (its embedding table is shared): --quantize-lm-head "
                         "needs an lm_head of its own, which `trtpipe convert` writes")
+    rows = ckpt.head_ranks[0].file.shape(LM_HEAD_WEIGHT)[0]
+    if rows % 2:
+        raise UserError(f"--quantize-lm-head: lm_head has {rows} rows per tp rank (vocabulary "
+                        f"{ckpt.cfg.arch.vocab_size}, padded to a multiple of tp {ckpt.tp_size}), an odd count, and "
+                        "4-bit codes are packed two rows to a byte; this model's lm_head stays 16-bit")
 
 
 def written_config(out: Path) -> dict:

@@ -75,14 +75,14 @@ def variant_factory(tmp_path_factory, variants: dict[str, dict]):
     return get
 
 
-def save_word_tokenizer(directory: Path) -> None:
-    """A word-level tokenizer of the tiny vocabulary (" w0".." w100", end and padding " w1"), saved as a
+def save_word_tokenizer(directory: Path, size: int = 101) -> None:
+    """A word-level tokenizer of the tiny vocabulary (" w0".." w100" by default, end and padding " w1"), saved as a
     Hugging Face tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     # byte-level words that carry their leading space, so tokens decoded one by one join up (streaming). Split
     # on whitespace only: ByteLevel's own regex cuts " w17" into " w" and "17", which made every prompt unknown.
-    tokenizer = Tokenizer(models.WordLevel({f"\u0120w{i}": i for i in range(101)}, unk_token="\u0120w0"))
+    tokenizer = Tokenizer(models.WordLevel({f"\u0120w{i}": i for i in range(size)}, unk_token="\u0120w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
@@ -97,7 +97,7 @@ def buildable_copy(hf_dir: Path, directory: Path) -> Path:
     shutil.copytree(hf_dir, directory)
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    save_word_tokenizer(directory)
+    save_word_tokenizer(directory, config["vocab_size"])
     return directory
 
 
