@@ -2,8 +2,8 @@
 batch 1 and 8, what a prompt costs alone, and what it costs computed in the decode step of running rows (the
 graph's prompt group, pipeline/onnx/graph.py), with the ratios the serving goals turn on.
 
-    .venv/bin/python benchmarks/bench_onnx_step.py [--precision fp32 int8-sq] [--cached 87] [--prompt 64]
-        [--threads 2] [--rounds 20] [--workdir DIR]
+    .venv/bin/python benchmarks/bench_onnx_step.py [--precision fp32 int8-sq int4-awq int4-awq-head] [--cached 87]
+        [--prompt 64] [--threads 2] [--rounds 20] [--workdir DIR]
 
 Each step runs over random cache contents of --cached tokens (timing does not depend on the values), once per
 round, the steps in turn, after a warm-up round; the median per step is printed, wall time and the CPU time of the
@@ -37,12 +37,15 @@ import torch
 from pipeline.calibrate.data import resolve_recipe
 from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint
 from pipeline.convert import convert_model
-from pipeline.onnx.export import export_onnx
+from pipeline.onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx
 from pipeline.onnx.runner import Cache, OrtDecoder
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.model import CacheDecoder
 from pipeline.runtime.scheduler import Scheduler, Sequence
 from pipeline.sources import resolve_model
+
+
+HEAD = "-head"
 
 
 def checkpoint(work: Path, precision: str) -> Path:
@@ -52,8 +55,9 @@ def checkpoint(work: Path, precision: str) -> Path:
     if precision == "fp32":
         return float_ckpt
     ckpt = work / f"checkpoint-{precision}"
-    calibrate_checkpoint(float_ckpt, ckpt, CalibrateOptions(precision, resolve_recipe(None), eval_samples=0,
-                                                            progress=False))
+    head = precision.endswith(HEAD)      # int4-awq-head: `calibrate --quantize-lm-head`
+    calibrate_checkpoint(float_ckpt, ckpt, CalibrateOptions(precision.removesuffix(HEAD), resolve_recipe(None),
+                                                            eval_samples=0, progress=False, quantize_lm_head=head))
     return ckpt
 
 
@@ -119,7 +123,8 @@ def serve(model, mixed: bool, concurrency: int, requests: int, prompt_length: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--precision", nargs="+", choices=["fp32", "int8-sq"], default=["fp32"])
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "int8-sq", "int4-awq", "int4-awq" + HEAD],
+                        default=["fp32"], help="int4-awq-head: lm_head in 4 bits too")
     parser.add_argument("--cached", type=int, default=87, help="tokens in each row's cache")
     parser.add_argument("--prompt", type=int, default=64, help="tokens of the joining prompt")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime's intra-op threads")
@@ -132,7 +137,8 @@ def main() -> None:
     args = parser.parse_args()
     for precision in args.precision:
         ckpt = checkpoint(args.workdir, precision)
-        decoder_path = export_onnx(ckpt, args.workdir / f"onnx-{precision}").path
+        decoder_path = export_onnx(ckpt, args.workdir / f"onnx-{precision}",
+                                   ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY)).path
         decoder = OrtDecoder(decoder_path, threads=args.threads)
         timed = measure(decoder, args.cached, args.prompt, args.rounds)
         t = {name: wall for name, (wall, _) in timed.items()}
