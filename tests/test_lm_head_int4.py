@@ -197,6 +197,7 @@ def test_onnx_export_computes_the_4bit_lm_head_with_matmulnbits(head_ckpts, tmp_
 @pytest.mark.parametrize("args, message", [
     (["--precision", "fp8"], "--quantize-lm-head is for --precision int4-awq"),
     (["--precision", "int4-awq", "--format", "vllm"], "writes TensorRT-LLM's checkpoint only"),
+    (["--precision", "int4-awq", "--exclude", "*head"], "contradicts --exclude *head, which matches lm_head"),
 ])
 def test_quantize_lm_head_refusals(head_ckpts, tmp_path, args, message):
     result = CliRunner().invoke(main, ["calibrate", str(head_ckpts["float"]), "-o", str(tmp_path / "out"),

@@ -332,6 +332,9 @@ def check_lm_head_option(ckpt: FloatCheckpoint, options: CalibrateOptions) -> No
     if options.precision != LM_HEAD_PRECISION:
         raise UserError(f"--quantize-lm-head is for --precision {LM_HEAD_PRECISION} (4-bit weights, 16-bit "
                         f"activations); got {options.precision}")
+    if is_excluded(LM_HEAD, options.exclude):
+        raise UserError(f"--quantize-lm-head contradicts --exclude {' '.join(options.exclude)}, which matches "
+                        f"{LM_HEAD}: drop one of them")
     if options.format != "trtllm":
         raise UserError(f"--quantize-lm-head writes TensorRT-LLM's checkpoint only: --format {options.format} "
                         "writes a Hugging Face checkpoint, whose servers (vLLM's AWQ, TensorRT-LLM's PyTorch backend) "
