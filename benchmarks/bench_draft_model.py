@@ -40,10 +40,11 @@ GROUP = 64      # SmolLM2's 576-wide layers take 4-bit group 64, not 128
 STEPS = 40
 
 
-def exported(checkpoint: Path, out: Path) -> OrtDecoder:
+def exported(checkpoint: Path, out: Path, spinning: bool = True) -> OrtDecoder:
+    """The export's decoder; a draft's threads do not spin, as the served cpu model's (`load_runtime`)."""
     if not (out / "config.json").is_file():
         export_onnx(checkpoint, out, ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY))
-    return OrtDecoder(out)
+    return OrtDecoder(out, spinning=spinning)
 
 
 def int4_checkpoint(float_checkpoint: Path, workdir: Path, quantize_lm_head: bool) -> Path:
@@ -99,7 +100,7 @@ def main() -> None:
     target = exported(float_checkpoint, args.workdir / "onnx-fp32")
     suffix = "-head" if args.quantize_lm_head else ""
     draft = exported(int4_checkpoint(float_checkpoint, args.workdir, args.quantize_lm_head),
-                     args.workdir / f"onnx-int4-awq{suffix}")
+                     args.workdir / f"onnx-int4-awq{suffix}", spinning=False)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").hf_dir())
     loads = {name: [tokenizer(p)["input_ids"] for p in prompts]
              for name, prompts in workloads(tokenizer, args.prompts).items()}

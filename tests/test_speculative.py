@@ -309,6 +309,25 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
     assert answers["draft"] == answers["off"] == answers["plain"]
 
 
+def test_an_onnx_runtime_draft_sleeps_between_its_runs_while_the_target_spins(checkpoint, monkeypatch, tmp_path):
+    """Served with ONNX Runtime, the draft's session does not spin (its threads held the cores the target's next run
+    needs: 0.90x plain against 1.04x, docs/speculative.md); the target keeps the deployment's setting."""
+    from pipeline.onnx.export import export_onnx
+
+    ckpt = checkpoint("gqa")
+    export_onnx(ckpt, tmp_path / "onnx")
+    export_onnx(checkpoint("mha"), tmp_path / "draft")
+    model = cpu_model(monkeypatch, ckpt, runtime="onnxruntime", onnx_dir=tmp_path / "onnx",
+                      **{SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3, DRAFT_DIR: tmp_path / "draft"})
+    def spinning(decoder) -> str:      # ONNX Runtime spins unless the entry says "0"
+        try:
+            return decoder.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:           # "SessionOptions does not have configuration with key": the default
+            return "1"
+
+    assert spinning(model.model) == "1" and spinning(model.speculation.drafter.decoder.decoder) == "0"
+
+
 def test_a_draft_of_another_vocabulary_does_not_load(checkpoint, tiny_ckpt, monkeypatch):
     with pytest.raises(ValueError, match="must share the target's tokenizer"):
         cpu_model(monkeypatch, checkpoint("gqa"), **{SPECULATIVE_DECODING_MODE: "draft", MAX_DRAFT_LEN: 3,

@@ -205,20 +205,24 @@ def draft_model(config: dict, target, k: int) -> ModelDrafter:
     if not directory or not (HERE / directory).is_dir():
         raise UserError(f"{SPECULATIVE_DECODING_MODE} {DRAFT} needs {DRAFT_DIR}, the draft model's directory in "
                         f"the model version (got {directory!r})")
-    draft = load_runtime(config, HERE / directory)
+    draft = load_runtime(config, HERE / directory, spinning=False)
     if draft.vocab_size != target.vocab_size:
         raise UserError(f"the draft model in {directory} has a vocabulary of {draft.vocab_size} tokens, the target "
                         f"{target.vocab_size}: a draft must share the target's tokenizer")
     return ModelDrafter(draft.inflight_decoder(), k)
 
 
-def load_runtime(config: dict, directory: Path):
-    """The runtime the deployment names (torch: the checkpoint in `directory`; onnxruntime: the ONNX export)."""
+def load_runtime(config: dict, directory: Path, spinning: bool = True):
+    """The runtime the deployment names (torch: the checkpoint in `directory`; onnxruntime: the ONNX export).
+
+    A draft model's ONNX Runtime session never spins (`spinning` False): its threads, spinning after each of its
+    runs, held the cores the target's next run computes on (SmolLM2 int4 drafting for fp32, in process: 0.90x plain
+    with both sessions spinning, 1.04x with the draft's threads asleep; benchmarks/bench_draft_model.py)."""
     if parameter(config, "runtime", "torch") == "onnxruntime":
         from pipeline.onnx.runner import OrtDecoder
 
-        return OrtDecoder(directory, threads=intra_op_threads(config),
-                          spinning=parameter(config, "intra_op_spinning", "true").lower() != "false")
+        spins = spinning and parameter(config, "intra_op_spinning", "true").lower() != "false"
+        return OrtDecoder(directory, threads=intra_op_threads(config), spinning=spins)
     return ReferenceModel.load(directory)
 
 
