@@ -77,15 +77,19 @@ def test_serve_drains_on_sigterm(repo, drain_timeout):
         time.sleep(1.0)
         process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
-        late = requests.post(f"{url}/v2/models/ensemble/generate", json={"text_input": " w5", "max_tokens": 2},
-                             timeout=30)
+        try:
+            late = requests.post(f"{url}/v2/models/ensemble/generate", json={"text_input": " w5", "max_tokens": 2},
+                                 timeout=30)
+        except requests.ConnectionError:     # the short drain may be over and the server gone 0.3 s after SIGTERM
+            late = None
         for client in clients:
             client.join(120)
         rest, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
-    assert late.status_code != 200 and "shutting down" in late.text
+    # a request after SIGTERM is refused while the server drains; after a short drain it may find no server at all
+    assert (late is None and drain_timeout < 1) or (late.status_code != 200 and "shutting down" in late.text)
     assert len(results) == 4
     if drain_timeout == 60:
         assert process.returncode == 0, rest
