@@ -317,12 +317,11 @@ def make_checkpoints(source, out: Path, dtype: str, hf: bool, options: BuildOpti
 def check_lm_head(options: BuildOptions, backend) -> None:
     """--quantize-lm-head: an int4-awq build whose served checkpoint is TensorRT-LLM's (the Hugging Face checkpoints
     the pytorch backends load keep lm_head 16-bit)."""
-    from .calibrate.stage import LM_HEAD_PRECISION
+    from .calibrate.stage import check_lm_head_precision
 
     if not options.quantize_lm_head:
         return
-    if options.precision != LM_HEAD_PRECISION:
-        raise UserError(f"--quantize-lm-head is for --precision {LM_HEAD_PRECISION} (got {options.precision})")
+    check_lm_head_precision(options.precision)
     if backend.checkpoint_format == HF_CHECKPOINT:
         raise UserError(f"--quantize-lm-head: the {backend.name} backend serves a Hugging Face checkpoint, whose "
                         "lm_head trtpipe writes in 16 bits; use the engine or reference backends, or drop the flag")

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 LAYER_TENSOR = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 #: the output projection's module name in a TensorRT-LLM checkpoint
 LM_HEAD = "lm_head"
+LM_HEAD_WEIGHT = LM_HEAD + ".weight"
 #: TensorRT-LLM's `quantize_layers` exclusions when a checkpoint's exclude_modules is null or empty
 #: (tensorrt_llm/quantization/quantize.py; docs/upstream-facts.md): lm_head stays in the model dtype
 TRTLLM_DEFAULT_EXCLUDE = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",

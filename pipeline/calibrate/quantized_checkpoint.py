@@ -45,8 +45,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import (LAYER_TENSOR, LM_HEAD, CheckpointConfig, RankFile, is_excluded, open_rank_files,
-                          written_exclude_modules)
+from ..checkpoint import (LAYER_TENSOR, LM_HEAD, LM_HEAD_WEIGHT, CheckpointConfig, RankFile, is_excluded,
+                          open_rank_files, written_exclude_modules)
 from ..errors import UserError
 from ..model.spec import Family
 from ..precisions import CALIBRATION_QUANT_ALGO, DTYPE_CODES, INT4_MAX, INT4_PRECISIONS, KV_CACHE_QUANT_ALGO
@@ -57,7 +57,6 @@ from .int4 import group_scales, int4_codes
 from .rounding import DEFAULT_DAMP, fp8_codes, gptq_inverse, int8_codes, round_weight
 
 MIN_SCALE = 1e-12
-LM_HEAD_WEIGHT = LM_HEAD + ".weight"
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,8 @@ from ..precisions import (CALIBRATION_FORMATS, CALIBRATION_QUANT_ALGO, INT4_GROU
 from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.hf_checkpoint import read_hf_quantization
 from .amax import DEFAULT_PERCENTILE, METHODS
-from ..checkpoint import LM_HEAD, is_excluded, source_model
-from .quantized_checkpoint import (LM_HEAD_WEIGHT, FloatCheckpoint, QuantizedCheckpointWriter,
-                                   open_float_checkpoint)
+from ..checkpoint import LM_HEAD, LM_HEAD_WEIGHT, is_excluded, source_model
+from .quantized_checkpoint import FloatCheckpoint, QuantizedCheckpointWriter, open_float_checkpoint
 from .collect import LayerCalibrator
 from .int4 import default_group_size, group_size_problem
 from .hf_export import write_hf_checkpoint
@@ -327,11 +326,16 @@ def check_options(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
             raise UserError(split)
 
 
+def check_lm_head_precision(precision: str) -> None:
+    """--quantize-lm-head's precision (calibrate's check, and build's before any work)."""
+    if precision != LM_HEAD_PRECISION:
+        raise UserError(f"--quantize-lm-head is for --precision {LM_HEAD_PRECISION} (4-bit weights, 16-bit "
+                        f"activations); got {precision}")
+
+
 def check_lm_head_option(ckpt: FloatCheckpoint, options: CalibrateOptions) -> None:
     """--quantize-lm-head: W4A16 only, into TensorRT-LLM's checkpoint layout, from a checkpoint with an lm_head."""
-    if options.precision != LM_HEAD_PRECISION:
-        raise UserError(f"--quantize-lm-head is for --precision {LM_HEAD_PRECISION} (4-bit weights, 16-bit "
-                        f"activations); got {options.precision}")
+    check_lm_head_precision(options.precision)
     if is_excluded(LM_HEAD, options.exclude):
         raise UserError(f"--quantize-lm-head contradicts --exclude {' '.join(options.exclude)}, which matches "
                         f"{LM_HEAD}: drop one of them")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from onnx import TensorProto
 
-from ..checkpoint import CheckpointConfig, RankFile
+from ..checkpoint import LM_HEAD, LM_HEAD_WEIGHT, CheckpointConfig, RankFile
 from ..errors import UserError
 from ..model.spec import QKV, ROW
 from ..precisions import INT4_MAX, INT4_MIN, INT4_QUANT_ALGOS
@@ -119,13 +119,12 @@ class QuantizedHead:
 def quantized_head(reader: CheckpointReader) -> QuantizedHead:
     """The checkpoint's own lm_head codes and scales, its tp shards joined and the vocabulary padding cut."""
     cfg = reader.cfg
-    stage = sorted((rf for rf in reader.ranks if rf.pp_rank == cfg.layout.pp - 1), key=lambda rf: rf.tp_rank)
-    vocab = cfg.arch.vocab_size
-    codes = torch.cat([unpack_int4(rf.read("lm_head.weight")) for rf in stage])[:vocab]
-    scales = torch.cat([read_scale(rf, "lm_head.weights_scaling_factor") for rf in stage])[:vocab]
+    stage, vocab = reader.head_stage, cfg.arch.vocab_size
+    codes = torch.cat([unpack_int4(rf.read(LM_HEAD_WEIGHT)) for rf in stage])[:vocab]
+    scales = torch.cat([read_scale(rf, LM_HEAD + ".weights_scaling_factor") for rf in stage])[:vocab]
     prequant = None
     if has_prequant(cfg):
-        per_rank = [read_scale(rf, "lm_head.prequant_scaling_factor") for rf in stage]
+        per_rank = [read_scale(rf, LM_HEAD + ".prequant_scaling_factor") for rf in stage]
         if any(not torch.equal(p, per_rank[0]) for p in per_rank[1:]):
             raise UserError("lm_head: the tp ranks smooth its input differently; the checkpoint's shards disagree")
         prequant = per_rank[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointConfig, RankFile, open_rank_files
+from ..checkpoint import LM_HEAD, LM_HEAD_WEIGHT, CheckpointConfig, RankFile, open_rank_files
 from ..errors import UserError
 from ..model.spec import QKV, ROW, LinearSpec, dims
 from ..precisions import DTYPE_CODES, INT4_QUANT_ALGOS
@@ -104,7 +104,12 @@ class CheckpointReader:
 
     @property
     def tied_lm_head(self) -> bool:
-        return "lm_head.weight" not in self._stages[-1][0].names()
+        return LM_HEAD_WEIGHT not in self.head_stage[0].names()
+
+    @property
+    def head_stage(self) -> list[RankFile]:
+        """The rank files of the last pipeline stage (ln_f and lm_head), in tp order."""
+        return self._stages[-1]
 
     def lm_head(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """The float32 lm_head [vocab, hidden] (the embedding when tied), or only a range of its rows; a 4-bit
@@ -113,8 +118,8 @@ class CheckpointReader:
             return self.embedding(rows)
         start, stop = rows or (0, self.cfg.arch.vocab_size)
         if self.cfg.quantized_lm_head:
-            return torch.cat(quantized_head_rows(self.cfg, self._stages[-1], start, stop))
-        return torch.cat([part.float() for part in _vocab_shards(self._stages[-1], "lm_head.weight", start, stop)])
+            return torch.cat(quantized_head_rows(self.cfg, self.head_stage, start, stop))
+        return torch.cat([part.float() for part in _vocab_shards(self.head_stage, LM_HEAD_WEIGHT, start, stop)])
 
     def merge_all(self) -> ModelWeights:
         return merge_pieces(self)
@@ -150,9 +155,9 @@ def expected_tensors(cfg: CheckpointConfig, rf: RankFile) -> dict[str, Expect]:
     if pos.is_last_pp:
         out["transformer.ln_f.weight"] = Expect((h,), dt)
         if cfg.quantized_lm_head:
-            out.update(int4.expected_linear(cfg, "lm_head", "lm_head", shard_vocab, h, Expect))
+            out.update(int4.expected_linear(cfg, LM_HEAD, LM_HEAD, shard_vocab, h, Expect))
         else:
-            out["lm_head.weight"] = Expect((shard_vocab, h), dt, required=not cfg.share_embedding_table)
+            out[LM_HEAD_WEIGHT] = Expect((shard_vocab, h), dt, required=not cfg.share_embedding_table)
     for local in range(cfg.layout.layers_per_stage):
         p, g = f"transformer.layers.{local}.", f"transformer.layers.{pos.layers[local]}."
         for norm in family.layer_norms(arch):
@@ -255,7 +260,7 @@ def quantized_head_rows(cfg: CheckpointConfig, stage: list[RankFile], start: int
     if INT4_QUANT_ALGOS[cfg.quant_algo]:
         raise UserError(f"a {cfg.quant_algo} lm_head (FP8 activations) is not read by trtpipe: calibrate with "
                         "--precision int4-awq to quantize lm_head")
-    shard = stage[0].file.shape("lm_head.weights_scaling_factor")[0]
+    shard = stage[0].file.shape(LM_HEAD + ".weights_scaling_factor")[0]
     parts = []
     for rf in stage:
         offset = rf.tp_rank * shard
@@ -263,10 +268,11 @@ def quantized_head_rows(cfg: CheckpointConfig, stage: list[RankFile], start: int
         if lo >= hi:
             continue
         first = lo - lo % 2
-        codes = int4.unpack_int4(rf.read("lm_head.weight", (first // 2, (hi + 1) // 2)))[lo - first:hi - first]
-        weight = int4.dequantize_groupwise(codes, int4.read_scale_rows(rf, "lm_head.weights_scaling_factor", (lo, hi)))
+        codes = int4.unpack_int4(rf.read(LM_HEAD_WEIGHT, (first // 2, (hi + 1) // 2)))[lo - first:hi - first]
+        weight = int4.dequantize_groupwise(codes, int4.read_scale_rows(rf, LM_HEAD + ".weights_scaling_factor",
+                                                                       (lo, hi)))
         if int4.has_prequant(cfg):
-            weight = weight * int4.read_scale(rf, "lm_head.prequant_scaling_factor")[None, :]
+            weight = weight * int4.read_scale(rf, LM_HEAD + ".prequant_scaling_factor")[None, :]
         parts.append(weight)
     return parts
 
