@@ -157,6 +157,9 @@ def trtllm_build_command(plan: Plan, checkpoint_dir: Path, engine_dir: Path, bui
             argv += [f"--{name}", _flag_value(value)]
     if plan.build_config.weight_sparsity:     # in the --build_config JSON too; the flag says it where people read
         argv.append("--weight_sparsity")
+    if plan.speculative and plan.speculative.decoding_mode:   # max_draft_len is in the JSON too
+        argv += ["--speculative_decoding_mode", plan.speculative.decoding_mode,
+                 "--max_draft_len", str(plan.build_config.max_draft_len)]
     return argv
 
 

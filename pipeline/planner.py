@@ -27,6 +27,7 @@ from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoin
                           choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
 from .plan.speculative import SpeculativeRequest, plan_speculation, request_of
+from .plan.speculative_gpu import gpu_companion, plan_gpu_speculation
 from .precisions import AUTO, AUTO_PRECISIONS, FLOAT_DTYPES, PRECISIONS, QUANT_ALGO, WEIGHT_BITS
 from .targets import GIB, Target
 from .triton_names import BATCH_SCHEDULER_POLICIES
@@ -74,10 +75,13 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
     check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
     max_context = choose_max_context(workload, arch)
+    draft, companion = (gpu_companion(speculative, model, target, precision, dtype, kv_dtype, tp, pp, server.name)
+                        if speculative is not None and target.is_gpu else (None, None))
     plan = server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
-                                   max_context, warnings, trtllm))
+                                   max_context, warnings, trtllm, companion))
     if speculative is not None:
-        plan = plan_speculation(plan, speculative)
+        plan = (plan_gpu_speculation(plan, speculative, draft) if target.is_gpu else
+                plan_speculation(plan, speculative))
     return replace(plan, runtime_image=runtime.name) if runtime else plan
 
 

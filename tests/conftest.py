@@ -43,6 +43,14 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tiny_llama, tmp_path_factory):
+    """A tiny Llama Hugging Face directory a GPU build can take (weights, config and tokenizer)."""
+    from support.models import buildable_copy
+
+    return buildable_copy(tiny_llama("gqa"), tmp_path_factory.mktemp("tiny-buildable") / "tiny")
+
+
+@pytest.fixture(scope="session")
 def checkpoint(tiny_llama, tmp_path_factory):
     """Factory: checkpoint(variant, tp, pp) -> float32 TensorRT-LLM checkpoint of that tiny model."""
     from pipeline.convert import convert_model

@@ -87,13 +87,6 @@ def test_a_1_3_deployment_is_trtllm_serve_alone_with_every_key_in_1_3_s_llm_api(
         ("build_config", "not an LLM API argument of TensorRT-LLM 1.3.0rc27")]
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tiny_llama, tmp_path_factory):
-    from support.models import buildable_copy
-
-    return buildable_copy(tiny_llama("gqa"), tmp_path_factory.mktemp("tiny-1.3") / "tiny")
-
-
 def test_build_for_rtx4090_on_the_1_3_image_chains_plan_and_deploy(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["build", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",

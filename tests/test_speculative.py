@@ -483,12 +483,6 @@ def test_speculation_the_cpu_target_cannot_run_is_one_line_and_exit_2(args, mess
     assert "Traceback" not in result.output
 
 
-def test_speculation_on_a_gpu_target_says_it_is_not_planned_there_yet():
-    result = CliRunner().invoke(main, ["plan", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
-                                       "--speculative", "ngram"])
-    assert result.exit_code == 2 and "cpu target only in this version" in result.output
-
-
 class FakeClient:
     """An ensemble client whose generate answers with the perf metrics given (what check_speculation reads)."""
 

@@ -44,6 +44,9 @@ class Backend(Protocol):
     #: the environment variable naming the iterations its runtime brackets with cudaProfilerStart/Stop (nsys
     #: --capture-range=cudaProfilerApi; trtpipe profile); None: no CUDA runtime to profile (the cpu target)
     profile_start_stop_env: str | None
+    #: the speculative decoding it runs (pipeline/plan/speculative.py's methods) -> what its upstream names it
+    #: (trtllm-build's --speculative_decoding_mode, the LLM API's config class, or the cpu runtimes' drafter)
+    speculative_methods: dict[str, str]
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:
@@ -67,6 +70,10 @@ class Backend(Protocol):
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
         """Files of the `tensorrt_llm` model's version directory (`REPO/tensorrt_llm/1`)."""
+
+    def configure_speculation(self, plan: Plan) -> Plan:
+        """A GPU plan with speculation planned (pipeline/plan/speculative_gpu.py), configured as this backend's
+        upstream takes it (only the GPU backends that speculate)."""
 
     def write_draft_model(self, version_dir: Path, draft: Path) -> None:
         """A draft-target plan's draft checkpoint, as this backend serves it, into the version directory (only the

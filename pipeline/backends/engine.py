@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..triton_names import GUARANTEED_NO_EVICT
@@ -18,6 +18,7 @@ from .. import TRTLLM_VERSION
 from ..errors import UserError
 from ..plan.memory import (
     ACTIVATION_BASIS,
+    CUDA_CONTEXT_RESERVE,
     ACTIVATION_FORMULA,
     RESERVE_FORMULA,
     activation_bytes,
@@ -50,6 +51,7 @@ from .nvidia_contract import TENSORRTLLM, required_keys
 from .base import parameter_string, tritonserver_args
 from .names import ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT
 from ..compile import compile_checkpoint
+from ..runtime.speculative import DRAFT
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
@@ -100,6 +102,15 @@ class EngineBackend:
     profile_start_stop_env = "TLLM_PROFILE_START_STOP"
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
+    #: trtllm-build's --speculative_decoding_mode (commands/build.py; examples/draft_target_model/README.md)
+    speculative_methods = {DRAFT: "draft_tokens_external"}
+
+    def configure_speculation(self, plan: Plan) -> Plan:
+        """The target engine built to verify K external drafts a step (`--speculative_decoding_mode` in the
+        trtllm-build command, `max_draft_len` in its build config too)."""
+        spec = plan.speculative
+        return replace(plan, build_config=replace(plan.build_config, max_draft_len=spec.draft_len),
+                       speculative=replace(spec, decoding_mode=self.speculative_methods[spec.method]))
 
     def plan(self, request: PlanRequest) -> Plan:
         return plan_engine(request)
@@ -265,21 +276,28 @@ def plan_engine(request: PlanRequest) -> Plan:
     weights_per_rank = max(stages)
     weights_total = tp * sum(stages)
     kv_per_token = kv_bytes_per_token(arch, kv_dtype, tp, pp)
+    draft = request.companion
+    draft_weights, draft_kv = (draft.weights_bytes_per_rank, draft.kv_bytes_per_token) if draft else (0, 0)
     tpb = plugin.tokens_per_block
     seq_tokens = _blocks_tokens(workload.input_len + workload.output_len, tpb)
     memory = target.memory_bytes
-    if weights_per_rank >= memory:
+    if weights_per_rank + draft_weights >= memory:
+        beside = f" beside its draft's {format_gib(draft_weights)}" if draft else ""
         raise UserError(f"{model.name} at {precision} needs {format_gib(weights_per_rank)} of weights per "
-                        f"GPU; {target.name} has {format_gib(memory)}: "
-                        f"{too_big_hint(target, precision, tp, pp, weights_per_rank)}")
+                        f"GPU{beside}; {target.name} has {format_gib(memory)}: "
+                        f"{too_big_hint(target, precision, tp, pp, weights_per_rank + draft_weights)}")
 
     def kv_tokens_for(batch: int, tokens: int | None = None) -> tuple[int, int, int, int]:
         tokens = max_num_tokens if tokens is None else tokens
         act = activation_bytes(arch, precision, dtype, tp, min(tokens, max_seq_len * batch), batch)
         reserve = runtime_reserve_bytes(arch, tp, batch, max_seq_len)
-        free = memory - weights_per_rank - act - reserve
+        if draft:    # the draft runs the same tokens a step and keeps its own decoder buffers
+            act += activation_bytes(draft.arch, draft.precision, draft.dtype, tp, min(tokens, max_seq_len * batch),
+                                    batch)
+            reserve += runtime_reserve_bytes(draft.arch, tp, batch, max_seq_len) - CUDA_CONTEXT_RESERVE
+        free = memory - weights_per_rank - draft_weights - act - reserve
         kv_bytes = int(max(free, 0) * fraction)
-        return act, reserve, free, _round_down_to_blocks(kv_bytes // kv_per_token, tpb)
+        return act, reserve, free, _round_down_to_blocks(kv_bytes // (kv_per_token + draft_kv), tpb)
 
     if overrides.max_batch_size is not None:
         if overrides.max_batch_size < 1:
@@ -296,7 +314,8 @@ def plan_engine(request: PlanRequest) -> Plan:
     act, reserve, free, kv_tokens = kv_tokens_for(batch)
     if kv_tokens < max_seq_len:
         raise UserError(
-            f"no room for the KV cache: after {format_gib(weights_per_rank)} of weights, {format_gib(act)} "
+            f"no room for the KV cache: after {format_gib(weights_per_rank)} of weights"
+            f"{f' (and its draft model: {format_gib(draft_weights)})' if draft else ''}, {format_gib(act)} "
             f"of activations (max_num_tokens {max_num_tokens}) and {format_gib(reserve)} of runtime reserve, "
             f"{target.name} keeps {kv_tokens} tokens of KV cache, fewer than one sequence of "
             f"max context {max_seq_len}. Lower --max-context, use --kv-cache fp8/int8, a lower "
@@ -366,7 +385,8 @@ def plan_engine(request: PlanRequest) -> Plan:
         memory_bytes=memory, weights_bytes_per_rank=weights_per_rank, activation_bytes=act,
         activation_formula=ACTIVATION_FORMULA, activation_basis=ACTIVATION_BASIS, runtime_reserve_bytes=reserve,
         runtime_reserve_formula=RESERVE_FORMULA, free_bytes=free, kv_cache_free_gpu_mem_fraction=fraction,
-        kv_cache_bytes=kv_tokens * kv_per_token, kv_cache_tokens=kv_tokens)
+        kv_cache_bytes=kv_tokens * kv_per_token, kv_cache_tokens=kv_tokens,
+        draft_bytes=draft_weights + kv_tokens * draft_kv if draft else 0)
     return Plan(
         model=model, target=target, backend=ENGINE, precision=precision, dtype=dtype, kv_cache_dtype=kv_dtype,
         quantization=quantization(precision, kv_dtype), tp_size=tp, pp_size=pp, workload=workload,

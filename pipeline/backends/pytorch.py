@@ -35,7 +35,8 @@ from .. import TRTLLM_VERSION
 from ..errors import UserError
 from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
-from ..plan.schema import LlmApiSettings, Plan
+from ..plan.schema import LlmApiSettings, Plan, SpeculativePlan
+from ..runtime.speculative import DRAFT, NGRAM
 from ..plan.trtllm import paged_context_fmha_possible
 from ..tokenizer import TOKENIZER_FILES, copy_tokenizer
 from ..triton_names import TENSORRT_LLM
@@ -108,6 +109,22 @@ class PytorchBackend:
     sparse_kernels = False       # no 2:4 kernels on TensorRT-LLM's PyTorch backend (docs/sparsity.md)
     profile_start_stop_env = "TLLM_PROFILE_START_STOP"        # the PyTorch executor (docs/upstream-facts.md K)
     checkpoint_format = HF_CHECKPOINT
+    #: the LLM API's speculative_config classes (NGramDecodingConfig, DraftTargetDecodingConfig)
+    speculative_methods = {NGRAM: "NGram", DRAFT: "DraftTarget"}
+
+    def configure_speculation(self, plan: Plan) -> Plan:
+        """The LLM API's `speculative_config` for the plan's TensorRT-LLM version (none when no batch gains: the
+        deployment decodes plainly)."""
+        spec = plan.speculative
+        if not spec.max_rows:
+            return plan
+        config = speculative_config(spec, plan.llm_api.tensorrt_llm_version)
+        reasons = {**plan.llm_api.reasons, "speculative_config": (
+            f"--speculative {spec.method} K {spec.draft_len}; max_concurrency {spec.max_rows}: the most rows at "
+            "which every predicted speedup is above 1 (above it the LLM API decodes plainly)")}
+        llm_api = replace(plan.llm_api, options={**plan.llm_api.options, "speculative_config": config},
+                          reasons=reasons)
+        return replace(plan, llm_api=llm_api, speculative=replace(spec, decoding_mode=config["decoding_type"]))
     summary = (f"no engine: TensorRT-LLM {TRTLLM_VERSION}'s LLM API (PyTorch backend) serves the Hugging Face "
                "model (Triton llmapi model, or trtllm-serve)")
 
@@ -174,6 +191,26 @@ BACKEND = PytorchBackend()
 
 # ----------------------------------------------------------------------------------------------
 # The plan
+
+
+#: `speculative_config.decoding_type` per TensorRT-LLM version line: 1.2.x parses the dict through
+#: DecodingBaseConfig.from_dict's class map ("DraftTarget"); 1.3 through a pydantic union discriminated by each
+#: class's Literal ("Draft_Target"), no alias (docs/upstream-facts.md S7)
+DECODING_TYPES = {"1.2": {NGRAM: "NGram", DRAFT: "DraftTarget"}, "1.3": {NGRAM: "NGram", DRAFT: "Draft_Target"}}
+
+
+def speculative_config(spec: SpeculativePlan, version: str) -> dict:
+    """The LLM API's `speculative_config` for TensorRT-LLM `version`: K, max_concurrency (1.3: a positive int, so
+    written only when some batch gains), the n-gram size (1.2.x's default 0 matches nothing useful) or the draft
+    (`speculative_model_dir`: 1.2.x's field, 1.3's alias of speculative_model)."""
+    line = "1.2" if version.startswith("1.2") else "1.3"
+    config = {"decoding_type": DECODING_TYPES[line][spec.method], "max_draft_len": spec.draft_len,
+              "max_concurrency": spec.max_rows}
+    if spec.method == NGRAM:
+        config["max_matching_ngram_size"] = spec.max_ngram
+    else:
+        config["speculative_model_dir"] = spec.draft_model
+    return config
 
 
 def cuda_graph_batch_sizes(expected: int, max_batch_size: int) -> list[int]:

@@ -24,8 +24,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..outputs import link_or_copy
 from ..triton_names import GUARANTEED_NO_EVICT, TENSORRT_LLM
-from ..runtime.speculative import (DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, SPECULATIVE_DECODING_MODE,
-                                   SPECULATIVE_MAX_ROWS)
+from ..runtime.speculative import (DRAFT, DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, NGRAM,
+                                   SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS)
 from ..plan.memory import (
     CUDA_CONTEXT_RESERVE,
     format_gib,
@@ -84,6 +84,8 @@ class ReferenceBackend:
     profile_start_stop_env = None   # no CUDA: trtpipe profile records torch's profiler instead
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
+    #: the cpu model's drafters (pipeline/runtime/speculative.py, draft_model.py)
+    speculative_methods = {NGRAM: "prompt lookup", DRAFT: "draft model"}
 
     def plan(self, request: PlanRequest) -> Plan:
         return plan_reference(request)

@@ -36,6 +36,7 @@ class ReferenceLlmapiBackend:
     profile_start_stop_env = None
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
+    speculative_methods: dict[str, str] = {}   # its cpu model generates plainly
 
     def plan(self, request: PlanRequest) -> Plan:
         base = plan_reference(request)

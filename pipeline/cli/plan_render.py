@@ -67,7 +67,8 @@ AT_LEAST, AT_MOST = "≥ ", "≤ "
 
 def budget_total(plan: Plan) -> int:
     mem = plan.memory
-    return mem.weights_bytes_per_rank + mem.activation_bytes + mem.runtime_reserve_bytes + mem.kv_cache_bytes
+    return (mem.weights_bytes_per_rank + mem.activation_bytes + mem.runtime_reserve_bytes + mem.kv_cache_bytes
+            + mem.draft_bytes)
 
 
 def fits(plan: Plan) -> bool:
@@ -84,6 +85,7 @@ def verdict(plan: Plan) -> list[str]:
     parts = [f"weights {gib(mem.weights_bytes_per_rank)}", f"KV cache {gib(mem.kv_cache_bytes)}"]
     parts += [f"activations {gib(mem.activation_bytes)}"] if mem.activation_bytes else []
     parts += [f"runtime {gib(mem.runtime_reserve_bytes)}"]
+    parts += [f"draft model {gib(mem.draft_bytes)}"] if mem.draft_bytes else []
     where = "of host memory" if not plan.target.is_gpu else (
         "per GPU" if plan.tp_size * plan.pp_size > 1 else "of the GPU")
     fit = ("yes" if fits(plan) else "NO") + (f": {gib(budget_total(plan))} of {gib(mem.memory_bytes)} GiB {where} = "
@@ -123,11 +125,13 @@ def speculative_line(spec) -> str:
     """--speculative: K, the acceptance assumed and the speedup predicted at each concurrency, and where it stops."""
     gains = ", ".join(f"{r} row{'s' if r > 1 else ''} x{s:.2f}" for r, s in zip(spec.rows, spec.speedup))
     stop = (f"drafts while at most {spec.max_rows} rows run" if spec.max_rows else "never gains here: off")
-    draft = ("" if spec.draft_checkpoint is None else
+    named = spec.draft_model or spec.draft_checkpoint
+    draft = ("" if named is None else
              f" (draft {spec.draft_weights_bytes / 1e6:.0f} MB of weights + {spec.draft_kv_bytes_per_token} B/token "
              "of KV cache)")
     drafts = "" if spec.drafts_per_step is None else f", {spec.drafts_per_step:g} drafts a step"
-    return (f"{spec.method}{draft}, K {spec.draft_len}{drafts}, acceptance {spec.acceptance:g} "
+    mode = f" as {spec.decoding_mode}" if spec.decoding_mode else ""
+    return (f"{spec.method}{mode}{draft}, K {spec.draft_len}{drafts}, acceptance {spec.acceptance:g} "
             f"({'--acceptance' if spec.acceptance_basis.startswith('--acceptance') else 'default'}): "
             f"tokens/s {gains}; {stop}")
 
@@ -210,6 +214,9 @@ def render_plan(plan: Plan) -> list:
                          f"{mem.kv_cache_free_gpu_mem_fraction:g} = {format_gib(mem.kv_cache_bytes)}")),
         ("kv_bytes_per_token", f"{plan.kv_bytes_per_token} B ({describe_kv_cache(plan).split(',')[0]})"),
         ("KV cache tokens", mem.kv_cache_tokens),
+        *([("draft model", f"{format_gib(mem.draft_bytes)}: its weights and the KV cache of as many tokens, "
+                           "beside the target's (its activations and buffers are in the rows above)")]
+          if mem.draft_bytes else []),
         ("max_concurrent_sequences", (f"{plan.max_concurrent_sequences} at "
                                       f"{w.input_len}+{w.output_len} tokens")),
     ]))

@@ -445,6 +445,34 @@ def aic_errors():
         raise NotModelled(f"aiconfigurator-core has no data for this configuration ({': '.join(first)})") from None
 
 
+def decode_steps(target: Target, point: Workpoint, token_batches: list[int]) -> tuple[list[float], str, str]:
+    """Seconds of one decode step carrying each of `token_batches` tokens at the output's mean context, the
+    source (measured | derived) and its basis; NotModelled/ImportError as `estimate`. A step that verifies K
+    drafts for each of r rows carries r (K + 1) tokens: AIC models speculative verification so (its `nextn`
+    queries the generation operations at batch x (nextn + 1)), without the MTP layers its `nextn` also adds
+    (`mtp_scale_factor`), which a draft model or prompt lookup does not run. Each token's attention reads its
+    row's KV cache, so the verify step's attention is counted K + 1 times: an upper bound on its cost."""
+    with aic_errors():
+        name = target.name if target.name in MEASURED else DERIVED_FROM.get(target.name)
+        if name is None:
+            raise NotModelled(f"no measured chip of {target.name}'s architecture in aiconfigurator-core")
+        system, version = MEASURED[name]
+        check_gemm_data(system, version, point.precision)
+        model = aic_model(point)
+        db = database(system, version)
+        handle = engine_handle(model, db)
+        if name == target.name:
+            steps = [sum(ms for _, ms in op_times(handle, model, point, "decode", n)) / 1e3 for n in token_batches]
+            return steps, MEASURED_SOURCE, (f"aiconfigurator-core {AIC_VERSION}, {system} TensorRT-LLM {version} "
+                                            f"decode operations{model_basis(point)}")
+        source, dest = chip_of_system(db), chip_of_target(target)
+        steps = [scaled_ops(op_times(handle, model, point, "decode", n),
+                            op_speed_of_light(handle, model, point, "decode", n), source, dest,
+                            point.precision == "fp8")[1] / 1e3 for n in token_batches]
+        return steps, DERIVED_SOURCE, (f"aiconfigurator-core {AIC_VERSION} {system} TensorRT-LLM {version} decode "
+                                       f"operations scaled to {target.name} (docs/planner.md){model_basis(point)}")
+
+
 def estimate_or_reason(target: Target, point: Workpoint) -> tuple[Estimate | None, str | None]:
     """`estimate`, or None and why the plan keeps its speed-of-light bound."""
     try:

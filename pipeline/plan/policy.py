@@ -87,6 +87,21 @@ class PlanRequest:
     max_context: int           # the longest prompt + output to plan for
     warnings: list[str]        # the checks' warnings; the planner adds its own
     trtllm: str | None = None  # the TensorRT-LLM version of the runtime image (None: the cpu target)
+    companion: Companion | None = None   # a draft model served beside this one on the same GPUs
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A second model on the planned GPUs (speculative decoding's draft model, pipeline/plan/speculative_gpu.py):
+    its weights and its activations for the same tokens a step come off each GPU's memory first, and its KV cache
+    holds as many tokens as the target's (every sequence runs in both), so the KV memory left is split in
+    proportion to the two models' bytes per token."""
+
+    arch: ModelArch
+    precision: str
+    dtype: str
+    weights_bytes_per_rank: int
+    kv_bytes_per_token: int
 
 
 # ----------------------------------------------------------------------------------------------

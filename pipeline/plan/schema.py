@@ -224,6 +224,11 @@ class SpeculativePlan:
     draft_weights_bytes: int | None = None
     draft_kv_bytes_per_token: int | None = None
     drafts_per_step: float | None = None       # D, the drafts a step verifies on average (None: K, older plans)
+    #: a GPU plan's draft model as its path loads it (a preset's hub id, or the directory; plan/speculative_gpu.py)
+    draft_model: str | None = None
+    #: a GPU plan's mode as its path names it: trtllm-build's --speculative_decoding_mode, or the LLM API's
+    #: speculative_config.decoding_type (None: the cpu target's, named by `method`)
+    decoding_mode: str | None = None
 
 
 @dataclass
@@ -241,6 +246,9 @@ class MemoryBudget:
     kv_cache_free_gpu_mem_fraction: float
     kv_cache_bytes: int
     kv_cache_tokens: int              # whole blocks of tokens_per_block
+    #: a draft model beside it (speculative decoding on a GPU): its weights and its KV cache of kv_cache_tokens;
+    #: its activations and decoder buffers are in activation_bytes and runtime_reserve_bytes
+    draft_bytes: int = 0
 
 
 @dataclass

@@ -110,9 +110,7 @@ def default_drafts(method: str, k: int) -> float:
 def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     """`plan` with its speculative decoding planned; UserError for what cannot run."""
     if plan.target.is_gpu:
-        raise UserError(f"--speculative is planned for the cpu target only in this version; the {plan.target.name} "
-                        "engine and PyTorch configurations (draft-target through BLS, lookahead, speculative_config) "
-                        "are not written yet")
+        raise ValueError("a GPU plan's speculation is planned by plan/speculative_gpu.py")
     if request.method not in (NGRAM, DRAFT):
         raise UserError(f"--speculative {request.to_flags()}: the cpu runtimes draft with prompt lookup (ngram) or a "
                         "draft model (draft:CHECKPOINT) in this version; lookahead and EAGLE are not implemented")
@@ -140,8 +138,7 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     context = plan.workload.input_len + plan.workload.output_len // 2
     steps = step_timings(plan.model.arch, rows, k, context)
     drafting = [0.0] * len(rows) if draft is None else [p for p, _ in step_timings(draft.arch, rows, k, context)]
-    speedup = [round((1 + acceptance * drafts) * plain / (plain + (verify - plain + k * d) * drafts / k), 3)
-               for (plain, verify), d in zip(steps, drafting)]
+    speedup = speedups(acceptance, drafts, k, [p for p, _ in steps], [v for _, v in steps], drafting)
     losing = next((i for i, s in enumerate(speedup) if s < 1.0), len(rows))
     formula = (f"(1 + a D) x p / (p + (v - p{' + K d' if draft else ''}) x D / K), D = {drafts:g} drafts a step, p "
                f"a plain step, v a step of {k + 1} tokens a row" + (", d the draft's step" if draft else ""))
@@ -158,6 +155,13 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
         warnings.append(f"--speculative {request.to_flags()}: at acceptance {acceptance} and K = {k} no batch gains "
                         "on this host; the server will not draft")
     return replace(plan, speculative=spec, warnings=warnings)
+
+
+def speedups(acceptance: float, drafts: float, k: int, plain: list[float], verify: list[float],
+             drafting: list[float]) -> list[float]:
+    """(1 + a D) p / (p + (v - p + K d) D / K) at each number of rows (module docstring)."""
+    return [round((1 + acceptance * drafts) * p / (p + (v - p + k * d) * drafts / k), 3)
+            for p, v, d in zip(plain, verify, drafting)]
 
 
 def describe(spec: SpeculativePlan) -> str:

@@ -1,0 +1,164 @@
+"""Speculative decoding planned and configured for a GPU target (pipeline/plan/speculative_gpu.py): the draft's
+memory beside the target's, the speedup from aiconfigurator-core's decode operations, the PyTorch backend's
+`speculative_config` per TensorRT-LLM version and the engine path's trtllm-build flags. Nothing here runs on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pipeline.backends.llm_api_args import unknown_llm_api_keys
+from pipeline.backends.pytorch import SERVE_CONFIG
+from pipeline.cli import main
+from pipeline.compile import trtllm_build_command
+from pipeline.plan import speculative_gpu
+from pipeline.plan.speculative import SpeculativeRequest
+from pipeline.backends.pytorch import speculative_config
+from pipeline.planner import make_plan
+from pipeline.plan import Overrides, resolve_model_info
+from pipeline.targets import get_target
+
+NEW = "trtllm-1.3.0rc27"
+
+
+def plan_json(*args) -> dict:
+    result = CliRunner().invoke(main, ["plan", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.parametrize("image, decoding_type", [(None, "DraftTarget"), (NEW, "Draft_Target")])
+def test_pytorch_draft_target_config_names_the_type_each_version_parses(image, decoding_type):
+    """1.2.x parses speculative_config through DecodingBaseConfig.from_dict's class map ("DraftTarget"); 1.3's
+    pydantic union discriminates on each class's Literal ("Draft_Target"); both read speculative_model_dir (1.3 as
+    an alias of speculative_model) and max_concurrency (1.3: PositiveInt)."""
+    plan = plan_json("qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq", "--backend", "pytorch",
+                     "--speculative", "draft:qwen2.5-7b", "--draft-len", "4",
+                     *(["--runtime-image", image] if image else []))
+    config = plan["llm_api"]["options"]["speculative_config"]
+    spec = plan["speculative"]
+    assert config == {"decoding_type": decoding_type, "max_draft_len": 4, "max_concurrency": spec["max_rows"],
+                      "speculative_model_dir": "Qwen/Qwen2.5-7B-Instruct"}
+    assert spec["max_rows"] >= 1 and spec["decoding_mode"] == decoding_type
+    assert not unknown_llm_api_keys(plan["llm_api"]["options"], False, plan["llm_api"]["tensorrt_llm_version"])
+    assert "max_concurrency" in plan["llm_api"]["reasons"]["speculative_config"]
+
+
+def test_ngram_config_sets_the_matching_size_1_2_would_default_to_0():
+    config = speculative_config(
+        make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8", backend="pytorch",
+                  speculative=SpeculativeRequest("ngram")).speculative, "1.2.1")
+    assert config["decoding_type"] == "NGram" and config["max_matching_ngram_size"] == 3
+    assert "speculative_model_dir" not in config
+
+
+def test_a_draft_takes_its_weights_and_kv_cache_off_the_target_s_budget():
+    target, model = get_target("rtx4090"), resolve_model_info("qwen2.5-14b")
+    plain = make_plan(model, target, "int4-awq")
+    spec = make_plan(model, target, "int4-awq", speculative=SpeculativeRequest("draft", "qwen2.5-7b"))
+    draft = spec.speculative
+    mem, before = spec.memory, plain.memory
+    assert mem.draft_bytes == draft.draft_weights_bytes + mem.kv_cache_tokens * draft.draft_kv_bytes_per_token
+    # the same tokens in both caches: the memory left after both models is split by their bytes per token
+    left = mem.free_bytes * mem.kv_cache_free_gpu_mem_fraction
+    per_token = spec.kv_bytes_per_token + draft.draft_kv_bytes_per_token
+    assert left - per_token * 32 < mem.kv_cache_tokens * per_token <= left
+    assert mem.kv_cache_tokens < before.kv_cache_tokens
+    assert mem.free_bytes < before.free_bytes - draft.draft_weights_bytes
+    assert spec.build_config.max_draft_len == 3 and draft.decoding_mode == "draft_tokens_external"
+    assert draft.draft_model == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_the_engine_build_command_carries_the_speculative_mode(tmp_path):
+    plan = make_plan(resolve_model_info("qwen2.5-14b"), get_target("rtx4090"), "int4-awq",
+                     speculative=SpeculativeRequest("draft", "qwen2.5-7b", draft_len=5))
+    argv = trtllm_build_command(plan, tmp_path / "ckpt", tmp_path / "engine", tmp_path / "b.json")
+    assert argv[argv.index("--speculative_decoding_mode") + 1] == "draft_tokens_external"
+    assert argv[argv.index("--max_draft_len") + 1] == "5"
+    plain = make_plan(resolve_model_info("qwen2.5-14b"), get_target("rtx4090"), "int4-awq")
+    assert "--speculative_decoding_mode" not in trtllm_build_command(plain, tmp_path, tmp_path, tmp_path / "b.json")
+
+
+def test_the_speedup_is_the_formula_over_the_decode_steps_it_is_given(monkeypatch):
+    """p, v and d come from performance.decode_steps (the verify step as rows x (K + 1) tokens); without it the
+    plan falls back to the speed-of-light bound and says so."""
+    asked = []
+
+    def steps(target, point, batches):
+        asked.append((point.arch.hidden_size, list(batches)))
+        return [0.010 + 0.0001 * n for n in batches], "measured", "fake"
+
+    monkeypatch.setattr(speculative_gpu, "decode_steps", steps)
+    plan = make_plan(resolve_model_info("qwen2.5-14b"), get_target("rtx4090"), "int4-awq", backend="pytorch",
+                     speculative=SpeculativeRequest("draft", "qwen2.5-7b", draft_len=3, acceptance=0.6))
+    spec = plan.speculative
+    rows = spec.rows
+    assert asked[0] == (5120, rows + [4 * r for r in rows]) and asked[1] == (3584, rows)
+    for r, s in zip(rows, spec.speedup):
+        p, v, d = 0.010 + 0.0001 * r, 0.010 + 0.0004 * r, 0.010 + 0.0001 * r
+        assert s == pytest.approx((1 + 0.6 * 3) * p / (v + 3 * d), abs=1e-3)
+    assert "from measured: fake" in spec.basis
+
+    def missing(*args):
+        raise ImportError("no aiconfigurator-core")
+
+    monkeypatch.setattr(speculative_gpu, "decode_steps", missing)
+    bound = make_plan(resolve_model_info("qwen2.5-14b"), get_target("rtx4090"), "fp8", backend="pytorch",
+                      speculative=SpeculativeRequest("ngram"))
+    assert "speed-of-light bound" in bound.speculative.basis
+    assert bound.speculative.speedup[0] > 1.0      # one row is bound by reading the weights: drafts are nearly free
+
+
+def test_drafting_stops_where_the_verify_step_would_pass_max_num_tokens(monkeypatch):
+    monkeypatch.setattr(speculative_gpu, "decode_steps", lambda target, point, batches: ([0.01] * len(batches),
+                                                                                          "measured", "flat"))
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8",
+                     overrides=Overrides(max_num_tokens=64, max_batch_size=32),
+                     speculative=SpeculativeRequest("ngram", draft_len=3), backend="pytorch")
+    spec = plan.speculative
+    assert min(spec.speedup) > 1.0 and spec.max_rows == 16      # 32 rows x 4 tokens would pass 64
+    assert "drafting stops above 16 rows" in spec.basis
+
+
+def test_no_gain_writes_no_speculative_config_and_says_so():
+    plan = make_plan(resolve_model_info("llama-3-8b"), get_target("rtx4090"), "fp8", backend="pytorch",
+                     speculative=SpeculativeRequest("ngram", acceptance=0.0))
+    assert plan.speculative.max_rows == 0 and "speculative_config" not in plan.llm_api.options
+    assert any("will not draft" in w for w in plan.warnings)
+
+
+def test_the_pytorch_deployment_carries_speculative_config(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",
+                                       "--backend", "pytorch", "--runtime-image", NEW, "--checkpoints-on-cpu",
+                                       "--speculative", "ngram", "--draft-len", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    served = yaml.safe_load((out / "model_repo" / SERVE_CONFIG).read_text())
+    assert served["speculative_config"]["decoding_type"] == "NGram"
+    assert served["speculative_config"]["max_draft_len"] == 2
+    assert json.loads((out / "plan.json").read_text())["speculative"]["method"] == "ngram"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["llama-3-8b", "--precision", "fp8", "--speculative", "ngram"], "use --backend pytorch"),
+    (["llama-3-8b", "--precision", "fp8", "--speculative", "lookahead"], "not written for GPU targets yet"),
+    (["llama-3-8b", "--precision", "fp8", "--backend", "pytorch", "--speculative", "eagle:llama-3-8b"],
+     "not written for GPU targets yet"),
+    (["qwen2.5-14b", "--precision", "fp8", "--speculative", "draft:llama-3-8b"], "a draft must share"),
+    (["llama-3-8b", "--precision", "fp8", "--backend", "pytorch", "--speculative", "ngram", "--draft-len", "17"],
+     "between 1 and 16"),
+])
+def test_what_a_gpu_path_cannot_run_is_one_line_and_exit_2(args, message):
+    result = CliRunner().invoke(main, ["plan", *args[:1], "--target", "rtx4090", *args[1:]])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_pytorch_draft_checkpoint_or_local_directory_is_refused(tiny_model_dir, tiny_ckpt):
+    for draft, message in ((tiny_ckpt, "not a TensorRT-LLM checkpoint"), (tiny_model_dir, "by preset or hub id")):
+        result = CliRunner().invoke(main, ["plan", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",
+                                           "--backend", "pytorch", "--speculative", f"draft:{draft}"])
+        assert result.exit_code == 2 and message in result.output, result.output
