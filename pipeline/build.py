@@ -167,7 +167,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     people and for skipping unchanged stages on the next run.
     """
     from .backends import backend_serving
-    from .deploy import deploy_repository
+    from .deploy import deploy_repository, refuse_undeployed_speculation
     from .plan import save_plan
     from .planner import make_plan
     from .sources import resolve_model
@@ -186,6 +186,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
         options = replace(options, precision=planned.precision)
         say(planned.warnings[0])
     check_lm_head(options, backend)
+    refuse_undeployed_speculation(planned)
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
     summary.options["backend"] = backend.name
@@ -477,7 +478,8 @@ def refuse_without_gpu(options: BuildOptions, source, target, backend, dtype: st
         return
     cost = preview_build(options, source, target, backend, dtype).checkpoint_cost()
     again = command_line("trtpipe", "build", options.model, "--target", options.target, "--precision",
-                         options.precision)
+                         options.precision, *plan_flags(options, True), *data_flags(options),
+                         *(["--quantize-lm-head"] if options.quantize_lm_head else []))
     raise UserError(f"{missing}: a build for {target.name} makes its checkpoints"
                     + (" and its engine" if backend.builds_engine else "") + " on the GPU machine, so nothing was "
                     f"downloaded or written. Build on the {target.name} GPU machine inside the trtpipe container "
@@ -518,7 +520,8 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
                                                *(["--load-test"] if options.load_test else [])),
                       basis="against the repository served on the GPU machine: not estimated"))
     again = command_line("trtpipe", "build", options.model, "--target", options.target, "--precision",
-                         options.precision)
+                         options.precision, *plan_flags(options, True), *data_flags(options),
+                         *(["--quantize-lm-head"] if options.quantize_lm_head else []))
     preview = BuildPreview(plan, tuple(steps), engine_command, cores)
     return replace(preview, notes=(
         f"to build: `{again}` on the {target.name} GPU machine, inside the trtpipe container; to make the "

@@ -124,6 +124,7 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     if runtime is not None:
         plan = with_runtime(plan, runtime)
     backend = backend_for(plan.backend)
+    refuse_undeployed_speculation(plan)
     engine, checkpoint = backend.check_artifacts(engine, checkpoint)
     settings = settings_from_plan(plan, engine)
     llmapi = backend.layout == LLMAPI
@@ -157,6 +158,14 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
                 backend.write_draft_model(output.dir / TENSORRT_LLM / "1", draft)
         refuse_if_check_fails(output.dir, engine)
     return DeployResult(out, settings.target, False, models, engine, deployment)
+
+
+def refuse_undeployed_speculation(plan: Plan) -> None:
+    """UserError for a plan whose speculative decoding its backend plans but trtpipe does not deploy yet."""
+    spec = plan.speculative
+    why = spec and backend_for(plan.backend).undeployed_speculation.get(spec.method)
+    if why:
+        raise UserError(f"--speculative {spec.method} on the {plan.backend} backend is planned, not deployed: {why}")
 
 
 def draft_checkpoint(plan: Plan) -> Path | None:

@@ -162,3 +162,31 @@ def test_a_pytorch_draft_checkpoint_or_local_directory_is_refused(tiny_model_dir
         result = CliRunner().invoke(main, ["plan", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",
                                            "--backend", "pytorch", "--speculative", f"draft:{draft}"])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_engine_draft_target_is_planned_but_deploy_and_build_refuse_it(tmp_path):
+    """The engine path's draft deployment (a draft engine, a second tensorrt_llm model, the BLS's draft model name)
+    is not written: deploy and build say so before anything is written, instead of serving a target engine that
+    never drafts."""
+    plan_path = tmp_path / "plan.json"
+    planned = CliRunner().invoke(main, ["plan", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq",
+                                        "--speculative", "draft:qwen2.5-7b", "-o", str(plan_path)])
+    assert planned.exit_code == 0, planned.output
+    (tmp_path / "engine").mkdir()
+    for command in (["deploy", "--plan", str(plan_path), "--engine", str(tmp_path / "engine"), "-o",
+                     str(tmp_path / "repo")],
+                    ["build", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq", "--speculative",
+                     "draft:qwen2.5-7b", "--dry-run", "-o", str(tmp_path / "out")]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2 and "planned, not deployed" in result.output, result.output
+        assert "--backend pytorch" in result.output
+    assert not (tmp_path / "repo").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_s_build_line_keeps_the_flags_that_shape_the_build():
+    result = CliRunner().invoke(main, ["build", "llama-3-8b", "--target", "rtx4090", "--precision", "fp8",
+                                       "--backend", "pytorch", "--speculative", "ngram", "--draft-len", "4",
+                                       "--dry-run"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("to build:"))
+    assert "--backend pytorch --speculative ngram --draft-len 4`" in line

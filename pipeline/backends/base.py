@@ -47,6 +47,8 @@ class Backend(Protocol):
     #: the speculative decoding it runs (pipeline/plan/speculative.py's methods) -> what its upstream names it
     #: (trtllm-build's --speculative_decoding_mode, the LLM API's config class, or the cpu runtimes' drafter)
     speculative_methods: dict[str, str]
+    #: the methods it plans but whose deployment trtpipe does not write yet -> why (deploy and build refuse them)
+    undeployed_speculation: dict[str, str]
     summary: str                     # one line for people: what serves the model
 
     def plan(self, request: PlanRequest) -> Plan:

@@ -104,6 +104,11 @@ class EngineBackend:
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
     #: trtllm-build's --speculative_decoding_mode (commands/build.py; examples/draft_target_model/README.md)
     speculative_methods = {DRAFT: "draft_tokens_external"}
+    undeployed_speculation = {DRAFT: (
+        "trtpipe plans the target engine (built for external drafts) but does not yet build the draft engine nor "
+        "write NVIDIA's draft path: a second tensorrt_llm model for it, tensorrt_llm_bls's "
+        "tensorrt_llm_draft_model_name, non-decoupled models (the BLS drafts for non-streaming requests that carry "
+        "num_draft_tokens); plan it with `trtpipe plan`, or deploy draft-target with --backend pytorch")}
 
     def configure_speculation(self, plan: Plan) -> Plan:
         """The target engine built to verify K external drafts a step (`--speculative_decoding_mode` in the

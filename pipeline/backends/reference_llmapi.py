@@ -37,6 +37,7 @@ class ReferenceLlmapiBackend:
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
     speculative_methods: dict[str, str] = {}   # its cpu model generates plainly
+    undeployed_speculation: dict[str, str] = {}
 
     def plan(self, request: PlanRequest) -> Plan:
         base = plan_reference(request)

@@ -230,9 +230,10 @@ def speculative_options(command):
     """--speculative, --draft-len and --acceptance (plan and build): pipeline/plan/speculative.py."""
     for option in reversed((
             click.option("--speculative", default=None, metavar="METHOD",
-                         help="Speculative decoding: ngram (prompt lookup) or draft:CHECKPOINT (a second "
-                              "TensorRT-LLM checkpoint with the target's tokenizer drafts), which the cpu target's "
-                              "runtimes run; lookahead and eagle:MODEL are not implemented yet (refused). The plan "
+                         help="Speculative decoding: ngram (prompt lookup) or draft:MODEL (a second model with "
+                              "the target's tokenizer drafts: a TensorRT-LLM checkpoint on the cpu target, a preset "
+                              "or hub id for the pytorch backend on a GPU, whose speculative_config the plan "
+                              "writes); lookahead and eagle:MODEL are not implemented yet (refused). The plan "
                               "predicts the speedup at each concurrency and the most rows the server drafts for."),
             click.option("--draft-len", type=int, default=None, metavar="K",
                          help="Drafts verified per step (default 3)."),

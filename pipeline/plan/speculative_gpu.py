@@ -1,7 +1,7 @@
 """`plan --speculative` on a GPU target: the draft beside the target in memory, the speedup predicted from NVIDIA's
 measured decode operations, and the configuration each TensorRT-LLM path takes.
 
-What each path runs (docs/speculative.md "On a GPU", docs/upstream-facts.md S8):
+What each path runs (docs/speculative.md "On a GPU", docs/upstream-facts.md S7):
 - the PyTorch backend (LLM API `speculative_config`): prompt lookup (`NGram`) and draft-target (a second Hugging
   Face model, `speculative_model_dir`); `max_concurrency` turns speculation off above the planned break-even rows,
   as the cpu server's `speculative_max_rows` does;
