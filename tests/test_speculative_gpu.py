@@ -69,7 +69,7 @@ def test_a_draft_takes_its_weights_and_kv_cache_off_the_target_s_budget():
     assert mem.kv_cache_tokens < before.kv_cache_tokens
     assert mem.free_bytes < before.free_bytes - draft.draft_weights_bytes
     assert spec.build_config.max_draft_len == 3 and draft.decoding_mode == "draft_tokens_external"
-    assert draft.draft_model == "Qwen/Qwen2.5-7B-Instruct"
+    assert (draft.draft_model, draft.draft_served) == ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct")
 
 
 def test_the_engine_build_command_carries_the_speculative_mode(tmp_path):
@@ -144,7 +144,6 @@ def test_the_pytorch_deployment_carries_speculative_config(tiny_model_dir, tmp_p
 
 @pytest.mark.parametrize("args, message", [
     (["llama-3-8b", "--precision", "fp8", "--speculative", "ngram"], "use --backend pytorch"),
-    (["llama-3-8b", "--precision", "fp8", "--speculative", "lookahead"], "not written for GPU targets yet"),
     (["llama-3-8b", "--precision", "fp8", "--backend", "pytorch", "--speculative", "eagle:llama-3-8b"],
      "not written for GPU targets yet"),
     (["qwen2.5-14b", "--precision", "fp8", "--speculative", "draft:llama-3-8b"], "a draft must share"),
@@ -190,3 +189,42 @@ def test_the_dry_run_s_build_line_keeps_the_flags_that_shape_the_build():
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if line.startswith("to build:"))
     assert "--backend pytorch --speculative ngram --draft-len 4`" in line
+
+
+def test_lookahead_builds_its_mode_and_deploys_nvidias_parameters(tmp_path, smollm2_hf_dir):
+    """lookahead:W,N,G on the engine path: max_draft_len = (N - 2) + (W - 1 + G)(N - 1) (decodingConfig.cpp), the
+    trtllm-build flags, and the tensorrt_llm model's decoding_mode and lookahead_* parameters, which the backend
+    requires once decoding_mode is lookahead: the repository passes check."""
+    from pipeline.check import check_repository
+    from pipeline.deploy import deploy_repository
+    from pipeline.tritonconfig import parse_pbtxt
+
+    plan = make_plan(resolve_model_info("llama-3.1-8b"), get_target("rtx4090"), "fp8",
+                     speculative=SpeculativeRequest.parse("lookahead:7,4,7", acceptance=0.4))
+    spec = plan.speculative
+    assert spec.lookahead == [7, 4, 7] and spec.draft_len == 2 + (7 - 1 + 7) * 3 == plan.build_config.max_draft_len
+    assert spec.decoding_mode == "lookahead_decoding" and spec.drafts_per_step == 3
+    for p, v, s in zip(spec.step_s, spec.verify_step_s, spec.speedup):
+        assert s == pytest.approx((1 + 0.4 * 3) * p / v, abs=2e-3)
+    argv = trtllm_build_command(plan, tmp_path / "c", tmp_path / "e", tmp_path / "b.json")
+    assert argv[argv.index("--speculative_decoding_mode") + 1] == "lookahead_decoding"
+    assert argv[argv.index("--max_draft_len") + 1] == str(spec.draft_len)
+    repo = deploy_repository(plan, tmp_path / "repo", engine=tmp_path / "engine", tokenizer=smollm2_hf_dir).path
+    params = {k: v.string_value for k, v in parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+              .parameters.items()}
+    assert (params["decoding_mode"], params["lookahead_window_size"], params["lookahead_ngram_size"],
+            params["lookahead_verification_set_size"]) == ("lookahead", "7", "4", "7")
+    assert not check_repository(repo).errors
+
+
+@pytest.mark.parametrize("spec, extra, message", [
+    ("lookahead", [], "needs --acceptance"),
+    ("lookahead:4,3", ["--acceptance", "0.3"], "three integers"),
+    ("lookahead:2,1,3", ["--acceptance", "0.3"], "W 1 and G 0 when N is 1"),
+    ("lookahead", ["--acceptance", "0.3", "--draft-len", "4"], "drop --draft-len"),
+    ("lookahead", ["--acceptance", "0.3", "--backend", "pytorch"], "PyTorch backend has no lookahead"),
+])
+def test_lookahead_requests_that_cannot_run_are_one_line(spec, extra, message):
+    result = CliRunner().invoke(main, ["plan", "llama-3.1-8b", "--target", "rtx4090", "--precision", "fp8",
+                                       "--speculative", spec, *extra])
+    assert result.exit_code == 2 and message in result.output, result.output

@@ -52,6 +52,7 @@ from .base import parameter_string, tritonserver_args
 from .names import ENGINE, INFLIGHT_BATCHER, INFLIGHT_BATCHING, MODEL_REPOSITORY, TRTLLM_CHECKPOINT
 from ..compile import compile_checkpoint
 from ..runtime.speculative import DRAFT
+from ..plan.speculative import LOOKAHEAD
 
 TRITON_BACKEND = "tensorrtllm"
 #: Triton's default and NVIDIA's advice: "cannot be set to 1.0" (perf-best-practices.md).
@@ -103,7 +104,7 @@ class EngineBackend:
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
     #: trtllm-build's --speculative_decoding_mode (commands/build.py; examples/draft_target_model/README.md)
-    speculative_methods = {DRAFT: "draft_tokens_external"}
+    speculative_methods = {DRAFT: "draft_tokens_external", LOOKAHEAD: "lookahead_decoding"}
     undeployed_speculation = {DRAFT: (
         "trtpipe plans the target engine (built for external drafts) but does not yet build the draft engine nor "
         "write NVIDIA's draft path: a second tensorrt_llm model for it, tensorrt_llm_bls's "
@@ -453,6 +454,17 @@ def too_big_hint(target: Target, precision: str, tp: int, pp: int, weights_per_r
 # The tensorrt_llm model's parameters
 
 
+def lookahead_parameters(plan: Plan) -> dict[str, str]:
+    """A lookahead plan's executor parameters: decoding_mode "lookahead" and its window, n-gram and verification set
+    sizes, which the backend reads only then and then requires (model_instance_state.cc; nvidia_contract)."""
+    spec = plan.speculative
+    if not (spec and spec.lookahead):
+        return {}
+    w, n, g = spec.lookahead
+    return {"decoding_mode": "lookahead", "lookahead_window_size": str(w), "lookahead_ngram_size": str(n),
+            "lookahead_verification_set_size": str(g)}
+
+
 def engine_parameters(plan: Plan, engine: Path | None) -> dict[str, str]:
     """The tensorrtllm backend's parameters: the plan's, the backend defaults for the rest, the engine path."""
     triton = asdict(plan.triton)   # its other keys are config.pbtxt fields (batching, decoupled mode)
@@ -467,6 +479,7 @@ def engine_parameters(plan: Plan, engine: Path | None) -> dict[str, str]:
     # "not set": guided decoding off, tokenizer_dir unused by the C++ model.
     for key in required_keys(TENSORRTLLM):
         params.setdefault(key, "")
+    params.update(lookahead_parameters(plan))
     wants_paged_fmha = [k for k in ("enable_kv_cache_reuse", "enable_chunked_context") if params[k] == "true"]
     if wants_paged_fmha and plan.plugin_config is not None and plan.plugin_config.use_paged_context_fmha is False:
         raise UserError(f"the plan sets {' and '.join(wants_paged_fmha)} but builds the engine without "

@@ -210,7 +210,7 @@ def speculative_config(spec: SpeculativePlan, version: str) -> dict:
     if spec.method == NGRAM:
         config["max_matching_ngram_size"] = spec.max_ngram
     else:
-        config["speculative_model_dir"] = spec.draft_model
+        config["speculative_model_dir"] = spec.draft_served
     return config
 
 

@@ -233,7 +233,8 @@ def speculative_options(command):
                          help="Speculative decoding: ngram (prompt lookup) or draft:MODEL (a second model with "
                               "the target's tokenizer drafts: a TensorRT-LLM checkpoint on the cpu target, a preset "
                               "or hub id for the pytorch backend on a GPU, whose speculative_config the plan "
-                              "writes); lookahead and eagle:MODEL are not implemented yet (refused). The plan "
+                              "writes) or lookahead[:W,N,G] (the engine path; needs --acceptance); eagle:MODEL is "
+                              "not implemented yet (refused). The plan "
                               "predicts the speedup at each concurrency and the most rows the server drafts for."),
             click.option("--draft-len", type=int, default=None, metavar="K",
                          help="Drafts verified per step (default 3)."),

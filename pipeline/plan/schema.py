@@ -224,8 +224,11 @@ class SpeculativePlan:
     draft_weights_bytes: int | None = None
     draft_kv_bytes_per_token: int | None = None
     drafts_per_step: float | None = None       # D, the drafts a step verifies on average (None: K, older plans)
-    #: a GPU plan's draft model as its path loads it (a preset's hub id, or the directory; plan/speculative_gpu.py)
+    #: a GPU plan's draft model as --speculative named it, and as its path loads it (a preset's hub id)
     draft_model: str | None = None
+    draft_served: str | None = None
+    #: lookahead (engine path): [window W, n-gram N, verification set G] (draft_len is the drafts a step it verifies)
+    lookahead: list[int] | None = None
     #: a GPU plan's mode as its path names it: trtllm-build's --speculative_decoding_mode, or the LLM API's
     #: speculative_config.decoding_type (None: the cpu target's, named by `method`)
     decoding_mode: str | None = None

@@ -46,7 +46,8 @@ from .memory import kv_bytes_per_token
 from .schema import ModelArch, ModelInfo, Plan, SpeculativePlan, resolve_model_info
 
 #: what `--speculative` names (draft:MODEL and eagle:MODEL carry a model)
-METHODS = (NGRAM, DRAFT, "lookahead", "eagle")
+LOOKAHEAD = "lookahead"
+METHODS = (NGRAM, DRAFT, LOOKAHEAD, "eagle")
 #: the drafts a step verifies when --draft-len is not given: the best of 3, 5, 8 on the input-grounded workload of
 #: benchmarks/bench_speculative.py (SmolLM2-135M, ONNX Runtime, this repository's 2-core machine)
 DEFAULT_DRAFT_LEN = 3
@@ -75,21 +76,37 @@ class SpeculativeRequest:
     draft_len: int | None = None
     acceptance: float | None = None
     drafts_per_step: float | None = None
+    lookahead: tuple[int, int, int] | None = None   # lookahead:W,N,G (window, n-gram, verification set sizes)
 
     @classmethod
     def parse(cls, text: str, draft_len: int | None = None, acceptance: float | None = None,
               drafts_per_step: float | None = None) -> "SpeculativeRequest":
         method, _, model = text.partition(":")
         if method not in METHODS:
-            raise UserError(f"--speculative must be one of ngram, draft:MODEL, lookahead, eagle:MODEL (got {text!r})")
+            raise UserError(f"--speculative must be one of ngram, draft:MODEL, lookahead[:W,N,G], eagle:MODEL (got "
+                            f"{text!r})")
         if method in ("draft", "eagle") and not model:
             raise UserError(f"--speculative {method} needs the model that drafts: {method}:MODEL")
-        if method in (NGRAM, "lookahead") and model:
+        if method == NGRAM and model:
             raise UserError(f"--speculative {method} drafts without a model (got {text!r})")
+        if method == LOOKAHEAD:
+            return cls(method, None, draft_len, acceptance, drafts_per_step, lookahead_sizes(model) if model else None)
         return cls(method, model or None, draft_len, acceptance, drafts_per_step)
 
     def to_flags(self) -> str:
+        if self.lookahead:
+            return f"{self.method}:{','.join(map(str, self.lookahead))}"
         return self.method + (f":{self.draft_model}" if self.draft_model else "")
+
+
+def lookahead_sizes(text: str) -> tuple[int, int, int]:
+    """`W,N,G` of --speculative lookahead:W,N,G as three integers; UserError otherwise."""
+    try:
+        w, n, g = (int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--speculative lookahead:W,N,G takes three integers, the window, n-gram and verification "
+                        f"set sizes (got {text!r})") from None
+    return w, n, g
 
 
 def request_of(spec: SpeculativePlan | None) -> SpeculativeRequest | None:
@@ -98,8 +115,10 @@ def request_of(spec: SpeculativePlan | None) -> SpeculativeRequest | None:
         return None
     explicit = spec.acceptance_basis.startswith("--acceptance")
     drafts = spec.drafts_per_step if spec.drafts_per_step != default_drafts(spec.method, spec.draft_len) else None
-    return SpeculativeRequest(spec.method, spec.draft_checkpoint, spec.draft_len, spec.acceptance if explicit else None,
-                              drafts)
+    if spec.lookahead:
+        return SpeculativeRequest(spec.method, acceptance=spec.acceptance, lookahead=tuple(spec.lookahead))
+    return SpeculativeRequest(spec.method, spec.draft_checkpoint or spec.draft_model, spec.draft_len,
+                              spec.acceptance if explicit else None, drafts)
 
 
 def default_drafts(method: str, k: int) -> float:

@@ -5,10 +5,11 @@ What each path runs (docs/speculative.md "On a GPU", docs/upstream-facts.md S7):
 - the PyTorch backend (LLM API `speculative_config`): prompt lookup (`NGram`) and draft-target (a second Hugging
   Face model, `speculative_model_dir`); `max_concurrency` turns speculation off above the planned break-even rows,
   as the cpu server's `speculative_max_rows` does;
-- the engine path (TensorRT-LLM 1.2.1): draft-target, the target built with `--speculative_decoding_mode
-  draft_tokens_external --max_draft_len K` and a second engine for the draft. Its prompt lookup lived in
-  examples/run.py, not in trtllm-build or Triton, so `ngram` is refused there; lookahead and EAGLE are not
-  written yet.
+- the engine path (TensorRT-LLM 1.2.1): lookahead (`--speculative_decoding_mode lookahead_decoding` and the
+  tensorrt_llm model's lookahead parameters, deployed), and draft-target (the target built with
+  `draft_tokens_external --max_draft_len K`; planned, but its draft engine and NVIDIA's BLS draft path are not
+  deployed yet, so deploy refuses it). Its prompt lookup lived in examples/run.py, not in trtllm-build or Triton,
+  so `ngram` is refused there; EAGLE is not written yet.
 
 The memory: a draft model's weights, its activations for the same tokens a step and its decoder buffers come off
 each GPU first, and its KV cache holds as many tokens as the target's (`policy.Companion`, planned by the
@@ -33,31 +34,77 @@ from .memory import decode_step_seconds, kv_bytes_per_token, weights_per_rank_by
 from .performance import NotModelled, Workpoint, decode_steps
 from .policy import Companion
 from .schema import ModelInfo, Plan, SpeculativePlan, resolve_model_info
-from .speculative import (ACCEPTANCE_BASIS, DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_LEN, SpeculativeRequest, concurrencies,
-                          default_drafts, speedups, tokenizer_mismatch)
+from .speculative import (ACCEPTANCE_BASIS, DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_LEN, LOOKAHEAD, SpeculativeRequest,
+                          concurrencies, default_drafts, speedups, tokenizer_mismatch)
 
 #: the most drafts a step the plan accepts on a GPU (TensorRT-LLM's own examples use 4 to 10)
 MAX_GPU_DRAFT_LEN = 16
 #: why a GPU backend does not run a method its upstream has in some other form
 NOT_RUN = {NGRAM: "TensorRT-LLM's engine path has prompt lookup only as a script (examples/run.py), not as a "
-                  "trtllm-build mode or a Triton model: use --backend pytorch (its NGram drafter)"}
-NOT_WRITTEN = "is not written for GPU targets yet (ngram on the pytorch backend and draft:MODEL are)"
+                  "trtllm-build mode or a Triton model: use --backend pytorch (its NGram drafter)",
+           LOOKAHEAD: "TensorRT-LLM's PyTorch backend has no lookahead (LookaheadDecodingConfig.supports_backend "
+                      "excludes it): use --backend engine (1.2.1)"}
+NOT_WRITTEN = ("is not written for GPU targets yet (ngram and draft:MODEL on the pytorch backend, lookahead on the "
+               "engine)")
+#: TensorRT-LLM's default lookahead (window, n-gram, verification set): executor.h kDefaultLookaheadDecoding*
+DEFAULT_LOOKAHEAD = (4, 3, 4)
 
 
-def check_gpu_request(request: SpeculativeRequest, backend: str, beam_width: int) -> int:
-    """K for a GPU plan; UserError for what the backend does not run."""
-    if request.method in ("lookahead", "eagle"):
-        raise UserError(f"--speculative {request.to_flags()}: {request.method} {NOT_WRITTEN}")
+def check_gpu_request(request: SpeculativeRequest, backend: str, beam_width: int) -> None:
+    """UserError for what the backend does not run."""
+    if request.method == "eagle":
+        raise UserError(f"--speculative {request.to_flags()}: EAGLE {NOT_WRITTEN}")
     runs = backend_for(backend).speculative_methods
     if request.method not in runs:
         why = NOT_RUN.get(request.method, f"it runs {', '.join(runs) or 'none'}")
         raise UserError(f"--speculative {request.method} on the {backend} backend: {why}")
     if beam_width > 1:
         raise UserError("--speculative with beam search: TensorRT-LLM speculates with one beam; drop one of them")
+
+
+def drafting(request: SpeculativeRequest) -> tuple[int, float, float, str, list[int] | None]:
+    """(K, D, a, the acceptance's basis, lookahead's [W, N, G]) of the request; UserError for values out of range.
+    Lookahead verifies K = max_draft_len(W, N, G) tokens a step and accepts at most N - 1 of them, so its D is
+    N - 1 and its acceptance (accepted / (N - 1) a step) has no measured default here: --acceptance is required."""
+    if request.method == LOOKAHEAD:
+        if request.draft_len is not None or request.drafts_per_step is not None:
+            raise UserError("--speculative lookahead: its drafts a step follow from lookahead:W,N,G (TensorRT-LLM's "
+                            "max_draft_len(W, N, G)); drop --draft-len and --drafts-per-step")
+        w, n, g = request.lookahead or DEFAULT_LOOKAHEAD
+        if not (n >= 1 and w >= 1 and g >= 0 and (n > 1 or (w, g) == (1, 0))):
+            raise UserError(f"--speculative lookahead:{w},{n},{g}: TensorRT-LLM takes N >= 1, W >= 1, G >= 0, and "
+                            "W 1 and G 0 when N is 1")
+        if request.acceptance is None:
+            raise UserError("--speculative lookahead needs --acceptance (the accepted tokens a step / (N - 1)): "
+                            "trtpipe has measured no lookahead acceptance to default to")
+        check_acceptance(request.acceptance)
+        return (lookahead_draft_len(w, n, g), float(n - 1), request.acceptance,
+                f"--acceptance {request.acceptance} (accepted tokens a step / (N - 1))", [w, n, g])
     k = DEFAULT_DRAFT_LEN if request.draft_len is None else request.draft_len
     if not 1 <= k <= MAX_GPU_DRAFT_LEN:
         raise UserError(f"--draft-len must be between 1 and {MAX_GPU_DRAFT_LEN} (got {k})")
-    return k
+    default = DEFAULT_ACCEPTANCE[request.method]
+    acceptance = default if request.acceptance is None else request.acceptance
+    check_acceptance(acceptance)
+    drafts = default_drafts(request.method, k) if request.drafts_per_step is None else request.drafts_per_step
+    if not 0.0 < drafts <= k:
+        raise UserError(f"--drafts-per-step is the drafts a step verifies on average, above 0 and at most --draft-len "
+                        f"{k} (got {drafts})")
+    basis = (f"--acceptance {acceptance}" if request.acceptance is not None else
+             f"the default {default} ({ACCEPTANCE_BASIS[request.method]}, measured on the cpu target); measure "
+             "yours on the deployment and plan again with --acceptance")
+    return k, drafts, acceptance, basis, None
+
+
+def check_acceptance(acceptance: float) -> None:
+    if not 0.0 <= acceptance <= 1.0:
+        raise UserError(f"--acceptance is accepted / drafted tokens, between 0 and 1 (got {acceptance})")
+
+
+def lookahead_draft_len(w: int, n: int, g: int) -> int:
+    """TensorRT-LLM's maxDraftTokens of lookahead (W, N, G): (N - 2 unless N is 1) + (W - 1 + G)(N - 1)
+    (executor/decodingConfig.cpp calculateSpeculativeResourceTuple); a step feeds it and one token more a row."""
+    return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
 
 
 def gpu_companion(request: SpeculativeRequest, model: ModelInfo, target: Target, precision: str, dtype: str,
@@ -92,19 +139,16 @@ def gpu_companion(request: SpeculativeRequest, model: ModelInfo, target: Target,
 def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelInfo | None) -> Plan:
     """`plan` (planned with its draft's memory) with its speculative decoding predicted and configured."""
     beam = plan.build_config.max_beam_width if plan.build_config else plan.triton.max_beam_width
-    k = check_gpu_request(request, plan.backend, beam)
-    default = DEFAULT_ACCEPTANCE[request.method]
-    acceptance = default if request.acceptance is None else request.acceptance
-    if not 0.0 <= acceptance <= 1.0:
-        raise UserError(f"--acceptance is accepted / drafted tokens, between 0 and 1 (got {acceptance})")
-    drafts = default_drafts(request.method, k) if request.drafts_per_step is None else request.drafts_per_step
-    if not 0.0 < drafts <= k:
-        raise UserError(f"--drafts-per-step is the drafts a step verifies on average, above 0 and at most --draft-len "
-                        f"{k} (got {drafts})")
+    check_gpu_request(request, plan.backend, beam)
+    k, drafts, acceptance, accepted, lookahead = drafting(request)
     batch = plan.triton.triton_max_batch_size
     rows = concurrencies(batch)
-    steps, verify, drafting, basis = predicted_steps(plan, draft, rows, k)
-    speedup = speedups(acceptance, drafts, k, steps, verify, drafting)
+    steps, verify, drafted, basis = predicted_steps(plan, draft, rows, k)
+    if lookahead:     # every step verifies all K: (1 + a (N - 1)) p / v
+        speedup = [round((1 + acceptance * drafts) * p / v, 3) for p, v in zip(steps, verify)]
+        basis = basis.replace("(1 + a D) x p / (p + (v - p) x D / K)", "(1 + a (N - 1)) x p / v")
+    else:
+        speedup = speedups(acceptance, drafts, k, steps, verify, drafted)
     # a step verifying K drafts for every row carries rows x (K + 1) tokens, which max_num_tokens bounds
     max_num_tokens = planned_max_num_tokens(plan)
     fit = max_num_tokens // (k + 1)
@@ -112,26 +156,28 @@ def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelIn
     if losing < len(rows) and rows[losing] > fit and speedup[losing] >= 1.0:
         basis += (f"; drafting stops above {fit} rows: their {k + 1} tokens a row would pass max_num_tokens "
                   f"{max_num_tokens}")
-    accepted = (f"--acceptance {acceptance}" if request.acceptance is not None else
-                f"the default {default} ({ACCEPTANCE_BASIS[request.method]}, measured on the cpu target); measure "
-                "yours on the deployment and plan again with --acceptance")
     spec = SpeculativePlan(
         method=request.method, draft_len=k, max_ngram=MAX_NGRAM if request.method == NGRAM else None,
         acceptance=acceptance, acceptance_basis=accepted, rows=rows, step_s=[round(p, 6) for p in steps],
         verify_step_s=[round(v, 6) for v in verify], speedup=speedup, max_rows=rows[losing - 1] if losing else 0,
-        basis=basis, drafts_per_step=drafts,
-        **({} if draft is None else draft_fields(plan, draft, drafting)))
+        basis=basis, drafts_per_step=drafts, lookahead=lookahead,
+        **({} if draft is None else draft_fields(plan, draft, drafted)))
     warnings = list(plan.warnings)
     if not spec.max_rows:
         warnings.append(f"--speculative {request.to_flags()}: at acceptance {acceptance} and K = {k} no batch gains "
                         f"on {plan.target.name}; the deployment will not draft")
+    elif lookahead and spec.max_rows < batch:
+        warnings.append(f"--speculative {request.to_flags()}: lookahead runs for every request on the engine path "
+                        f"and loses above {spec.max_rows} rows (x{min(speedup):.2f} at {batch}); plan --concurrency "
+                        f"{spec.max_rows} or --max-batch-size {spec.max_rows} to keep it winning")
     return backend_for(plan.backend).configure_speculation(replace(plan, speculative=spec, warnings=warnings))
 
 
 def draft_fields(plan: Plan, draft: ModelInfo, steps: list[float]) -> dict:
     """The SpeculativePlan fields of a GPU draft: what the path loads, its step, its weights and KV cache per GPU."""
     tp, pp = plan.tp_size, plan.pp_size
-    return {"draft_model": served_model_id(draft), "draft_step_s": [round(d, 6) for d in steps],
+    return {"draft_model": draft.name, "draft_served": served_model_id(draft),
+            "draft_step_s": [round(d, 6) for d in steps],
             "draft_weights_bytes": max(weights_per_rank_by_stage(draft.arch, plan.precision, plan.dtype, tp, pp)),
             "draft_kv_bytes_per_token": kv_bytes_per_token(draft.arch, plan.kv_cache_dtype, tp, pp)}
 

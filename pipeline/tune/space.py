@@ -135,7 +135,7 @@ def build_space(plan: Plan, slo: Slo, concurrencies: tuple[int, ...], rebuild: b
         params += [Param("max_batch_size", "int", 1, upper, log=True),
                    Param("tensorrt_llm_instances", "int", 1, CPU_MODEL_INSTANCES)]
         default = Candidate(triton.triton_max_batch_size, triton.max_queue_delay_microseconds)
-        if plan.speculative:
+        if plan.speculative and not plan.target.is_gpu:    # a GPU plan's K is planned, not tuned here
             k = plan.speculative.draft_len
             params.append(Param("draft_len", "int", 1, max(MAX_TUNED_DRAFT_LEN, k)))
             default = replace(default, draft_len=k)
