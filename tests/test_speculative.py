@@ -544,12 +544,29 @@ def test_a_speculating_deployment_validates_with_its_acceptance_measured(tiny_ck
                      workload=Workload(input_len=32, output_len=32, max_context=96), speculative=request)
     plan = replace(plan, speculative=replace(plan.speculative, max_rows=8))     # whatever this host timed
     repo = deploy_repository(plan, tmp_path / "repo", checkpoint=tiny_ckpt, tokenizer=tiny_hf).path
-    report = validate_repository(repo, tmp_path / "validation", ValidateOptions(max_tokens=48))
+    report = validate_repository(repo, tmp_path / "validation", ValidateOptions(
+        max_tokens=48, load_test=True, concurrencies=(1, 2), requests_per_client=1))
     checks = {c.name: c for c in report.checks}
     assert not [c.name for c in report.checks if c.failed], [c.detail for c in report.checks if c.failed]
     spec = checks["speculation"]
     assert spec.passed and spec.data["drafted"] > 0 and spec.data["planned_acceptance"] == 0.5
     assert f"--speculative {request.to_flags()} --acceptance" in spec.detail
+    # --load-test: the acceptance and drafts a step at each level, from the streamed requests' perf metrics
+    levels = checks["load_test"].data["levels"]
+    assert [lv["speculation"]["requests"] for lv in levels] == [1, 2]
+    assert sum(lv["speculation"]["drafted"] for lv in levels) > 0
+    assert "speculation per level: c=1 acceptance" in checks["load_test"].detail
+
+
+def test_a_level_s_speculation_sums_its_requests_perf_metrics():
+    from pipeline.validate.client import StreamResult
+    from pipeline.validate.load_test import speculation_of
+
+    results = [StreamResult(0.0, pieces=["a"] * 10, drafted=6, accepted=3),
+               StreamResult(0.0, pieces=["a"] * 5, drafted=2, accepted=0)]
+    assert speculation_of(results) == {"requests": 2, "drafted": 8, "accepted": 3, "acceptance": 0.375,
+                                       "drafts_per_step": round(8 / ((10 - 1 - 3) + (5 - 1 - 0)), 3)}
+    assert speculation_of([StreamResult(0.0, pieces=["a"])]) is None     # a plain deployment reports none
 
 
 def test_compare_reports_a_speculating_builds_acceptance_and_drafts_a_step(tiny_ckpt, tiny_hf, tmp_path):

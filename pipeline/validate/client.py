@@ -38,11 +38,14 @@ from ..triton_names import (
     ENSEMBLE,
     EXCLUDE_INPUT_IN_OUTPUT,
     MAX_TOKENS,
+    RETURN_PERF_METRICS,
     STOP_WORDS,
     STREAM,
     TEXT_INPUT,
     TEXT_OUTPUT,
     TOP_K,
+    TOTAL_ACCEPTED_DRAFT_TOKENS,
+    TOTAL_DRAFT_TOKENS,
 )
 
 REQUEST_TIMEOUT_S = 120.0
@@ -116,6 +119,9 @@ class StreamResult:
     timed_out: bool = False
     overloaded: bool = False  # the server shed it (queue full): retry later, the request itself is fine
     finish_reason: str | None = None  # where the contract reports one (llmapi, OpenAI): the last one sent
+    #: a speculating deployment's perf metrics (the last event's: NVIDIA's totals so far), when asked for
+    drafted: int | None = None
+    accepted: int | None = None
 
     @property
     def text(self) -> str:
@@ -148,10 +154,11 @@ class EnsembleClient(TallyingClient):
     streaming_fix = ("streaming needs decoupled transaction policy on tensorrt_llm (and BLS) and a postprocessing "
                      "that detokenizes each response's new tokens")
 
-    def __init__(self, server: TritonServer, timeout: float = REQUEST_TIMEOUT_S):
+    def __init__(self, server: TritonServer, timeout: float = REQUEST_TIMEOUT_S, perf_metrics: bool = False):
         super().__init__()
         self.server = server
         self.timeout = timeout
+        self.perf_metrics = perf_metrics   # ask for NVIDIA's perf metrics (a speculating deployment's draft counts)
         try:
             self.config = TritonAdmin(server.http_url).config(ENSEMBLE)
         except NotServed as missing:
@@ -176,6 +183,8 @@ class EnsembleClient(TallyingClient):
             body[TOP_K] = 1
         if EXCLUDE_INPUT_IN_OUTPUT in self.inputs:
             body[EXCLUDE_INPUT_IN_OUTPUT] = True
+        if self.perf_metrics and RETURN_PERF_METRICS in self.inputs:
+            body[RETURN_PERF_METRICS] = True
         return body
 
     @staticmethod
@@ -233,6 +242,9 @@ class EnsembleClient(TallyingClient):
                     text = event.get(TEXT_OUTPUT, "")
                     result.pieces.append("".join(text) if isinstance(text, list) else text)
                     result.arrival.append(time.perf_counter())
+                    if TOTAL_DRAFT_TOKENS in event:
+                        result.drafted = int(event[TOTAL_DRAFT_TOKENS])
+                        result.accepted = int(event.get(TOTAL_ACCEPTED_DRAFT_TOKENS, 0))
         except (requests.RequestException, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
             return result, None

@@ -65,7 +65,23 @@ def run_level(client: StreamingClient, prompts: tuple[str, ...], max_tokens: int
     }
     if meter:
         record["energy"] = meter.kpis(reading, tokens)
+    speculation = speculation_of(done)
+    if speculation:
+        record["speculation"] = speculation
     return record
+
+
+def speculation_of(results: list) -> dict | None:
+    """A level's drafts as a speculating deployment reported them (None: it reported none): accepted / drafted, and
+    the drafts a decode step verified (a request of N tokens ran N - 1 - accepted decode steps)."""
+    counted = [r for r in results if r.drafted is not None]
+    if not counted:
+        return None
+    drafted, accepted = sum(r.drafted for r in counted), sum(r.accepted for r in counted)
+    steps = sum(len(r.pieces) - 1 - r.accepted for r in counted)
+    return {"requests": len(counted), "drafted": drafted, "accepted": accepted,
+            "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
+            "drafts_per_step": round(drafted / steps, 3) if steps > 0 else 0.0}
 
 
 def energy_summary(level: dict) -> str:
@@ -168,6 +184,11 @@ def check_load_test(client: StreamingClient, options: ValidateOptions, out_dir: 
                    f"{predicted['ttft_ms']:.0f} ms, TPOT {predicted['tpot_ms']:.1f} ms there ({predicted['source']})")
     if best["completed"] and best.get("energy"):
         detail += f"; {energy_summary(best)}"
+    drafting = [lv for lv in levels if lv.get("speculation")]
+    if drafting:
+        detail += "; speculation per level: " + ", ".join(
+            f"c={lv['concurrency']} acceptance {lv['speculation']['acceptance']:.2f}, "
+            f"{lv['speculation']['drafts_per_step']:.2f} drafts a step" for lv in drafting)
     if shed:
         detail += (" — shedding is the queue bound at work (see the plan's max_queue_size_reason); clients should "
                    "retry later")

@@ -49,7 +49,7 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         steps = [("golden", check_golden), ("streaming", check_streaming),
                  ("bad_requests", lambda c, o: check_bad_requests(c, o, llmapi_bad_requests(o.prompts[0])))]
     else:
-        client = EnsembleClient(server, options.request_timeout)
+        client = EnsembleClient(server, options.request_timeout, perf_metrics=speculative_plan(repo) is not None)
         steps = [("golden", check_golden), ("streaming", check_streaming), ("http_generate", check_http_generate),
                  ("bad_requests", check_bad_requests)]
     before = counts_before(server.endpoints.metrics_url, client.model) if options.metrics else None
