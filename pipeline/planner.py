@@ -80,7 +80,7 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     plan = server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
                                    max_context, warnings, trtllm, companion))
     if speculative is not None:
-        plan = (plan_gpu_speculation(plan, speculative, draft) if target.is_gpu else
+        plan = (plan_gpu_speculation(plan, speculative, draft, companion) if target.is_gpu else
                 plan_speculation(plan, speculative))
     return replace(plan, runtime_image=runtime.name) if runtime else plan
 

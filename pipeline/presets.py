@@ -67,6 +67,8 @@ META_LLAMA3_GATE = ("gated: Meta's license is accepted and access requested on t
                     "#1274, 2024-04-22: \"The repo (as in the case of Llama 2) is gated\")")
 META_LLAMA31_GATE = ("gated: \"To use Llama 3.1, you need to accept the license and request permission to access the "
                      "models\" (huggingface/huggingface-llama-recipes#8, 2024-07-23)")
+META_LLAMA32_GATE = ("gated: \"Access to model meta-llama/Llama-3.2-1B is restricted and you are not in the authorized "
+                     "list\" (the Hub's refusal quoted in HumeAI/tada#7, 2026-03-11)")
 META_LLAMA2_GATE = ("gated: \"Access to model meta-llama/Llama-2-7b-hf is restricted\" (the Hub's GatedRepoError "
                     "quoted in hiyouga/LlamaFactory#3403, 2024-04-24)")
 MISTRAL_GATE = ("gated: \"The official mistralai/Mistral-7B-v0.1 and meta-llama/Llama-2-7b-hf models ... are gated "
@@ -76,6 +78,9 @@ APACHE_OPEN = ("not gated: Apache-2.0 model card with no access agreement (copie
                "re-read on the Hub)")
 
 
+#: Llama 3.2's (1B, 3B): the same rotary scaling with factor 32
+LLAMA32_ROPE_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
 #: Llama 3.1's long-context rotary scaling (the same in every size's config.json)
 LLAMA31_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 8192}
@@ -112,6 +117,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
         rope_theta=500000.0, rope_scaling=LLAMA31_ROPE_SCALING),
         variant="base", gated=True, access_source=META_LLAMA31_GATE),
+    # meta-llama/Llama-3.2-1B config.json (the architecture of Llama-3.2-1B-Instruct's config.json at 4e20de36, as
+    # quoted in kevinstephano/thunder_model_blocks hf_llama/llama_config.py): Llama 3's tokenizer, embeddings tied;
+    # the draft model of a Llama 3.1 8B target (docs/speculative.md)
+    Preset("llama-3.2-1b", "meta-llama/Llama-3.2-1B", _llama(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+        rope_theta=500000.0, rope_scaling=LLAMA32_ROPE_SCALING, tie_word_embeddings=True),
+        variant="base", gated=True, access_source=META_LLAMA32_GATE),
     # meta-llama/Llama-3.1-70B config.json
     Preset("llama-3.1-70b", "meta-llama/Llama-3.1-70B", _llama(
         vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,

@@ -246,6 +246,12 @@ def test_qwen_presets_have_the_published_parameter_counts(name, published):
     assert abs(parameter_count(PRESETS[name].arch) / published - 1) < 1e-3
 
 
+def test_llama32_1b_has_its_published_parameter_count():
+    """Llama 3.2 1B: 1,235,814,400 parameters (embeddings tied: 128256 x 2048, 16 layers of 60,821,504, the final
+    norm) — the count its model card rounds to 1.23B."""
+    assert parameter_count(PRESETS["llama-3.2-1b"].arch) == 1_235_814_400
+
+
 def test_qwen25_32b_has_the_parameters_a_copy_of_its_config_gives():
     """A third-party test computes 32,763,876,352 parameters from Qwen2.5-32B's config.json (docs/model-families.md
     §5): the preset's shapes give exactly that."""

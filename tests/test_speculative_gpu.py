@@ -35,13 +35,13 @@ def test_pytorch_draft_target_config_names_the_type_each_version_parses(image, d
     """1.2.x parses speculative_config through DecodingBaseConfig.from_dict's class map ("DraftTarget"); 1.3's
     pydantic union discriminates on each class's Literal ("Draft_Target"); both read speculative_model_dir (1.3 as
     an alias of speculative_model) and max_concurrency (1.3: PositiveInt)."""
-    plan = plan_json("qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq", "--backend", "pytorch",
-                     "--speculative", "draft:qwen2.5-7b", "--draft-len", "4",
+    plan = plan_json("llama-3.1-8b", "--target", "rtx4090", "--precision", "fp8", "--backend", "pytorch",
+                     "--speculative", "draft:llama-3.2-1b", "--draft-len", "4",
                      *(["--runtime-image", image] if image else []))
     config = plan["llm_api"]["options"]["speculative_config"]
     spec = plan["speculative"]
     assert config == {"decoding_type": decoding_type, "max_draft_len": 4, "max_concurrency": spec["max_rows"],
-                      "speculative_model_dir": "Qwen/Qwen2.5-7B-Instruct"}
+                      "speculative_model_dir": "meta-llama/Llama-3.2-1B"}
     assert spec["max_rows"] >= 1 and spec["decoding_mode"] == decoding_type
     assert not unknown_llm_api_keys(plan["llm_api"]["options"], False, plan["llm_api"]["tensorrt_llm_version"])
     assert "max_concurrency" in plan["llm_api"]["reasons"]["speculative_config"]
@@ -72,6 +72,20 @@ def test_a_draft_takes_its_weights_and_kv_cache_off_the_target_s_budget():
     assert (draft.draft_model, draft.draft_served) == ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct")
 
 
+def test_the_pytorch_backend_s_draft_is_planned_as_it_loads_16_bit():
+    """The LLM API loads the draft checkpoint as it is: a Hugging Face model in bfloat16 beside an fp8 target."""
+    from pipeline.plan.memory import weights_per_rank_by_stage
+
+    plan = make_plan(resolve_model_info("llama-3.1-8b"), get_target("rtx4090"), "fp8", backend="pytorch",
+                     speculative=SpeculativeRequest("draft", "llama-3.2-1b"))
+    draft = resolve_model_info("llama-3.2-1b").arch
+    assert plan.speculative.draft_weights_bytes == max(weights_per_rank_by_stage(draft, "bf16", "bfloat16", 1, 1))
+    assert plan.speculative.draft_kv_bytes_per_token == 16 * 2 * 8 * 64      # fp8 KV: layers x (K, V) x heads x dim
+    engine = make_plan(resolve_model_info("llama-3.1-8b"), get_target("rtx4090"), "fp8",
+                       speculative=SpeculativeRequest("draft", "llama-3.2-1b"))
+    assert engine.speculative.draft_weights_bytes < plan.speculative.draft_weights_bytes   # built at fp8 here
+
+
 def test_the_engine_build_command_carries_the_speculative_mode(tmp_path):
     plan = make_plan(resolve_model_info("qwen2.5-14b"), get_target("rtx4090"), "int4-awq",
                      speculative=SpeculativeRequest("draft", "qwen2.5-7b", draft_len=5))
@@ -92,11 +106,11 @@ def test_the_speedup_is_the_formula_over_the_decode_steps_it_is_given(monkeypatc
         return [0.010 + 0.0001 * n for n in batches], "measured", "fake"
 
     monkeypatch.setattr(speculative_gpu, "decode_steps", steps)
-    plan = make_plan(resolve_model_info("qwen2.5-14b"), get_target("rtx4090"), "int4-awq", backend="pytorch",
-                     speculative=SpeculativeRequest("draft", "qwen2.5-7b", draft_len=3, acceptance=0.6))
+    plan = make_plan(resolve_model_info("llama-3.1-8b"), get_target("rtx4090"), "fp8", backend="pytorch",
+                     speculative=SpeculativeRequest("draft", "llama-3.2-1b", draft_len=3, acceptance=0.6))
     spec = plan.speculative
     rows = spec.rows
-    assert asked[0] == (5120, rows + [4 * r for r in rows]) and asked[1] == (3584, rows)
+    assert asked[0] == (4096, rows + [4 * r for r in rows]) and asked[1] == (2048, rows)
     for r, s in zip(rows, spec.speedup):
         p, v, d = 0.010 + 0.0001 * r, 0.010 + 0.0004 * r, 0.010 + 0.0001 * r
         assert s == pytest.approx((1 + 0.6 * 3) * p / (v + 3 * d), abs=1e-3)

@@ -24,15 +24,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..backends import backend_for
+from ..backends.capabilities import input_checkpoint_precision
 from ..backends.names import HF_CHECKPOINT
 from ..errors import UserError
 from ..model.arch_config import parameter_count
+from ..precisions import PRECISIONS
 from ..presets import served_model_id
 from ..runtime.speculative import DRAFT, MAX_NGRAM, NGRAM
 from ..targets import Target
 from .memory import decode_step_seconds, kv_bytes_per_token, weights_per_rank_by_stage, weights_read_per_step
 from .performance import NotModelled, Workpoint, decode_steps
-from .policy import Companion
+from .policy import Companion, engine_dtype
 from .schema import ModelInfo, Plan, SpeculativePlan, resolve_model_info
 from .speculative import (ACCEPTANCE_BASIS, DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_LEN, LOOKAHEAD, SpeculativeRequest,
                           concurrencies, default_drafts, speedups, tokenizer_mismatch)
@@ -132,23 +134,32 @@ def gpu_companion(request: SpeculativeRequest, model: ModelInfo, target: Target,
     if tokenizer_mismatch(draft, model):
         raise UserError(f"--speculative draft:{name}: the draft's tokenizer gives other token ids than the target's "
                         "(vocabulary, added or special tokens): a draft must share the target's tokenizer")
+    if loads_hf:     # the LLM API loads the draft as it is: 16-bit, or its own pre-quantized precision
+        own = input_checkpoint_precision(draft.source_quantization)
+        precision = own if own in PRECISIONS else ("fp16" if draft.arch.dtype == "float16" else "bf16")
+        dtype = engine_dtype(precision, draft.arch)
     weights = max(weights_per_rank_by_stage(draft.arch, precision, dtype, tp, pp))
     return draft, Companion(draft.arch, precision, dtype, weights, kv_bytes_per_token(draft.arch, kv_dtype, tp, pp))
 
 
-def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelInfo | None) -> Plan:
-    """`plan` (planned with its draft's memory) with its speculative decoding predicted and configured."""
+def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelInfo | None,
+                         companion: Companion | None) -> Plan:
+    """`plan` (planned with its draft's memory, `gpu_companion`) with its speculative decoding predicted and
+    configured."""
     beam = plan.build_config.max_beam_width if plan.build_config else plan.triton.max_beam_width
     check_gpu_request(request, plan.backend, beam)
     k, drafts, acceptance, accepted, lookahead = drafting(request)
     batch = plan.triton.triton_max_batch_size
     rows = concurrencies(batch)
-    steps, verify, drafted, basis = predicted_steps(plan, draft, rows, k)
-    if lookahead:     # every step verifies all K: (1 + a (N - 1)) p / v
+    steps, verify, drafted, how = predicted_steps(plan, companion, rows, k)
+    if lookahead:     # every step verifies all K and accepts at most N - 1
         speedup = [round((1 + acceptance * drafts) * p / v, 3) for p, v in zip(steps, verify)]
-        basis = basis.replace("(1 + a D) x p / (p + (v - p) x D / K)", "(1 + a (N - 1)) x p / v")
+        formula = f"(1 + a (N - 1)) x p / v, p a plain step, v a step of {k + 1} tokens a row"
     else:
         speedup = speedups(acceptance, drafts, k, steps, verify, drafted)
+        formula = (f"(1 + a D) x p / (p + (v - p{' + K d' if draft else ''}) x D / K), p a plain step, v a step of "
+                   f"{k + 1} tokens a row" + (", d the draft's step" if draft else ""))
+    basis = f"{formula}; the steps from {how}"
     # a step verifying K drafts for every row carries rows x (K + 1) tokens, which max_num_tokens bounds
     max_num_tokens = planned_max_num_tokens(plan)
     fit = max_num_tokens // (k + 1)
@@ -161,7 +172,7 @@ def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelIn
         acceptance=acceptance, acceptance_basis=accepted, rows=rows, step_s=[round(p, 6) for p in steps],
         verify_step_s=[round(v, 6) for v in verify], speedup=speedup, max_rows=rows[losing - 1] if losing else 0,
         basis=basis, drafts_per_step=drafts, lookahead=lookahead,
-        **({} if draft is None else draft_fields(plan, draft, drafted)))
+        **({} if draft is None else draft_fields(draft, companion, drafted)))
     warnings = list(plan.warnings)
     if not spec.max_rows:
         warnings.append(f"--speculative {request.to_flags()}: at acceptance {acceptance} and K = {k} no batch gains "
@@ -173,53 +184,50 @@ def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelIn
     return backend_for(plan.backend).configure_speculation(replace(plan, speculative=spec, warnings=warnings))
 
 
-def draft_fields(plan: Plan, draft: ModelInfo, steps: list[float]) -> dict:
-    """The SpeculativePlan fields of a GPU draft: what the path loads, its step, its weights and KV cache per GPU."""
-    tp, pp = plan.tp_size, plan.pp_size
+def draft_fields(draft: ModelInfo, companion: Companion, steps: list[float]) -> dict:
+    """The SpeculativePlan fields of a GPU draft: as named and as its path loads it, its step, its weights and KV
+    cache per GPU."""
     return {"draft_model": draft.name, "draft_served": served_model_id(draft),
-            "draft_step_s": [round(d, 6) for d in steps],
-            "draft_weights_bytes": max(weights_per_rank_by_stage(draft.arch, plan.precision, plan.dtype, tp, pp)),
-            "draft_kv_bytes_per_token": kv_bytes_per_token(draft.arch, plan.kv_cache_dtype, tp, pp)}
+            "draft_step_s": [round(d, 6) for d in steps], "draft_weights_bytes": companion.weights_bytes_per_rank,
+            "draft_kv_bytes_per_token": companion.kv_bytes_per_token}
 
 
-def predicted_steps(plan: Plan, draft: ModelInfo | None, rows: list[int], k: int):
-    """(plain steps, verify steps, draft steps, basis) at each number of rows: aiconfigurator-core's decode
-    operations, else trtpipe's speed-of-light bound (weights and KV cache read once a step; the verify step's
-    K + 1 tokens a row read their KV cache K + 1 times, as AIC counts them)."""
-    point = workpoint(plan, plan.model.arch)
+def predicted_steps(plan: Plan, draft: Companion | None, rows: list[int], k: int):
+    """(plain steps, verify steps, draft steps, where they come from) at each number of rows: aiconfigurator-core's
+    decode operations (a verify step as rows x (K + 1) tokens, each token's attention reading its row's KV cache),
+    else trtpipe's speed-of-light bound (each row's KV cache read once a step)."""
     try:
-        both, source, basis = decode_steps(plan.target, point, rows + [r * (k + 1) for r in rows])
-        drafting = [0.0] * len(rows) if draft is None else decode_steps(plan.target, workpoint(plan, draft.arch),
-                                                                         rows)[0]
+        both, source, basis = decode_steps(plan.target, workpoint(plan, plan.model.arch, plan.precision),
+                                           rows + [r * (k + 1) for r in rows])
+        drafting = [0.0] * len(rows) if draft is None else decode_steps(
+            plan.target, workpoint(plan, draft.arch, draft.precision), rows)[0]
         how = f"{source}: {basis}"
     except (ImportError, NotModelled) as exc:
-        both = [sol_step(plan, plan.model.arch, r, n) for n in (1, k + 1) for r in rows]
-        drafting = [0.0] * len(rows) if draft is None else [sol_step(plan, draft.arch, r, 1) for r in rows]
+        both = [sol_step(plan, plan.model.arch, plan.precision, plan.dtype, r, n) for n in (1, k + 1) for r in rows]
+        drafting = [0.0] * len(rows) if draft is None else [
+            sol_step(plan, draft.arch, draft.precision, draft.dtype, r, 1) for r in rows]
         how = (f"trtpipe's speed-of-light bound, max(bytes read / bandwidth, 2 x parameters x tokens / peak rate), "
                f"each row's KV cache read once a step ({exc or 'aiconfigurator-core is not installed'})")
-    d = " + K d" if draft else ""
-    formula = (f"(1 + a D) x p / (p + (v - p{d}) x D / K), p a plain step, v a step of {k + 1} tokens a row"
-               + (", d the draft's step" if draft else ""))
-    return both[:len(rows)], both[len(rows):], drafting, f"{formula}; the steps from {how}"
+    return both[:len(rows)], both[len(rows):], drafting, how
 
 
 def planned_max_num_tokens(plan: Plan) -> int:
     return plan.build_config.max_num_tokens if plan.build_config else plan.llm_api.options["max_num_tokens"]
 
 
-def workpoint(plan: Plan, arch) -> Workpoint:
+def workpoint(plan: Plan, arch, precision: str) -> Workpoint:
     fp8_fmha = bool(plan.plugin_config and plan.plugin_config.use_fp8_context_fmha)
-    return Workpoint(arch, plan.precision, plan.kv_cache_dtype, fp8_fmha, plan.tp_size, plan.pp_size,
+    return Workpoint(arch, precision, plan.kv_cache_dtype, fp8_fmha, plan.tp_size, plan.pp_size,
                      plan.triton.triton_max_batch_size, plan.workload.input_len, plan.workload.output_len,
                      planned_max_num_tokens(plan))
 
 
-def sol_step(plan: Plan, arch, rows: int, tokens_per_row: int) -> float:
+def sol_step(plan: Plan, arch, precision: str, dtype: str, rows: int, tokens_per_row: int) -> float:
     """A step of `rows` rows feeding `tokens_per_row` tokens each at the speed of light: the weights and each row's
     KV cache read once (an attention kernel reads a row's cache once for all its queries), or its arithmetic."""
-    read = weights_read_per_step(arch, plan.precision, plan.dtype, plan.tp_size, plan.pp_size)
+    read = weights_read_per_step(arch, precision, dtype, plan.tp_size, plan.pp_size)
     kv = kv_bytes_per_token(arch, plan.kv_cache_dtype, plan.tp_size, plan.pp_size)
     context = plan.workload.input_len + plan.workload.output_len / 2
     flops = 2 * parameter_count(arch) / (plan.tp_size * plan.pp_size) * rows * tokens_per_row
     return max(decode_step_seconds(read, rows, context, kv, plan.target),
-               flops / plan.target.peak_ops_per_s(plan.precision))
+               flops / plan.target.peak_ops_per_s(precision))
