@@ -31,7 +31,8 @@ from pipeline.runtime.draft_model import ModelDrafter
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
 from pipeline.runtime.speculative import (DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
-                                         SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, NgramDrafter, Speculation)
+                                         SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, DraftRequest, NgramDrafter,
+                                         Speculation, leading_matches)
 from pipeline.targets import get_target
 from pipeline.validate import validate_repository
 from pipeline.validate.report import ValidateOptions
@@ -149,6 +150,8 @@ def serve_schedule(model, schedule, limits: SchedulerLimits, speculation: Specul
 def oracle_drafter(oracle: Oracle, k: int, limits: list | None = None):
     """A Drafter of the oracle's drafts, at most k a row (`limits` records the limit each row was offered)."""
     class Capped:
+        free = False
+
         def draft(self, requests):
             if limits is not None:
                 limits.extend(r.limit for r in requests)
@@ -244,6 +247,39 @@ def test_the_server_drafts_only_while_drafting_steps_pay():
     assert not spec.drafting(1)
     assert not spec.drafting(5)                          # above the plan's break-even: never
     assert Speculation(NgramDrafter(3), adaptive=False).drafting(64)
+
+
+def test_prompt_lookup_keeps_its_acceptance_current_while_the_gate_steps_plainly():
+    """A free drafter drafts unfed at plain steps, and the drafts the row then chooses move the accepted figure: once
+    the output starts repeating, the gate drafts again at once instead of at its next probe. A drafter that costs a
+    model step is not asked at plain steps; the shadows of rows that left are dropped."""
+    cycle = [1, 2, 3, 4, 5] * 60
+
+    def choices(drafter, steps: int) -> list[bool]:
+        spec = Speculation(drafter)
+        spec.verify_s[1], spec.plain_s[1], spec.gain[1] = 0.015, 0.010, 0.0     # drafting lost so far
+        history, kinds = cycle[:10], []
+        for _ in range(steps):
+            drafts = spec.drafts([DraftRequest("a", list(history), 10, len(cycle))])[0]
+            chosen = cycle[len(history):len(history) + len(drafts) + 1]       # every draft right: the cycle goes on
+            kinds.append(bool(drafts))
+            spec.observe(1, bool(drafts), 0.015 if drafts else 0.010, leading_matches(chosen, drafts))
+            history += chosen
+        return kinds
+
+    class Costly(NgramDrafter):
+        free = False
+
+    free = choices(NgramDrafter(3), 12)
+    assert not any(free[:4]) and all(free[5:])      # its first shadow settles after 3 drafts and one token more
+    assert not any(choices(Costly(3), PROBE_EVERY - 1))
+    spec = Speculation(NgramDrafter(3))
+    spec.verify_s[1] = spec.verify_s[2] = spec.plain_s[1] = spec.plain_s[2] = 0.010
+    spec.gain[1] = spec.gain[2] = -1.0
+    spec.drafts([DraftRequest("a", cycle[:10], 3, 100), DraftRequest("b", cycle[:7], 3, 100)])
+    assert set(spec.shadows) == {"a", "b"}
+    spec.drafts([DraftRequest("a", cycle[:11], 3, 100)])
+    assert set(spec.shadows) == {"a"}
 
 
 def cpu_model(monkeypatch, ckpt, **parameters):

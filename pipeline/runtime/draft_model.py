@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 class ModelDrafter:
     """Drafts `draft_len` tokens a row with the draft model's `decoder`, which must verify and rewind."""
 
+    free = False        # a decode step of the draft model a draft
+
     def __init__(self, decoder: InflightDecoder, draft_len: int):
         if draft_len < 1:
             raise UserError(f"the draft length must be at least 1 (got {draft_len})")

@@ -181,16 +181,16 @@ def check_speculation(decoder: Decoder, speculation: Speculation | None) -> None
 def step_drafts(speculation: Speculation | None,
                 rows: list[tuple[int, Sequence[int], SamplingConfig, RowResult, int | None]]) -> list[list[int]]:
     """Each row's drafts for the next step, from its (row, history, config, record, room): none unless the
-    speculation drafts at this many rows; never more than its request can still output after the token it feeds,
-    nor than `room` (the KV its blocks still hold; None: no bound)."""
-    if speculation is None or not speculation.drafting(len(rows)):
+    speculation drafts at this many rows (`Speculation.drafts`); never more than its request can still output after
+    the token it feeds, nor than `room` (the KV its blocks still hold; None: no bound)."""
+    if speculation is None:
         return [[] for _ in rows]
     requests = []
     for row, history, cfg, result, room in rows:
         limit = draft_limit(cfg.max_new_tokens, len(result.tokens))
         longest = len(history) - len(result.tokens) + cfg.max_new_tokens
         requests.append(DraftRequest(row, history, limit if room is None else min(limit, room), longest))
-    return speculation.drafter.draft(requests)
+    return speculation.drafts(requests)
 
 
 def decode_step(decoder: Decoder, rows: list[int], tokens: list[int], drafts: list[list[int]]) -> list[torch.Tensor]:

@@ -22,7 +22,7 @@ several-token step against a one-token one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence, runtime_checkable
 
 from ..errors import UserError
 
@@ -70,6 +70,10 @@ class DraftRequest:
 
 
 class Drafter(Protocol):
+    #: whether drafting costs next to nothing beside a decode step (prompt lookup): `Speculation` then drafts in the
+    #: shadow of its plain steps too, to keep its figure of accepted drafts current without a drafting step
+    free: bool
+
     def draft(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
         """Each request's drafts (at most its limit): tokens that may follow its history. A row the drafter drafted
         for before and that `requests` lacks has left the batch (a drafter keeping state per row frees it)."""
@@ -84,6 +88,7 @@ class NgramDrafter:
     draft_len: int
     max_ngram: int = MAX_NGRAM
     min_ngram: int = MIN_NGRAM
+    free: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.draft_len < 1:
@@ -119,14 +124,36 @@ MARGIN = 1.15
 SMOOTHING = 0.25
 
 
+@dataclass(frozen=True)
+class Shadow:
+    """Drafts a free drafter proposed at a plain step that were not fed: what a drafting step would have accepted is
+    read off the tokens the row then chooses (a drafting step at the same history chooses the same ones)."""
+
+    rows: int               # the number of rows of the step it shadows
+    start: int              # the length of the row's history when proposed
+    drafts: tuple[int, ...]
+
+    def accepted(self, history: Sequence[int]) -> int | None:
+        """The drafts a drafting step would have accepted, once the history shows it (None: not yet): it stops at the
+        first chosen token that differs from its draft, or after its last draft and one token more."""
+        chosen = history[self.start:]
+        matched = leading_matches(chosen, self.drafts)
+        return matched if matched < len(chosen) else None
+
+
 @dataclass
 class Speculation:
     """How a loop speculates: the drafter, the most rows a step may have for it to draft (the plan's break-even), and,
     when `adaptive`, the choice of each step made from what the loop observed at that number of rows: a step that
     drafts outputs each row's accepted drafts and one token in `verify_s`, a plain one a token a row in `plain_s`, so
-    it drafts while (1 + accepted drafts per row) x plain_s >= verify_s. One step in PROBE_EVERY does the other kind
-    to keep both figures current (a drafting probe stays due until a step has drafts); a number of rows not yet seen
-    drafts first, then steps plainly once."""
+    it drafts while (1 + accepted drafts per row) x plain_s >= MARGIN x verify_s. One step in PROBE_EVERY does the
+    other kind to keep both figures current (a drafting probe stays due until a step has drafts); a number of rows
+    not yet seen drafts first, then steps plainly once.
+
+    A free drafter (prompt lookup) also drafts at plain steps, unfed (`Shadow`): how many of those drafts the rows
+    then chose keeps the accepted figure current while the gate steps plainly. Without it the figure would only move
+    on the rare drafting probes, and an early low one (a continuation only starts repeating itself after a while)
+    would keep the gate plain long after drafting pays."""
 
     drafter: Drafter
     max_rows: int | None = None
@@ -138,6 +165,17 @@ class Speculation:
     #: numbers of rows whose drafting probe is still due: a step chosen to draft in which no row had a draft (prompt
     #: lookup found no match) measured nothing, so the next steps draft until one does
     due: set[int] = field(default_factory=set)
+    shadows: dict[object, Shadow] = field(default_factory=dict)
+
+    def drafts(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
+        """Each request's drafts for the next step: none unless the step drafts (`drafting`)."""
+        if self.adaptive and self.drafter.free:
+            self._read_shadows(requests)
+        if self.drafting(len(requests)):
+            return self.drafter.draft(requests)
+        if self.adaptive and self.drafter.free and (self.max_rows is None or len(requests) <= self.max_rows):
+            self._shadow(requests)
+        return [[] for _ in requests]
 
     def drafting(self, rows: int) -> bool:
         """Whether the next step of `rows` rows drafts."""
@@ -169,6 +207,25 @@ class Speculation:
         else:
             smooth(self.plain_s, rows, seconds)
 
+    def _shadow(self, requests: Sequence[DraftRequest]) -> None:
+        """Unfed drafts for the rows without a shadow."""
+        new = [r for r in requests if r.key not in self.shadows]
+        for request, drafts in zip(new, self.drafter.draft(new)):
+            self.shadows[request.key] = Shadow(len(requests), len(request.history), tuple(drafts))
+
+    def _read_shadows(self, requests: Sequence[DraftRequest]) -> None:
+        """The shadows the rows' histories settle, into the accepted figure (their mean per number of rows, as one
+        drafting step's); the shadows of rows that left are dropped."""
+        running = {r.key: r.history for r in requests}
+        settled: dict[int, list[int]] = {}
+        for key, shadow in list(self.shadows.items()):
+            accepted = shadow.accepted(running[key]) if key in running else None
+            if key not in running or accepted is not None:
+                del self.shadows[key]
+            if accepted is not None:
+                settled.setdefault(shadow.rows, []).append(accepted)
+        for rows, accepted in settled.items():
+            smooth(self.gain, rows, sum(accepted) / len(accepted))
 
 
 def smooth(figures: dict[int, float], rows: int, value: float) -> None:
