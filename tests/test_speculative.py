@@ -270,8 +270,9 @@ def test_prompt_lookup_keeps_its_acceptance_current_while_the_gate_steps_plainly
     class Costly(NgramDrafter):
         free = False
 
-    free = choices(NgramDrafter(3), 12)
-    assert not any(free[:4]) and all(free[5:])      # its first shadow settles after 3 drafts and one token more
+    free = choices(NgramDrafter(3), PROBE_EVERY - 2)
+    assert not any(free[:4])                        # its first shadow settles after 3 drafts and one token more
+    assert all(free[PROBE_EVERY // 2:])             # a few shadows later it drafts, long before the probe
     assert not any(choices(Costly(3), PROBE_EVERY - 1))
     spec = Speculation(NgramDrafter(3))
     spec.verify_s[1] = spec.verify_s[2] = spec.plain_s[1] = spec.plain_s[2] = 0.010

@@ -120,8 +120,12 @@ PROBE_EVERY = 32
 #: what a drafting step must gain over a plain one, by its own time, to go on drafting: it also leaves costs to later
 #: steps (the cache positions of its rejected drafts, which the ONNX cache drops only when it is rebuilt)
 MARGIN = 1.15
-#: the weight of a new observation in the running figures (an exponential moving average)
+#: the weight of a new observation in the running step times (an exponential moving average)
 SMOOTHING = 0.25
+#: the weight of a new observation in the running accepted drafts: slower, since a step accepts all its drafts or
+#: none far more often than its average, and a figure that followed each step would read a run of rejections as the
+#: end of drafting's gains (prompt lookup's next step still accepts 0.4 drafts on average after them, SmolLM2 here)
+GAIN_SMOOTHING = 0.1
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,7 @@ class Speculation:
         if drafted:
             self.due.discard(rows)
             smooth(self.verify_s, rows, seconds)
-            smooth(self.gain, rows, accepted / rows)
+            smooth(self.gain, rows, accepted / rows, GAIN_SMOOTHING)
         else:
             smooth(self.plain_s, rows, seconds)
 
@@ -225,12 +229,12 @@ class Speculation:
             if accepted is not None:
                 settled.setdefault(shadow.rows, []).append(accepted)
         for rows, accepted in settled.items():
-            smooth(self.gain, rows, sum(accepted) / len(accepted))
+            smooth(self.gain, rows, sum(accepted) / len(accepted), GAIN_SMOOTHING)
 
 
-def smooth(figures: dict[int, float], rows: int, value: float) -> None:
+def smooth(figures: dict[int, float], rows: int, value: float, weight: float = SMOOTHING) -> None:
     old = figures.get(rows)
-    figures[rows] = value if old is None else old + SMOOTHING * (value - old)
+    figures[rows] = value if old is None else old + weight * (value - old)
 
 
 def draft_limit(max_new_tokens: int, produced: int) -> int:
