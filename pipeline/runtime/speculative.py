@@ -173,17 +173,22 @@ class Speculation:
 
     def drafts(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
         """Each request's drafts for the next step: none unless the step drafts (`drafting`)."""
-        if self.adaptive and self.drafter.free:
+        shadowing = self.adaptive and self.drafter.free
+        if shadowing:
             self._read_shadows(requests)
         if self.drafting(len(requests)):
             return self.drafter.draft(requests)
-        if self.adaptive and self.drafter.free and (self.max_rows is None or len(requests) <= self.max_rows):
+        if shadowing and self.allows(len(requests)):
             self._shadow(requests)
         return [[] for _ in requests]
 
+    def allows(self, rows: int) -> bool:
+        """Whether a step of `rows` rows may draft at all (the plan's break-even)."""
+        return self.max_rows is None or rows <= self.max_rows
+
     def drafting(self, rows: int) -> bool:
         """Whether the next step of `rows` rows drafts."""
-        if self.max_rows is not None and rows > self.max_rows:
+        if not self.allows(rows):
             return False
         if not self.adaptive:
             return True
