@@ -11,6 +11,7 @@ fp32 ONNX Runtime server; one aiperf load, one table, the goal ratios.
                   batching with --parallel equal to the concurrency (a server per concurrency), every core
 
     .venv/bin/python benchmarks/bench_cpu_int4_serving.py --llama-server PATH/llama-server [--servers ...]
+        [--spinning-ab] [--rounds N]
 
 The load is benchmarks/bench_cpu_serving.py's (aiperf 0.13, its synthetic prompts of --input-tokens, exactly
 --output-tokens each, greedy, streamed, at each --concurrency): trtpipe's servers through Triton's generate_stream,
@@ -19,6 +20,10 @@ installed by this script: build it from llama.cpp's source (`cmake -B build && c
 llama-server`), e.g. the llama.cpp that llama-cpp-python 0.3.36 vendors, and pass its path. Goals (issue text):
 onnx-int4's output tokens/s at the highest concurrency >= 1.0x each peer's, its ITL p50 at the lowest <= each's,
 its TTFT p50 at the highest <= each's, and >= 1.5x onnx's tokens/s at the highest.
+
+--spinning-ab serves each of trtpipe's servers a second time, right after it, with the tensorrt_llm parameter
+`intra_op_spinning` false (ONNX Runtime's threads asleep between parallel regions; deployed, they spin), as
+`<name>+sleep`. --rounds repeats the whole sequence, a table per round.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from bench_cpu_serving import (
 
 from pipeline.calibrate import CalibrateOptions, calibrate_checkpoint, resolve_recipe
 from pipeline.errors import UserError
+from pipeline.host import INTRA_OP_SPINNING
 from pipeline.server import free_port
 from pipeline.sources import resolve_model
 from pipeline.validate.aiperf import run_aiperf_command
@@ -49,6 +55,8 @@ TRTPIPE, INT4, FP32, VLLM, LLAMA = "trtpipe", "onnx-int4", "onnx", "vllm-awq", "
 INT4_HEAD = "onnx-int4-head"
 SERVERS = (INT4_HEAD, INT4, FP32, VLLM, LLAMA)
 OURS = (INT4_HEAD, INT4, FP32)
+#: --spinning-ab's variant of a trtpipe server: its ONNX Runtime threads asleep between parallel regions
+SLEEPING = "+sleep"
 GROUP = 64
 
 
@@ -108,7 +116,7 @@ def load(name: str, server, concurrencies: list[int], model_dir: Path, args, war
             warm_up(url)
         for concurrency in concurrencies:
             workdir = args.workdir / f"aiperf-{name}-c{concurrency}"
-            if name in OURS:
+            if name.removesuffix(SLEEPING) in OURS:
                 result = measure_trtpipe(url, model_dir, concurrency, workdir, args)
             else:
                 result = measure_openai(url, model_dir, concurrency, workdir, args, min_tokens=name == VLLM)
@@ -123,6 +131,9 @@ def load(name: str, server, concurrencies: list[int], model_dir: Path, args, war
 def measure(name: str, model_dir: Path, args) -> dict[int, dict]:
     if name in OURS:
         return load(name, trtpipe_server(name, model_dir, args), args.concurrency, model_dir, args)
+    if name.removesuffix(SLEEPING) in OURS:
+        server = trtpipe_server(name.removesuffix(SLEEPING), model_dir, args, {INTRA_OP_SPINNING: "false"}, name)
+        return load(name, server, args.concurrency, model_dir, args)
     if name == VLLM:
         return load(name, vllm_server(args.vllm_awq_dtype, awq_checkpoint(args.workdir), args), args.concurrency,
                     model_dir, args, vllm_warm_up)
@@ -180,6 +191,9 @@ def main() -> None:
     parser.add_argument("--vllm-omp-threads-bind", default=None)
     parser.add_argument("--vllm-arg", action="append", default=[])
     parser.add_argument("--ready-timeout", type=float, default=1800.0)
+    parser.add_argument("--spinning-ab", action="store_true",
+                        help="serve trtpipe's servers again with intra_op_spinning false")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole sequence of servers")
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -187,15 +201,24 @@ def main() -> None:
         raise SystemExit("llama-server: pass --llama-server PATH (build it from llama.cpp's source) or leave it out "
                          "of --servers")
     model_dir = resolve_model("smollm2-135m").hf_dir()
-    results = {}
+    names = []
     for name in [s for s in SERVERS if s in args.servers]:
-        results[name] = measure(name, model_dir, args)
-        (args.workdir / "results.json").write_text(json.dumps(results, indent=2))
+        names.append(name)
+        if args.spinning_ab and name in OURS:
+            names.append(name + SLEEPING)
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append({})
+        for name in names:
+            rounds[-1][name] = measure(name, model_dir, args)
+            (args.workdir / "results.json").write_text(json.dumps(rounds, indent=2))
     print(f"\nSmolLM2-135M on {len(os.sched_getaffinity(0))} cores ({all_cores()}): aiperf synthetic prompts of "
           f"{args.input_tokens} tokens, {args.output_tokens} output tokens each, {args.requests} requests per "
           "concurrency, greedy, streamed")
-    print_table(results)
-    print_goals(results, args.concurrency)
+    for number, results in enumerate(rounds, 1):
+        print(f"\nround {number} of {len(rounds)}")
+        print_table(results)
+        print_goals(results, args.concurrency)
 
 
 if __name__ == "__main__":

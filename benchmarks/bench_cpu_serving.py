@@ -79,11 +79,14 @@ from packaging.requirements import Requirement
 from pipeline.deploy import deploy_repository
 from pipeline.errors import UserError
 from pipeline.host import ProcessStat, process_stats
+from pipeline.model_repository import read_repository
 from pipeline.plan import resolve_model_info
 from pipeline.planner import make_plan
 from pipeline.server import embedded_server, free_port
 from pipeline.sources import resolve_model
 from pipeline.targets import get_target
+from pipeline.triton_names import TENSORRT_LLM
+from pipeline.tritonconfig import to_pbtxt
 from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient
 from pipeline.validate.aiperf import (
     RECORDS, SyntheticPrompts, aiperf_command, read_records, run_aiperf, run_aiperf_command,
@@ -246,18 +249,25 @@ def vllm_warm_up(url: str) -> None:
 
 
 @contextmanager
-def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace,
+                   parameters: dict[str, str] | None = None, label: str | None = None) -> Iterator[tuple[str, int]]:
     """`name`'s repository (made in the work directory, reused while up to date) served by the embedded Triton
     server until the block ends; yields its HTTP URL and process group (tritonserver's, with every stub) once warmed
     up. The repository is deployed anew each run (`force`): a repository from another trtpipe's model files must not
-    be measured as this one."""
+    be measured as this one. `parameters` override the tensorrt_llm model's (an A/B of a deployed value), in a
+    repository of its own (`label`)."""
     precision, runtime = TRTPIPE_SERVERS[name]
     checkpoint = checkpoint_for(smollm2_checkpoint(args.workdir), precision, args.workdir, name in QUANTIZED_HEAD)
     plan = make_plan(resolve_model_info(str(checkpoint)), get_target("cpu"), precision)
-    repo = deploy_repository(plan, args.workdir / f"repo-{name}", checkpoint=checkpoint, tokenizer=model_dir,
+    repo = deploy_repository(plan, args.workdir / f"repo-{label or name}", checkpoint=checkpoint, tokenizer=model_dir,
                              runtime=runtime, force=True).path
+    if parameters:
+        config = read_repository(repo).models[TENSORRT_LLM].config
+        for key, value in parameters.items():
+            config.parameters[key].string_value = value
+        (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(config))
     with embedded_server(repo, ready_timeout=args.ready_timeout,
-                         log_path=args.workdir / f"tritonserver-{name}.log") as server:
+                         log_path=args.workdir / f"tritonserver-{label or name}.log") as server:
         EnsembleClient(server, timeout=600).generate(DEFAULT_PROMPTS[0], 2)   # warm-up
         yield server.http_url, server.process.pid
 

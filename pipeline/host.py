@@ -26,6 +26,11 @@ def onnx_serving_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
+#: the served tensorrt_llm model's parameter: "false" makes ONNX Runtime's intra-op threads sleep between parallel
+#: regions instead of spinning (its session config entry `session.intra_op.allow_spinning` "0"); unset, they spin
+INTRA_OP_SPINNING = "intra_op_spinning"
+
+
 def cpu_model() -> str:
     """The processor's name (Linux: /proc/cpuinfo), else what the platform says."""
     try:

@@ -20,6 +20,7 @@ from pipeline.cli import main
 from pipeline.deploy import deploy_repository
 
 from pipeline.errors import UserError
+from pipeline.host import INTRA_OP_SPINNING
 from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import OrtDecoder
 from pipeline.plan import Plan, Workload, resolve_model_info
@@ -348,7 +349,8 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
 
 def test_an_onnx_runtime_draft_sleeps_between_its_runs_while_the_target_spins(checkpoint, monkeypatch, tmp_path):
     """Served with ONNX Runtime, the draft's session does not spin (its threads held the cores the target's next run
-    needs: 0.90x plain against 1.04x, docs/speculative.md); the target keeps the deployment's setting."""
+    needs: 0.90x plain against 1.04x, docs/speculative.md); the target keeps the deployment's setting
+    (`intra_op_spinning`, spinning unless it says false)."""
     from pipeline.onnx.export import export_onnx
 
     ckpt = checkpoint("gqa")
@@ -363,6 +365,9 @@ def test_an_onnx_runtime_draft_sleeps_between_its_runs_while_the_target_spins(ch
             return "1"
 
     assert spinning(model.model) == "1" and spinning(model.speculation.drafter.decoder.decoder) == "0"
+    asleep = cpu_model(monkeypatch, ckpt, runtime="onnxruntime", onnx_dir=tmp_path / "onnx",
+                       **{INTRA_OP_SPINNING: "false"})      # as a 4-bit deployment's plan writes it
+    assert spinning(asleep.model) == "0"
 
 
 def test_a_draft_of_another_vocabulary_does_not_load(checkpoint, tiny_ckpt, monkeypatch):

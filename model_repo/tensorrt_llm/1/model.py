@@ -40,7 +40,9 @@ import triton_python_backend_utils as pb_utils
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copied runtime package (pipeline/) wins over any installed trtpipe
-from pipeline.host import CANCELLING, DRAIN_FILE_ENV, LIVE_REQUESTS_METRIC, onnx_serving_threads  # noqa: E402
+from pipeline.host import (  # noqa: E402
+    CANCELLING, DRAIN_FILE_ENV, INTRA_OP_SPINNING, LIVE_REQUESTS_METRIC, onnx_serving_threads,
+)
 from pipeline.runtime import ReferenceModel, SamplingConfig, serving_threads  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.runtime.generate import check_requests  # noqa: E402
@@ -221,7 +223,7 @@ def load_runtime(config: dict, directory: Path, spinning: bool = True):
     if parameter(config, "runtime", "torch") == "onnxruntime":
         from pipeline.onnx.runner import OrtDecoder
 
-        spins = spinning and parameter(config, "intra_op_spinning", "true").lower() != "false"
+        spins = spinning and parameter(config, INTRA_OP_SPINNING, "true").lower() != "false"
         return OrtDecoder(directory, threads=intra_op_threads(config), spinning=spins)
     return ReferenceModel.load(directory)
 
