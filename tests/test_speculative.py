@@ -31,9 +31,9 @@ from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.draft_model import ModelDrafter
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
-from pipeline.runtime.speculative import (DRAFT_DIR, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
-                                         SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS, DraftRequest, NgramDrafter,
-                                         Speculation, leading_matches)
+from pipeline.runtime.speculative import (DRAFT_DIR, MARGIN, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
+                                         SINGLE_ROW_MARGIN, SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS,
+                                         DraftRequest, NgramDrafter, Speculation, leading_matches)
 from pipeline.targets import get_target
 from pipeline.validate import validate_repository
 from pipeline.validate.report import ValidateOptions
@@ -248,6 +248,20 @@ def test_the_server_drafts_only_while_drafting_steps_pay():
     assert not spec.drafting(1)
     assert not spec.drafting(5)                          # above the plan's break-even: never
     assert Speculation(NgramDrafter(3), adaptive=False).drafting(64)
+
+
+def test_one_row_drafts_on_its_own_times_while_several_rows_keep_a_margin():
+    """A drafting step that pays by its own time by less than MARGIN drafts on at one row (its holes cost only its own
+    attention) and stops at two (every row reads them and a rebuild copies every row)."""
+    spec = Speculation(NgramDrafter(3))
+    for rows in (1, 2):
+        spec.observe(rows, True, 0.0125, rows)           # a verify step 1.25x the plain one, a draft a row accepted
+        spec.observe(rows, False, 0.0100, 0)
+    assert spec.gains(1) and spec.gains(2)               # 2 x 10 ms against 12.5 ms: 1.6x, above either margin
+    for rows in (1, 2):
+        spec.verify_s[rows] = 0.0190                     # now 2 x 10 ms against 19 ms: 1.05x, under MARGIN
+    assert spec.gains(1) and not spec.gains(2)
+    assert SINGLE_ROW_MARGIN <= 2 * 0.0100 / 0.0190 < MARGIN
 
 
 def test_prompt_lookup_keeps_its_acceptance_current_while_the_gate_steps_plainly():

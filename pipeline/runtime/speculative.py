@@ -117,9 +117,13 @@ class NgramDrafter:
 #: a step of the other kind every this many steps of one number of rows, so that the figures the choice rests on stay
 #: current (the acceptance moves with the requests; a step's cost with the contexts)
 PROBE_EVERY = 32
-#: what a drafting step must gain over a plain one, by its own time, to go on drafting: it also leaves costs to later
-#: steps (the cache positions of its rejected drafts, which the ONNX cache drops only when it is rebuilt)
+#: what a drafting step of several rows must gain over a plain one, by its own time, to go on drafting: it also leaves
+#: costs to later steps (the cache positions of its rejected drafts, which the ONNX cache drops only when it is
+#: rebuilt: every row's attention reads the holes of any, and the rebuild copies every row)
 MARGIN = 1.15
+#: the same at one row: its holes lengthen only its own attention and a rebuild copies one row, so the drafting
+#: step's own time is the whole of its cost
+SINGLE_ROW_MARGIN = 1.0
 #: the weight of a new observation in the running step times (an exponential moving average)
 SMOOTHING = 0.25
 #: the weight of a new observation in the running accepted drafts: slower, since a step accepts all its drafts or
@@ -150,9 +154,9 @@ class Speculation:
     """How a loop speculates: the drafter, the most rows a step may have for it to draft (the plan's break-even), and,
     when `adaptive`, the choice of each step made from what the loop observed at that number of rows: a step that
     drafts outputs each row's accepted drafts and one token in `verify_s`, a plain one a token a row in `plain_s`, so
-    it drafts while (1 + accepted drafts per row) x plain_s >= MARGIN x verify_s. One step in PROBE_EVERY does the
-    other kind to keep both figures current (a drafting probe stays due until a step has drafts); a number of rows
-    not yet seen drafts first, then steps plainly once.
+    it drafts while (1 + accepted drafts per row) x plain_s >= MARGIN x verify_s (SINGLE_ROW_MARGIN at one row).
+    One step in PROBE_EVERY does the other kind to keep both figures current (a drafting probe stays due until a step
+    has drafts); a number of rows not yet seen drafts first, then steps plainly once.
 
     A free drafter (prompt lookup) also drafts at plain steps, unfed (`Shadow`): how many of those drafts the rows
     then chose keeps the accepted figure current while the gate steps plainly. Without it the figure would only move
@@ -205,7 +209,8 @@ class Speculation:
         return probe
 
     def gains(self, rows: int) -> bool:
-        return (1 + self.gain[rows]) * self.plain_s[rows] >= MARGIN * self.verify_s[rows]
+        margin = SINGLE_ROW_MARGIN if rows == 1 else MARGIN
+        return (1 + self.gain[rows]) * self.plain_s[rows] >= margin * self.verify_s[rows]
 
     def observe(self, rows: int, drafted: bool, seconds: float, accepted: int) -> None:
         """A step of `rows` rows took `seconds`; when it `drafted`, its rows accepted `accepted` drafts in all."""
