@@ -129,11 +129,10 @@ def load(name: str, server, concurrencies: list[int], model_dir: Path, args, war
 
 
 def measure(name: str, model_dir: Path, args) -> dict[int, dict]:
-    if name in OURS:
-        return load(name, trtpipe_server(name, model_dir, args), args.concurrency, model_dir, args)
-    if name.removesuffix(SLEEPING) in OURS:
-        server = trtpipe_server(name.removesuffix(SLEEPING), model_dir, args, {INTRA_OP_SPINNING: "false"}, name)
-        return load(name, server, args.concurrency, model_dir, args)
+    base = name.removesuffix(SLEEPING)
+    if base in OURS:
+        parameters = {INTRA_OP_SPINNING: "false"} if name != base else None
+        return load(name, trtpipe_server(base, model_dir, args, parameters, name), args.concurrency, model_dir, args)
     if name == VLLM:
         return load(name, vllm_server(args.vllm_awq_dtype, awq_checkpoint(args.workdir), args), args.concurrency,
                     model_dir, args, vllm_warm_up)

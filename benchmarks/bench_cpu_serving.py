@@ -248,6 +248,14 @@ def vllm_warm_up(url: str) -> None:
 # trtpipe's cpu target
 
 
+def set_model_parameters(repo: Path, parameters: dict[str, str]) -> None:
+    """The deployed tensorrt_llm model's config with `parameters` set (a benchmark's variant of a deployed value)."""
+    config = read_repository(repo).models[TENSORRT_LLM].config
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(config))
+
+
 @contextmanager
 def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace,
                    parameters: dict[str, str] | None = None, label: str | None = None) -> Iterator[tuple[str, int]]:
@@ -262,10 +270,7 @@ def trtpipe_server(name: str, model_dir: Path, args: argparse.Namespace,
     repo = deploy_repository(plan, args.workdir / f"repo-{label or name}", checkpoint=checkpoint, tokenizer=model_dir,
                              runtime=runtime, force=True).path
     if parameters:
-        config = read_repository(repo).models[TENSORRT_LLM].config
-        for key, value in parameters.items():
-            config.parameters[key].string_value = value
-        (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(config))
+        set_model_parameters(repo, parameters)
     with embedded_server(repo, ready_timeout=args.ready_timeout,
                          log_path=args.workdir / f"tritonserver-{label or name}.log") as server:
         EnsembleClient(server, timeout=600).generate(DEFAULT_PROMPTS[0], 2)   # warm-up

@@ -21,15 +21,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench_batching import merge_rounds, smollm2_checkpoint
+from bench_cpu_serving import set_model_parameters
 
 from pipeline.deploy import deploy_repository
-from pipeline.model_repository import read_repository
+from pipeline.host import INTRA_OP_SPINNING
 from pipeline.plan import resolve_model_info
 from pipeline.planner import make_plan
 from pipeline.server import embedded_server
 from pipeline.targets import get_target
-from pipeline.triton_names import TENSORRT_LLM
-from pipeline.tritonconfig import to_pbtxt
 from pipeline.validate import DEFAULT_PROMPTS, EnsembleClient, run_level
 
 CORES = len(os.sched_getaffinity(0))
@@ -48,11 +47,10 @@ def busy_jiffies() -> tuple[int, int]:
 def variant_repo(plan, checkpoint: Path, runtime: str, threads: int, passive: bool, out: Path) -> Path:
     """The plan deployed with the runtime, its tensorrt_llm model computing with `threads` threads."""
     repo = deploy_repository(plan, out, checkpoint=checkpoint, runtime=runtime, force=True).path
-    config = read_repository(repo).models[TENSORRT_LLM].config
-    config.parameters["intra_op_threads"].string_value = str(threads)
+    parameters = {"intra_op_threads": str(threads)}
     if passive and runtime == "onnxruntime":
-        config.parameters["intra_op_spinning"].string_value = "false"
-    (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(config))
+        parameters[INTRA_OP_SPINNING] = "false"
+    set_model_parameters(repo, parameters)
     return repo
 
 
