@@ -110,6 +110,8 @@ LAST_TOKEN_TIME_NS = "last_token_time_ns"
 ACCEPTANCE_RATE = "acceptance_rate"
 TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"
 TOTAL_DRAFT_TOKENS = "total_draft_tokens"
+#: draft tokens a request brings for the target to verify (what NVIDIA's BLS sends with a draft model's output)
+DRAFT_INPUT_IDS = "draft_input_ids"
 #: The names above of the tensorrt_llm model's tensors (inputs and outputs).
 TENSORRT_LLM_NAMES = (
     INPUT_IDS, INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, END_ID, PAD_ID, STOP_WORDS_LIST,
@@ -120,7 +122,7 @@ TENSORRT_LLM_NAMES = (
     OUTPUT_IDS, SEQUENCE_LENGTH, CUM_LOG_PROBS, OUTPUT_LOG_PROBS, CONTEXT_LOGITS, GENERATION_LOGITS, BATCH_INDEX,
     SEQUENCE_INDEX, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, KV_CACHE_ALLOC_NEW_BLOCKS, KV_CACHE_REUSED_BLOCKS,
     KV_CACHE_ALLOC_TOTAL_BLOCKS, ARRIVAL_TIME_NS, FIRST_SCHEDULED_TIME_NS, FIRST_TOKEN_TIME_NS, LAST_TOKEN_TIME_NS,
-    ACCEPTANCE_RATE, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS,
+    ACCEPTANCE_RATE, TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS, DRAFT_INPUT_IDS,
 )
 
 # -------------------------------------------------------------- preprocessing's and postprocessing's tensors

@@ -70,7 +70,7 @@ def test_every_input_of_nvidias_contract_is_honoured_or_refused(cpu_model):
 @pytest.mark.parametrize("name, value, says", [
     ("lora_task_id", np.array([[1]], np.uint64), "LoRA adapters are not supported"),
     ("guided_decoding_guide_type", np.array([[b"json"]], object), "guided decoding is not supported"),
-    ("draft_input_ids", np.array([[1, 2]], np.int32), "speculative decoding"),
+    ("draft_logits", np.zeros((1, 2, 4), np.float32), "draft logits"),
     ("prompt_embedding_table", np.zeros((1, 2, 4), np.float16), "p-tuning"),
     ("beam_width", np.array([[2]], np.int32), "beam search is not supported"),
 ])

@@ -192,6 +192,36 @@ def test_in_flight_serving_speculates_and_keeps_every_request_exact(runtimes, ru
         assert min(held) < 3          # a row near the end of its blocks was offered fewer drafts
 
 
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_drafts_a_request_brings_are_verified_by_its_prefill(runtimes, runtime, sampling):
+    """Draft tokens a request brings (NVIDIA's draft_input_ids) are fed with its prompt: all right, some right or
+    none, the output is the plain one, the drafts are counted as drafted and the leading right ones as accepted, in
+    batched generation and in-flight serving alike; a row whose KV blocks hold fewer verifies fewer; context logits
+    stay the prompt's."""
+    model = runtimes[runtime]
+    plain = [r.tokens for r in model.generate_rows(PROMPTS, sampling)]
+    cases = [plain[0][:5], [*plain[1][:2], (plain[1][2] + 1) % 64, plain[1][3]], [(plain[2][0] + 1) % 64, 4]]
+    configs = [replace(sampling, drafts=d, context_logits=True) for d in cases]
+    results = model.generate_rows(PROMPTS, configs)
+    assert [r.tokens for r in results] == plain
+    assert [(r.draft_tokens, r.accepted_draft_tokens) for r in results] == [(5, 5), (4, 2), (2, 0)]
+    assert [len(r.context_logits) for r in results] == list(map(len, PROMPTS))
+    for limits, counts in ((SchedulerLimits(), [(5, 5), (4, 2), (2, 0)]),
+                           (SchedulerLimits(kv_tokens=64, tokens_per_block=4, policy=MAX_UTILIZATION),
+                            [(3, 3), (1, 1), (0, 0)])):   # room after the prompts of 5, 3 and 8 tokens: 3, 1, 0
+        scheduler, served = Scheduler(limits), {}
+        scheduler.submit([Sequence(i, p, c) for i, (p, c) in enumerate(zip(PROMPTS, configs))])
+        model.serve_rows(scheduler, lambda: None, lambda key, result: served.__setitem__(key, result),
+                         lambda key: None)
+        assert [served[i].tokens for i in range(3)] == plain
+        assert [(served[i].draft_tokens, served[i].accepted_draft_tokens) for i in range(3)] == counts
+    with pytest.raises(UserError, match="draft tokens need max_new_tokens of at least 15"):
+        replace(sampling, drafts=list(range(14)))
+    with pytest.raises(UserError, match="draft tokens must be in"):
+        model.generate_rows(PROMPTS[:1], replace(sampling, drafts=[model.vocab_size]))
+
+
 def test_ngram_drafts_follow_the_latest_longest_match():
     drafter = NgramDrafter(3)
     history = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
@@ -359,6 +389,32 @@ def test_the_deployed_model_drafts_with_its_draft_model_and_stays_exact(checkpoi
         assert (drafted > 0) == (name == "draft")         # off: the plan's break-even was 0 rows
         assert (model.speculation is None) == (name != "draft")   # off holds no draft model
     assert answers["draft"] == answers["off"] == answers["plain"]
+
+
+def test_the_deployed_model_verifies_the_draft_tokens_a_request_brings(checkpoint, monkeypatch):
+    """draft_input_ids (what NVIDIA's BLS sends the target with its draft model's tokens) are honoured: the output is
+    the plain one, drafted and accepted counted as TensorRT-LLM reports them; more drafts than request_output_len - 1
+    is one clear refusal."""
+    import numpy as np
+
+    model, prompt = cpu_model(monkeypatch, checkpoint("gqa")), [3, 14, 15, 9, 2, 6, 5, 3]
+    plain = served_once(model, prompt)
+    tokens = plain["output_ids"][0, 0, len(prompt):plain["sequence_length"][0, 0]].tolist()
+    for drafts, accepted in ((tokens[:4], 4), ([*tokens[:2], (tokens[2] + 1) % 64], 2)):
+        log = []
+        model.execute([Collect("d", prompt, len(drafts) + 1, log=log, return_perf_metrics=True, streaming=False,
+                               draft_input_ids=np.array([drafts], np.int32))])
+        model.queue.join()
+        out = log[-1]
+        assert out["output_ids"][0, 0, len(prompt):out["sequence_length"][0, 0]].tolist() == tokens[:len(drafts) + 1]
+        assert (int(out[TOTAL_DRAFT_TOKENS][0, 0]), int(out[TOTAL_ACCEPTED_DRAFT_TOKENS][0, 0])) == (len(drafts),
+                                                                                                     accepted)
+    refused = StubRequest("x", prompt, 3, draft_input_ids=np.array([[1, 2, 3]], np.int32))
+    errors = []
+    refused.send = lambda response=None, flags=0: errors.append(response and response.error)
+    model.execute([refused])
+    model.queue.join()
+    assert "3 draft tokens need max_new_tokens of at least 4" in errors[0].message
 
 
 def test_an_onnx_runtime_draft_sleeps_between_its_runs_while_the_target_spins(checkpoint, monkeypatch, tmp_path):

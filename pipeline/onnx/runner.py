@@ -23,8 +23,8 @@ import torch
 
 from ..errors import UserError
 from ..runtime.generate import (
-    EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
-    token_steps,
+    EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, fed_context, generate_rows,
+    serve_rows, token_steps,
 )
 from ..runtime.sampling import SamplingConfig
 from ..runtime.scheduler import Scheduler
@@ -127,7 +127,8 @@ class OrtDecoder:
                       speculation: Speculation | None = None) -> list[RowResult]:
         """Each request's record, as `ReferenceModel.generate_rows` makes it."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate_rows(OrtBatch(self, prompts), configs, on_step, on_end, prompts, speculation)
+        return generate_rows(OrtBatch(self, [fed_context(p, c) for p, c in zip(prompts, configs)]), configs, on_step,
+                             on_end, prompts, speculation)
 
     def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end,
                    speculation: Speculation | None = None) -> None:
@@ -267,9 +268,14 @@ class OrtBatch:
     def rewind(self, row: int, count: int) -> None:
         """Mask the last `count` positions the row uses: the holes stay until a rebuild drops them (`_unused` counts
         them), since cutting the cache would hand ONNX Runtime a strided view, which it copies whole every step."""
+        for rows, cache, nxt in self.fresh:     # prefilled with drafts it brought, not placed yet
+            if row in rows:
+                i = rows.index(row)
+                forget_last(cache.mask[i], count)
+                nxt[i, 0] -= count
+                return
         slot = self.slots.index(row)
-        kept = np.flatnonzero(self.cache.mask[slot])
-        self.cache.mask[slot, kept[len(kept) - count:]] = 0
+        forget_last(self.cache.mask[slot], count)
         self.next[slot, 0] -= count
 
     def _inputs(self, slots: list[int], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -335,6 +341,12 @@ class OrtBatch:
         self.slots = [r for r, _, _, _ in parts]
         self.idle = [0] * len(parts)
         self.next = np.array([[nxt] for _, _, _, nxt in parts], np.int64).reshape(len(parts), 1)
+
+
+def forget_last(mask: np.ndarray, count: int) -> None:
+    """Mask the last `count` positions a cache row uses."""
+    kept = np.flatnonzero(mask)
+    mask[kept[len(kept) - count:]] = 0
 
 
 def used(cache: Cache, i: int) -> int:

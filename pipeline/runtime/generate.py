@@ -106,8 +106,9 @@ def check_requests(prompts: Sequence[Sequence[int]], sampling: SamplingConfig | 
     for r, (prompt, cfg) in enumerate(zip(prompts, configs)):
         if len(prompt) == 0:
             raise UserError(f"prompt {r} is empty; every request needs at least one input token")
-        if min(prompt) < 0 or max(prompt) >= vocab_size:
-            raise UserError(f"token ids must be in [0, {vocab_size}) (got {min(prompt)}..{max(prompt)})")
+        for what, ids in (("token ids", prompt), (f"prompt {r}'s draft tokens", cfg.drafts)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+                raise UserError(f"{what} must be in [0, {vocab_size}) (got {min(ids)}..{max(ids)})")
         total = len(prompt) + cfg.max_new_tokens
         if total > max_positions:
             raise UserError(f"prompt {r}: {len(prompt)} input + {cfg.max_new_tokens} new tokens exceed "
@@ -144,14 +145,12 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
     prefilled = [r for r, c in enumerate(configs) if c.max_new_tokens or c.context_logits]
     for r in sorted(set(range(len(configs))) - set(prefilled)):
         end(r)
-    logits = prefill(decoder, prefilled, configs, results) if prefilled else None
+    logits = dict(zip(prefilled, prefill(decoder, prefilled, configs, results))) if prefilled else {}
     active = [r for r in prefilled if configs[r].max_new_tokens]
     for r in prefilled:
         if r not in active:
             end(r)
-    if active != prefilled:
-        logits = logits[[prefilled.index(r) for r in active]]
-    steps, drafts, timed = [logits[i:i + 1] for i in range(len(active))], [[] for _ in active], None
+    steps, drafts, timed = [logits[r] for r in active], [list(configs[r].drafts) for r in active], None
     while active:
         fed, accepted = [], 0
         for i, r in enumerate(active):
@@ -223,18 +222,25 @@ def take(decoder: Decoder, r: int, logits: torch.Tensor, drafts: list[int], sele
     return going
 
 
-def prefill(decoder: Decoder, rows: list[int], configs, results) -> torch.Tensor:
-    """The rows' last-prompt-token logits; every prompt position's too (into the results) only when a row asks.
-    `configs` and `results` are indexed by row (lists, or dicts of the rows)."""
-    if not any(configs[r].context_logits for r in rows):
-        return decoder.prefill(rows)
+def prefill(decoder: Decoder, rows: list[int], configs, results) -> list[torch.Tensor]:
+    """Each row's logits [1 + its drafts, vocab]: after its prompt, and after each draft token it brought (fed with
+    the prompt: the decoder was given `fed_context`); every prompt position's too (into the results) only when a row
+    asks. `configs` and `results` are indexed by row (lists, or dicts of the rows)."""
+    if not any(configs[r].context_logits or configs[r].drafts for r in rows):
+        logits = decoder.prefill(rows)
+        return [logits[i:i + 1] for i in range(len(rows))]
     if not isinstance(decoder, ContextDecoder):
-        raise UserError(f"{type(decoder).__name__} cannot return context logits")
+        raise UserError(f"{type(decoder).__name__} cannot return context logits nor verify draft tokens")
     context = decoder.prefill_context(rows)
     for r, logits in zip(rows, context):
         if configs[r].context_logits:
-            results[r].context_logits = logits
-    return torch.stack([logits[-1] for logits in context])
+            results[r].context_logits = logits[:len(logits) - len(configs[r].drafts)]
+    return [logits[len(logits) - 1 - len(configs[r].drafts):] for r, logits in zip(rows, context)]
+
+
+def fed_context(context: Sequence[int], config: SamplingConfig) -> list[int]:
+    """What a decoder prefills for a request: its context, and the draft tokens it brought."""
+    return [*context, *config.drafts]
 
 
 def advance(r: int, logits: torch.Tensor, selector: TokenSelector, cfg: SamplingConfig, result: RowResult,
@@ -315,13 +321,13 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
         return False
 
     def prefill_alone(row: int, config: SamplingConfig) -> None:
-        with span("forward", phase="prefill", rows=1, tokens=len(rows[row].context())):
+        with span("forward", phase="prefill", rows=1, tokens=len(rows[row].context()) + len(config.drafts)):
             logits = prefill(decoder, [row], {row: config}, {row: rows[row].result})
         if not config.max_new_tokens:
             _end(decoder, scheduler, rows, row, on_end)
             return
         with span("sample", rows=1):
-            if chosen(row, logits[0]):
+            if chosen(row, logits[0], config.drafts):
                 fed.append(row)
 
     while True:
@@ -335,14 +341,14 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
             return
         for s in started:
             row, next_row = next_row, next_row + 1
-            config = start_config(s)        # before the result exists: it tells a fresh start from a resumed one
-            decoder.add([row], [s.context()], [config])
+            config = start_config(s, scheduler.room(s))  # before the result exists: it tells a fresh start
+            decoder.add([row], [fed_context(s.context(), config)], [config])
             rows[row] = s
             if s.result is None:
                 s.selector, s.result = TokenSelector(s.config, s.prompt), RowResult.for_request(s.config)
             if not config.max_new_tokens and not config.context_logits:
                 _end(decoder, scheduler, rows, row, on_end)
-            elif mixing and not config.context_logits:       # so max_new_tokens > 0
+            elif mixing and not config.context_logits and not config.drafts:       # so max_new_tokens > 0
                 joining.append((row, config))
             else:
                 prefill_alone(row, config)
@@ -383,12 +389,15 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
                 fed.append(row)
 
 
-def start_config(s: ScheduledSequence) -> SamplingConfig:
-    """What the decoder and prefill are told of a sequence that starts: itself when fresh; after a pause, only
-    the tokens it still has to produce and no context logits (it returned them when it first started)."""
+def start_config(s: ScheduledSequence, room: int | None) -> SamplingConfig:
+    """What the decoder and prefill are told of a sequence that starts: itself when fresh, its draft tokens within
+    `room` (the KV its blocks hold after its prompt: `Scheduler.room`, None: no bound); after a pause, only the
+    tokens it still has to produce, no context logits (it returned them when it first started) and no drafts."""
     if s.result is None:
-        return s.config
-    return replace(s.config, max_new_tokens=s.config.max_new_tokens - len(s.result.tokens), context_logits=False)
+        return s.config if room is None or len(s.config.drafts) <= room else replace(
+            s.config, drafts=s.config.drafts[:room])
+    return replace(s.config, max_new_tokens=s.config.max_new_tokens - len(s.result.tokens), context_logits=False,
+                   drafts=())
 
 
 def _end(decoder: InflightDecoder, scheduler: Scheduler, rows: dict, row: int,

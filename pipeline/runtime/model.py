@@ -27,8 +27,8 @@ from .trtllm_reader import Layer, Linear, ModelWeights
 from .hf_checkpoint import load_checkpoint
 from .rope import RotaryTable
 from .generate import (
-    EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, generate_rows, serve_rows,
-    token_steps,
+    EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, fed_context, generate_rows,
+    serve_rows, token_steps,
 )
 from .sampling import SamplingConfig
 from .scheduler import Scheduler
@@ -162,7 +162,8 @@ class ReferenceModel:
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
         if not prompts:
             return []
-        return generate_rows(CacheDecoder(self, prompts, configs), configs, on_step, on_end, prompts, speculation)
+        decoder = CacheDecoder(self, [fed_context(p, c) for p, c in zip(prompts, configs)], configs)
+        return generate_rows(decoder, configs, on_step, on_end, prompts, speculation)
 
     @torch.inference_mode()
     def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end,

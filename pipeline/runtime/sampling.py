@@ -37,6 +37,12 @@ class SamplingConfig:
     probability; normalize_log_probs: renormalise it over the top-k candidates as the executor's
     normalizeLogProbs does (greedy then reports 0). context_logits: keep the raw logits of every prompt
     position; generation_logits: keep the raw logits of every generated step.
+
+    drafts: draft tokens the request brings for what follows its prompt (TensorRT-LLM's external draft tokens,
+    NVIDIA's `draft_input_ids`: what its BLS model sends the target with a draft model's output). They are fed with
+    the prompt and verified by its prefill, as a speculative step verifies drafts (pipeline/runtime/speculative.py):
+    the output is what plain decoding gives, the accepted drafts only save steps. A step verifying K drafts outputs
+    up to K + 1 tokens, so a request brings fewer than max_new_tokens.
     """
 
     max_new_tokens: int = 16
@@ -56,10 +62,15 @@ class SamplingConfig:
     normalize_log_probs: bool = False
     context_logits: bool = False
     generation_logits: bool = False
+    drafts: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
             raise UserError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
+        self.drafts = tuple(int(t) for t in self.drafts)
+        if self.drafts and len(self.drafts) >= self.max_new_tokens:
+            raise UserError(f"{len(self.drafts)} draft tokens need max_new_tokens of at least {len(self.drafts) + 1} "
+                            f"(got {self.max_new_tokens}): a step verifying K drafts outputs up to K + 1 tokens")
         # TensorRT-LLM's ranges (triton_names.SAMPLING_RANGES); the temperature's is the runtime's own: here a
         # temperature of 0 is not greedy (trtllm_sampling made it top_k 1 already), so sampling needs one > 0
         for name, integer in (("min_tokens", True), ("top_k", False), ("top_p", False)):

@@ -18,8 +18,9 @@ as NVIDIA's backend answers; a request is answered as soon as its own rows are d
 
 Every input of NVIDIA's tensorrt_llm contract (pipeline/triton_contract.py) is honoured (`HONOURED`: sampling,
 min_tokens, penalties, bad/stop words, embedding bias, num_return_sequences, log probs, logits, token counts,
-perf metrics, stop) or refused by name when a request sends it (`REFUSED`: beam search > 1, LoRA, p-tuning,
-draft tokens, guided and lookahead decoding, encoder-decoder and multimodal inputs, KV retention); sampling values
+perf metrics, stop, draft tokens to verify) or refused by name when a request sends it (`REFUSED`: beam search > 1,
+LoRA, p-tuning, draft logits, guided and lookahead decoding, encoder-decoder and multimodal inputs, KV retention);
+sampling values
 outside the ranges TensorRT-LLM's executor accepts are refused too (pipeline/triton_names.py
 `TENSORRT_LLM_SAMPLING_RANGES`, where the tensor names and `parameter` are too), and so is a request that can never
 fit the scheduler's limits (a prompt over max_num_tokens, a sequence over the KV pool, a priority outside the levels).
@@ -59,9 +60,9 @@ from pipeline.runtime.speculative import (  # noqa: E402
 )
 from pipeline.triton_names import (  # noqa: E402
     ACCEPTANCE_RATE, ARRIVAL_TIME_NS, BAD_WORDS_LIST, BATCH_INDEX, BEAM_WIDTH, CONTEXT_LOGITS, CUM_LOG_PROBS,
-    EMBEDDING_BIAS, END_ID, EXCLUDE_INPUT_IN_OUTPUT, FIRST_SCHEDULED_TIME_NS, FIRST_TOKEN_TIME_NS, FREQUENCY_PENALTY,
-    GENERATION_LOGITS, INPUT_IDS, INPUT_LENGTHS, KV_CACHE_ALLOC_NEW_BLOCKS, KV_CACHE_ALLOC_TOTAL_BLOCKS,
-    KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MIN_TOKENS, NUM_INPUT_TOKENS,
+    DRAFT_INPUT_IDS, EMBEDDING_BIAS, END_ID, EXCLUDE_INPUT_IN_OUTPUT, FIRST_SCHEDULED_TIME_NS, FIRST_TOKEN_TIME_NS,
+    FREQUENCY_PENALTY, GENERATION_LOGITS, INPUT_IDS, INPUT_LENGTHS, KV_CACHE_ALLOC_NEW_BLOCKS,
+    KV_CACHE_ALLOC_TOTAL_BLOCKS, KV_CACHE_REUSED_BLOCKS, LAST_TOKEN_TIME_NS, MIN_TOKENS, NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS, NUM_RETURN_SEQUENCES, OUTPUT_IDS, OUTPUT_LOG_PROBS, PAD_ID, PRESENCE_PENALTY,
     REPETITION_PENALTY, REQUEST_OUTPUT_LEN, RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGITS, RETURN_LOG_PROBS,
     RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_PERF_METRICS, RUNTIME_TOP_K, RUNTIME_TOP_P, SEED,
@@ -87,12 +88,12 @@ RETURN_FLAGS = (RETURN_LOG_PROBS, RETURN_CONTEXT_LOGITS, RETURN_GENERATION_LOGIT
 HONOURED = (INPUT_IDS, INPUT_LENGTHS, REQUEST_OUTPUT_LEN, NUM_RETURN_SEQUENCES, END_ID, PAD_ID, STOP_WORDS_LIST,
             BAD_WORDS_LIST, EMBEDDING_BIAS, BEAM_WIDTH, TEMPERATURE, RUNTIME_TOP_K, RUNTIME_TOP_P, REPETITION_PENALTY,
             MIN_TOKENS, PRESENCE_PENALTY, FREQUENCY_PENALTY, SEED, *RETURN_FLAGS, EXCLUDE_INPUT_IN_OUTPUT, STOP,
-            STREAMING, *UNUSED_AT_BEAM_WIDTH_1, *DECODER_ONLY_UNUSED)
+            STREAMING, DRAFT_INPUT_IDS, *UNUSED_AT_BEAM_WIDTH_1, *DECODER_ONLY_UNUSED)
 #: Inputs refused by name when a request sends them: what the reference runtime cannot do.
 REFUSED = {
-    **{name: "speculative decoding with drafts from outside (draft-target through the BLS model) is not supported: "
-             "the cpu model drafts itself when deployed with --speculative ngram or draft:CHECKPOINT"
-       for name in ("draft_input_ids", "draft_logits", "draft_acceptance_threshold")},
+    **{name: "draft logits (rejection sampling against the draft's distribution) are not supported: the cpu model "
+             "verifies draft_input_ids by the target's own choice, which is exact for greedy and sampled requests"
+       for name in ("draft_logits", "draft_acceptance_threshold")},
     **{name: "encoder-decoder and cross-attention inputs are for encoder-decoder models; this one is decoder-only"
        for name in ("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
                     "skip_cross_attn_blocks")},
@@ -376,7 +377,7 @@ class Job:
                  seed) -> SamplingConfig:
         """Row r's SamplingConfig. A top_p <= 0 is unset (0), as NVIDIA's backend makes it; each return sequence
         draws from its own generator (the request's seed + the sequence's index)."""
-        bias = inputs.get(EMBEDDING_BIAS)
+        bias, drafts = inputs.get(EMBEDDING_BIAS), inputs.get(DRAFT_INPUT_IDS)
         bias = None if bias is None or bias.shape[-1] == 0 or not np.any(bias[r]) else torch.from_numpy(
             np.ascontiguousarray(bias[r].reshape(-1), np.float32))
         try:
@@ -392,7 +393,8 @@ class Job:
                 frequency_penalty=float(scalar(FREQUENCY_PENALTY, r, 0.0)), embedding_bias=bias,
                 log_probs=self.wants[RETURN_LOG_PROBS], normalize_log_probs=model.normalize_log_probs,
                 context_logits=self.wants[RETURN_CONTEXT_LOGITS],
-                generation_logits=self.wants[RETURN_GENERATION_LOGITS])
+                generation_logits=self.wants[RETURN_GENERATION_LOGITS],
+                drafts=() if drafts is None else drafts.reshape(self.batch, -1)[r])
         except UserError as exc:
             raise RequestError(str(exc)) from None
 
