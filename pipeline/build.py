@@ -167,7 +167,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     people and for skipping unchanged stages on the next run.
     """
     from .backends import backend_serving
-    from .deploy import deploy_repository, refuse_undeployed_speculation
+    from .deploy import deploy_repository, refuse_unbuilt_speculation
     from .plan import save_plan
     from .planner import make_plan
     from .sources import resolve_model
@@ -186,7 +186,7 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
         options = replace(options, precision=planned.precision)
         say(planned.warnings[0])
     check_lm_head(options, backend)
-    refuse_undeployed_speculation(planned)
+    refuse_unbuilt_speculation(planned)
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
     summary.options["backend"] = backend.name

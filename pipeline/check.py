@@ -18,7 +18,8 @@ from .backends.nvidia_contract import (FATAL, LITERAL, MULTIMODAL, MULTIMODAL_PR
 from .errors import UserError
 from .model_repository import CONFIG, NO_CONFIG, ModelRepository, RepositoryModel, read_repository
 from .triton_contract import MODELS as NVIDIA_TENSORS, declared_differently
-from .triton_names import STREAM, STREAMING, TENSORRT_LLM, TENSORRT_LLM_MODEL_NAME
+from .triton_names import (NUM_DRAFT_TOKENS, STREAM, STREAMING, TENSORRT_LLM, TENSORRT_LLM_DRAFT_MODEL_NAME,
+                           TENSORRT_LLM_MODEL_NAME)
 from .tritonconfig import dtype_name
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -33,7 +34,7 @@ PAGED_FMHA_PARAMETERS = ("enable_kv_cache_reuse", "enable_chunked_context")
 @dataclass(frozen=True)
 class Finding:
     code: str        # schema | placeholder | parameter | wiring | tensor | batch-size | streaming |
-    #                  paged-context-fmha | preferred-batch-size | engine-version | engine | llm-api
+    #                  paged-context-fmha | preferred-batch-size | engine-version | engine | llm-api | draft
     severity: str    # error | warning | info
     file: str        # relative to the repository
     field: str
@@ -88,10 +89,13 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
         findings += check_ensemble(ensemble, models, unparsed)
         findings += check_tensor_contract(models)
     findings += check_streaming(models)
+    findings += check_draft_target(models)
     findings += check_llm_api_yaml(repo, repository.trtllm_version)
     engine_path = None
-    for model in (m for m in models.values() if m.serves_engine):
-        engine_path, engine_findings = check_engine(repository.trtllm_version, model, engine)
+    for model in (m for m in models.values() if m.serves_engine):   # `engine` is the target's (tensorrt_llm)
+        found, engine_findings = check_engine(repository.trtllm_version, model,
+                                              engine if model.name == TENSORRT_LLM else None)
+        engine_path = found if model.name == TENSORRT_LLM else engine_path
         findings += engine_findings
     return CheckReport(repo, sorted(models), findings, engine_path)
 
@@ -348,7 +352,8 @@ def check_tensor_contract(models: dict[str, RepositoryModel]) -> list[Finding]:
     models request and clients send. A missing tensor is a warning (the feature is lost, and NVIDIA's
     preprocessing or BLS fail on the config); one declared otherwise than NVIDIA declares it is an error."""
     findings = []
-    for name, (inputs, outputs) in NVIDIA_TENSORS.items():
+    contracts = {**NVIDIA_TENSORS, **{draft: NVIDIA_TENSORS[TENSORRT_LLM] for draft in draft_models(models)}}
+    for name, (inputs, outputs) in contracts.items():
         model = models.get(name)
         if model is None:
             continue
@@ -403,6 +408,39 @@ def check_streaming(models: dict[str, RepositoryModel]) -> list[Finding]:
                                     f"{m.name} accepts the streaming input but is not decoupled: requests with "
                                     "stream=true will fail", "set model_transaction_policy { decoupled: true } "
                                     "if clients stream"))
+    return findings
+
+
+# ---------------------------------------------------------------------------------------- draft-target
+
+def draft_models(models: dict[str, RepositoryModel]) -> set[str]:
+    """The models a BLS names as its draft model (tensorrt_llm_draft_model_name)."""
+    return {m.set_parameter(TENSORRT_LLM_DRAFT_MODEL_NAME) for m in models.values()
+            if m.set_parameter(TENSORRT_LLM_DRAFT_MODEL_NAME)}
+
+
+def check_draft_target(models: dict[str, RepositoryModel]) -> list[Finding]:
+    """A BLS that drafts: its draft model is in the repository, and it, the draft and the target are not decoupled
+    (NVIDIA's BLS calls both with exec(decoupled=False) and drafts only for requests that do not stream:
+    tensorrt_llm_bls/1/lib/triton_decoder.py and decode.py, tensorrtllm_backend c2e65b8)."""
+    findings = []
+    for bls in models.values():
+        draft = bls.set_parameter(TENSORRT_LLM_DRAFT_MODEL_NAME)
+        if not draft:
+            continue
+        where = f"parameters[{TENSORRT_LLM_DRAFT_MODEL_NAME}]"
+        if draft not in models:
+            findings.append(Finding("draft", "error", bls.file, where, f"names draft model {draft!r}, which the "
+                                    f"repository lacks: requests with {NUM_DRAFT_TOKENS} fail",
+                                    f"add {draft}/ (a tensorrt_llm model of the draft's engine), or unset it"))
+        target = bls.set_parameter(TENSORRT_LLM_MODEL_NAME) or TENSORRT_LLM
+        for model in (models.get(name) for name in (bls.name, target, draft)):
+            if model is not None and model.decoupled:
+                findings.append(Finding("draft", "error", model.file, "model_transaction_policy.decoupled",
+                                        f"{bls.name} drafts with {draft} but {model.name} is decoupled: NVIDIA's BLS "
+                                        "calls the draft and target models with decoupled=False",
+                                        "set model_transaction_policy { decoupled: false } on the BLS, the target "
+                                        "and the draft (NVIDIA's draft-target instructions do)"))
     return findings
 
 

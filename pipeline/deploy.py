@@ -47,7 +47,9 @@ from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS,
                               POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                               TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS, TENSORRT_LLM_INPUTS,
                               TENSORRT_LLM_OUTPUTS)
-from .triton_names import (ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS,
+from .runtime.speculative import DRAFT
+from .triton_names import (ENSEMBLE, EXCLUDE_INPUT_IN_OUTPUT, POSTPROCESSING, PREPROCESSING, TARGET_DEFAULTS,
+                           TENSORRT_LLM, TENSORRT_LLM_BLS, TENSORRT_LLM_DRAFT, TENSORRT_LLM_DRAFT_MODEL_NAME,
                            TENSORRT_LLM_MODEL_NAME)
 from .tritonconfig import Batching, ModelSpec, build_model_config, to_pbtxt
 
@@ -72,6 +74,8 @@ class DeploySettings:
     trtllm_parameters: dict  # tensorrt_llm model parameters (strings), the backend's
     priority_levels: int = 0
     default_priority_level: int = 0
+    #: draft-target through the BLS: the draft's tensorrt_llm model's parameters (TENSORRT_LLM_DRAFT); None: none
+    draft_parameters: dict | None = None
 
     def batching(self, scheduling: bool = False) -> Batching:
         """The dynamic_batching block; with the priority levels for the model that schedules (tensorrt_llm)."""
@@ -113,23 +117,26 @@ class DeployResult:
 
 def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, checkpoint: Path | None = None,
                       tokenizer: Path | None = None, force: bool = False, runtime: str | None = None,
-                      python_models: Path | None = None, model: str | None = None) -> DeployResult:
+                      python_models: Path | None = None, model: str | None = None,
+                      draft_engine: Path | None = None) -> DeployResult:
     """Write the model repository for `plan` at `out` (a no-op when `out` is up to date); `runtime` (cpu target:
     torch or onnxruntime, `backends.base.RUNTIMES`) overrides the plan's; `python_models`: a directory of
     NVIDIA's inflight_batcher_llm models whose pre/postprocessing and BLS model files are shipped instead of
     trtpipe's (`nvidia_python_models`); `model`: the model the repository serves, recorded for validate's golden
     check, when the plan cannot name it (a plan made from a sparsified or distilled checkpoint: `build` passes its
-    own float model)."""
+    own float model); `draft_engine`: a draft-target plan's draft engine on a backend that drafts through the BLS
+    (`bls_draft_engine`)."""
     out = Path(out)
     if runtime is not None:
         plan = with_runtime(plan, runtime)
     backend = backend_for(plan.backend)
-    refuse_undeployed_speculation(plan)
+    draft_engine = bls_draft_engine(plan, draft_engine)
     engine, checkpoint = backend.check_artifacts(engine, checkpoint)
-    settings = settings_from_plan(plan, engine)
+    settings = settings_from_plan(plan, engine, draft_engine)
     llmapi = backend.layout == LLMAPI
     on_triton = serves_on_triton(plan)
     models = (LLMAPI_MODELS if llmapi else INFLIGHT_BATCHER_MODELS) if on_triton else ()
+    models += (TENSORRT_LLM_DRAFT,) if draft_engine else ()
     # NVIDIA's llmapi model on a GPU tokenizes with the Hugging Face model it loads: no tokenizer files
     tokenizer_dir = None if llmapi and not backend.serves_embedded else find_tokenizer(tokenizer, checkpoint, engine)
     deployment = describe_deployment(plan, checkpoint, model)
@@ -138,8 +145,10 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
                                                                                  *MODEL_SUPPORT_FILES]
     draft = draft_checkpoint(plan)
     inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *sources,
-                                 *backend.repository_inputs(engine, checkpoint), *([draft] if draft else [])])
-    params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None}
+                                 *backend.repository_inputs(engine, checkpoint), *([draft] if draft else []),
+                                 *(backend.repository_inputs(draft_engine, None) if draft_engine else [])])
+    params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None,
+              **({"draft_engine": str(draft_engine)} if draft_engine else {})}
     with stage_output(out, STAGE, inputs, params, force=force,
                       extra={"trtllm_version": plan.llm_api.tensorrt_llm_version if plan.llm_api else TRTLLM_VERSION,
                              "target": settings.target,
@@ -160,12 +169,32 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     return DeployResult(out, settings.target, False, models, engine, deployment)
 
 
-def refuse_undeployed_speculation(plan: Plan) -> None:
-    """UserError for a plan whose speculative decoding its backend plans but trtpipe does not deploy yet."""
+def refuse_unbuilt_speculation(plan: Plan) -> None:
+    """UserError for a plan whose speculative decoding `trtpipe build` does not make end to end yet."""
     spec = plan.speculative
-    why = spec and backend_for(plan.backend).undeployed_speculation.get(spec.method)
+    why = spec and backend_for(plan.backend).unbuilt_speculation.get(spec.method)
     if why:
-        raise UserError(f"--speculative {spec.method} on the {plan.backend} backend is planned, not deployed: {why}")
+        raise UserError(f"--speculative {spec.method} on the {plan.backend} backend: {why}")
+
+
+def bls_draft_engine(plan: Plan, draft_engine: Path | None) -> Path | None:
+    """The draft engine of a draft-target plan whose backend drafts through the BLS (resolved; it need not exist
+    yet); UserError when such a plan lacks it or another plan is given one."""
+    spec = plan.speculative
+    drafting = spec is not None and spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls
+    if draft_engine is not None and not drafting:
+        raise UserError("--draft-engine is for a draft-target plan on the engine backend (`trtpipe plan --speculative "
+                        "draft:MODEL`); this plan has no draft model there")
+    if drafting and draft_engine is None:
+        raise UserError(f"the plan drafts with {spec.draft_model}: pass --draft-engine DIR, its engine (trtllm-build "
+                        "of its checkpoint with --use_paged_context_fmha enable and this plan's max_batch_size, "
+                        "max_input_len and max_seq_len; it need not exist yet)")
+    if draft_engine is None:
+        return None
+    draft_engine = Path(draft_engine).resolve()
+    if draft_engine.exists() and not draft_engine.is_dir():
+        raise UserError(f"--draft-engine {draft_engine} is a file; pass the draft's engine directory")
+    return draft_engine
 
 
 def draft_checkpoint(plan: Plan) -> Path | None:
@@ -206,7 +235,7 @@ def find_tokenizer(tokenizer: Path | None, checkpoint: Path | None, engine: Path
                     "pass --tokenizer DIR, e.g. the Hugging Face model directory")
 
 
-def settings_from_plan(plan: Plan, engine: Path | None) -> DeploySettings:
+def settings_from_plan(plan: Plan, engine: Path | None, draft_engine: Path | None = None) -> DeploySettings:
     triton = plan.triton
     max_batch = triton.triton_max_batch_size
     if max_batch < 1:
@@ -223,6 +252,7 @@ def settings_from_plan(plan: Plan, engine: Path | None) -> DeploySettings:
         max_queue_size=triton.max_queue_size, decoupled=triton.decoupled_mode,
         trtllm_parameters=backend.model_parameters(plan, engine),
         priority_levels=triton.priority_levels, default_priority_level=triton.default_priority_level,
+        draft_parameters=backend.model_parameters(plan, draft_engine) if draft_engine else None,
     )
 
 
@@ -239,6 +269,11 @@ def tokenizer_parameter(model: str) -> dict[str, str]:
 
 
 def model_specs(s: DeploySettings) -> list[ModelSpec]:
+    """The repository's models; with a draft (`DeploySettings.draft_parameters`), the draft's tensorrt_llm model
+    beside the target's, as NVIDIA's draft-target instructions make it (a copy of tensorrt_llm renamed, its engine
+    the draft's: examples/draft_target_model/README.md), and the BLS naming it."""
+    draft = s.draft_parameters is not None
+    llm = [(TENSORRT_LLM, s.trtllm_parameters), *([(TENSORRT_LLM_DRAFT, s.draft_parameters)] if draft else [])]
     return [
         ModelSpec(ENSEMBLE, s.max_batch_size, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, platform="ensemble",
                   steps=ENSEMBLE_STEPS),
@@ -247,17 +282,17 @@ def model_specs(s: DeploySettings) -> list[ModelSpec]:
                   # NVIDIA's preprocessing reads multimodal_model_path with []: "" = text only
                   parameters={**tokenizer_parameter(PREPROCESSING), "add_special_tokens": "true",
                               "multimodal_model_path": ""}),
-        ModelSpec(TENSORRT_LLM, s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS,
-                  backend=s.triton_backend, batching=s.batching(scheduling=True), decoupled=s.decoupled,
-                  instance_count=1,
-                  parameters=s.trtllm_parameters),
+        *(ModelSpec(name, s.max_batch_size, TENSORRT_LLM_INPUTS, TENSORRT_LLM_OUTPUTS, backend=s.triton_backend,
+                    batching=s.batching(scheduling=True), decoupled=s.decoupled, instance_count=1,
+                    parameters=parameters) for name, parameters in llm),
         ModelSpec(POSTPROCESSING, s.max_batch_size, POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS,
                   backend="python", batching=Batching(), instance_count=1,
                   parameters={**tokenizer_parameter(POSTPROCESSING), "skip_special_tokens": "true"}),
         ModelSpec(TENSORRT_LLM_BLS, s.max_batch_size, TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS,
                   backend="python",
                   decoupled=s.decoupled, instance_count=1,
-                  parameters={TENSORRT_LLM_MODEL_NAME: TENSORRT_LLM, "accumulate_tokens": "false"}),
+                  parameters={TENSORRT_LLM_MODEL_NAME: TENSORRT_LLM, "accumulate_tokens": "false",
+                              **({TENSORRT_LLM_DRAFT_MODEL_NAME: TENSORRT_LLM_DRAFT} if draft else {})}),
     ]
 
 
@@ -305,13 +340,16 @@ def write_repository(repo: Path, s: DeploySettings, tokenizer_dir: Path, python_
                         ignore=shutil.ignore_patterns("__pycache__"))
     for name in (PREPROCESSING, POSTPROCESSING):
         copy_tokenizer(tokenizer_dir, repo / name / "1" / "tokenizer")
-    (repo / TENSORRT_LLM_BLS / "1" / "wiring.json").write_text(json.dumps(bls_wiring(), indent=2) + "\n")
+    (repo / TENSORRT_LLM_BLS / "1" / "wiring.json").write_text(json.dumps(bls_wiring(s), indent=2) + "\n")
 
 
-def bls_wiring() -> dict:
-    """The ensemble's step maps, for tensorrt_llm_bls to call the same models the same way."""
-    return {step.model_name: {"input_map": step.input_map, "output_map": step.output_map}
-            for step in ENSEMBLE_STEPS}
+def bls_wiring(s: DeploySettings) -> dict:
+    """The ensemble's step maps, for tensorrt_llm_bls to call the same models the same way; and under
+    `TARGET_DEFAULTS` what the LLM model does when a request does not say (its drafting loop answers as the model
+    would, its own calls saying it)."""
+    return {**{step.model_name: {"input_map": step.input_map, "output_map": step.output_map}
+               for step in ENSEMBLE_STEPS},
+            TARGET_DEFAULTS: {EXCLUDE_INPUT_IN_OUTPUT: s.trtllm_parameters.get(EXCLUDE_INPUT_IN_OUTPUT) == "true"}}
 
 
 def refuse_if_check_fails(repo: Path, engine: Path | None) -> None:

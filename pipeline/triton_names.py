@@ -25,6 +25,20 @@ GUARANTEED_NO_EVICT, MAX_UTILIZATION = "guaranteed_no_evict", "max_utilization"
 BATCH_SCHEDULER_POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
 
 
+def words(words_list) -> list[list[int]]:
+    """A stop or bad words list as TensorRT-LLM takes it, [2, N] (flat ids, cumulative end offsets padded with -1),
+    as token-id sequences."""
+    ids, ends = words_list
+    sequences, start = [], 0
+    for end in ends:
+        if end < 0:
+            break
+        if end > start:
+            sequences.append([int(t) for t in ids[start:end]])
+        start = int(end)
+    return sequences
+
+
 def parameter(config: dict, key: str, default: str) -> str:
     """Parameter `key`'s string_value in a model config (the JSON Triton hands `initialize`), else `default`.
     An empty value and a `${...}` one count as unset: `${...}` is a placeholder of NVIDIA's fill_template.py left
@@ -42,6 +56,12 @@ POSTPROCESSING = "postprocessing"
 TENSORRT_LLM_BLS = "tensorrt_llm_bls"
 #: tensorrt_llm_bls's parameter naming the LLM model it calls (default TENSORRT_LLM).
 TENSORRT_LLM_MODEL_NAME = "tensorrt_llm_model_name"
+#: draft-target: tensorrt_llm_bls's parameter naming the draft model (a second tensorrt_llm model), and the name
+#: trtpipe gives that model (NVIDIA's draft-target instructions name it so: docs/speculative.md)
+TENSORRT_LLM_DRAFT_MODEL_NAME = "tensorrt_llm_draft_model_name"
+TENSORRT_LLM_DRAFT = "tensorrt_llm_draft"
+#: the key of tensorrt_llm_bls's wiring.json under which deploy writes what the LLM model does by default
+TARGET_DEFAULTS = "target_defaults"
 
 # ---------------------------------------------------------- the ensemble's request and response (and the BLS's)
 
@@ -59,6 +79,12 @@ TEXT_OUTPUT = "text_output"
 #: The names above of the ensemble's (and tensorrt_llm_bls's: the same contract) tensors.
 ENSEMBLE_NAMES = (TEXT_INPUT, MAX_TOKENS, BAD_WORDS, STOP_WORDS, STREAM, EXCLUDE_INPUT_IN_OUTPUT, TOP_K, TOP_P,
                   TEMPERATURE, MIN_TOKENS, TEXT_OUTPUT)
+
+# ------------------------------------------------------- tensorrt_llm_bls's own inputs (the ensemble has none)
+
+NUM_DRAFT_TOKENS = "num_draft_tokens"      # draft-target: the draft model's tokens a step (0: none)
+USE_DRAFT_LOGITS = "use_draft_logits"
+BLS_NAMES = (NUM_DRAFT_TOKENS, USE_DRAFT_LOGITS)
 
 # ------------------------------------------------------------------------------- the tensorrt_llm model's inputs
 

@@ -702,3 +702,62 @@ def test_compare_reports_a_speculating_builds_acceptance_and_drafts_a_step(tiny_
     assert rows[0] == "| speculative decoding | no speculation | ngram | |"
     assert f"{spec['acceptance']:.3f}" in rows[2] and f"{spec['drafts_per_step']:.2f}" in rows[3]
     assert speculation_rows(None, None) == []
+
+
+def test_the_engine_paths_draft_target_repository_drafts_through_the_bls_exactly(tiny_ckpt, tiny_hf, tiny_draft,
+                                                                                 tmp_path, triton_pool,
+                                                                                 tiny_cpu_server):
+    """The repository deploy writes for an engine draft-target plan (tensorrt_llm_draft beside tensorrt_llm, the
+    BLS naming it, nothing decoupled), run on the real Triton server with the cpu target's tensorrt_llm models in
+    the two engines' places: a request with num_draft_tokens loops draft -> target through the BLS and answers the
+    text plain decoding answers (the ensemble's), with the drafted and accepted tokens of all its steps; streaming
+    with drafts, and drafts where no draft model is named, are refused by name."""
+    from pipeline.plan import Overrides
+    from pipeline.triton_names import TENSORRT_LLM, TENSORRT_LLM_BLS, TENSORRT_LLM_DRAFT
+    from pipeline.tritonconfig import parse_pbtxt, to_pbtxt
+
+    workload, batch = Workload(input_len=32, output_len=32, max_context=96), Overrides(max_batch_size=4)
+    plan = make_plan(resolve_model_info(str(tiny_hf)), get_target("rtx4090"), "fp16", workload=workload,
+                     overrides=batch, speculative=SpeculativeRequest("draft", str(tiny_draft), 3))
+    assert not plan.triton.decoupled_mode
+    repo = deploy_repository(plan, tmp_path / "repo", engine=tmp_path / "engine",
+                             draft_engine=tmp_path / "draft-engine", tokenizer=tiny_hf).path
+    for name, ckpt in ((TENSORRT_LLM, tiny_ckpt), (TENSORRT_LLM_DRAFT, tiny_draft)):
+        cpu_plan = make_plan(resolve_model_info(str(ckpt)), get_target("cpu"), "fp32", workload=workload,
+                             overrides=batch)
+        cpu = deploy_repository(cpu_plan, tmp_path / f"cpu-{name}", checkpoint=ckpt, tokenizer=tiny_hf).path
+        shutil.rmtree(repo / name)
+        shutil.copytree(cpu / TENSORRT_LLM, repo / name)
+        config = parse_pbtxt((repo / name / "config.pbtxt").read_text())
+        config.name, config.model_transaction_policy.decoupled = name, False
+        (repo / name / "config.pbtxt").write_text(to_pbtxt(config))
+    server = triton_pool.get(repo)
+    url = server.http_url
+    prompt = "the cat sat on the mat and then the cat"
+
+    def generate(model: str, **body) -> dict:
+        response = requests.post(f"{url}/v2/models/{model}/generate", timeout=120,
+                                 json={"text_input": prompt, "max_tokens": 20, **body})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    plain = generate("ensemble")["text_output"]
+    drafted = generate(TENSORRT_LLM_BLS, num_draft_tokens=3, return_perf_metrics=True)
+    assert drafted["text_output"] == plain
+    assert drafted[TOTAL_DRAFT_TOKENS] >= 3 * 4 and 0 <= drafted[TOTAL_ACCEPTED_DRAFT_TOKENS] <= drafted[
+        TOTAL_DRAFT_TOKENS]
+    assert generate(TENSORRT_LLM_BLS)["text_output"] == plain
+    report = validate_repository(repo, tmp_path / "validation", ValidateOptions(max_tokens=12, load_test=True),
+                                 url=url, grpc_url=server.endpoints.grpc_url,
+                                 metrics_url=server.endpoints.metrics_url)
+    checks = {c.name: c for c in report.checks}
+    assert report.passed and checks["speculation"].passed, [(c.name, c.detail) for c in report.checks]
+    assert checks["speculation"].data["drafted"] > 0 and not checks["speculation"].data["differ"]
+    assert "--speculative draft:" in checks["speculation"].detail
+    assert {name for name, c in checks.items() if c.skipped} >= {"streaming", "load_test"}
+    assert "does not stream: draft-target through tensorrt_llm_bls" in checks["streaming"].detail
+    for server, body, says in ((url, {"stream": True}, "only supported if model is deployed using decoupled mode"),
+                               (tiny_cpu_server.http_url, {}, "this deployment has no draft model")):
+        refused = requests.post(f"{server}/v2/models/{TENSORRT_LLM_BLS}/generate", timeout=60,
+                                json={"text_input": prompt, "max_tokens": 8, "num_draft_tokens": 3, **body})
+        assert refused.status_code == 400 and says in refused.text, refused.text

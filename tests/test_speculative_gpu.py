@@ -5,6 +5,7 @@ memory beside the target's, the speedup from aiconfigurator-core's decode operat
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -177,23 +178,59 @@ def test_a_pytorch_draft_checkpoint_or_local_directory_is_refused(tiny_model_dir
         assert result.exit_code == 2 and message in result.output, result.output
 
 
-def test_engine_draft_target_is_planned_but_deploy_and_build_refuse_it(tmp_path):
-    """The engine path's draft deployment (a draft engine, a second tensorrt_llm model, the BLS's draft model name)
-    is not written: deploy and build say so before anything is written, instead of serving a target engine that
-    never drafts."""
+def test_engine_draft_target_deploys_nvidias_draft_path_and_build_says_what_it_does_not_make(tmp_path,
+                                                                                               smollm2_hf_dir):
+    """The engine path's draft-target as NVIDIA's instructions deploy it: deploy --draft-engine writes the draft's
+    tensorrt_llm model (tensorrt_llm_draft, the draft engine's path, the target plan's limits) beside the target's,
+    the BLS naming it and nothing decoupled, and check passes it; check finds a decoupled model or a missing draft.
+    Deploy without the draft engine, a draft engine for a plan without a draft, and build (which does not build the
+    draft's engine yet) are one line and exit 2, before anything is written."""
+    from pipeline.check import check_repository
+    from pipeline.tritonconfig import parse_pbtxt, to_pbtxt
+
     plan_path = tmp_path / "plan.json"
     planned = CliRunner().invoke(main, ["plan", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq",
                                         "--speculative", "draft:qwen2.5-7b", "-o", str(plan_path)])
-    assert planned.exit_code == 0, planned.output
-    (tmp_path / "engine").mkdir()
-    for command in (["deploy", "--plan", str(plan_path), "--engine", str(tmp_path / "engine"), "-o",
-                     str(tmp_path / "repo")],
-                    ["build", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq", "--speculative",
-                     "draft:qwen2.5-7b", "--dry-run", "-o", str(tmp_path / "out")]):
-        result = CliRunner().invoke(main, command)
-        assert result.exit_code == 2 and "planned, not deployed" in result.output, result.output
-        assert "--backend pytorch" in result.output
+    assert planned.exit_code == 0 and "clients send num_draft_tokens 3" in planned.output, planned.output
+    deploy = ["deploy", "--plan", str(plan_path), "--engine", str(tmp_path / "engine"), "--tokenizer",
+              str(smollm2_hf_dir), "-o", str(tmp_path / "repo")]
+    missing = CliRunner().invoke(main, deploy)
+    assert missing.exit_code == 2 and "pass --draft-engine DIR" in missing.output, missing.output
+    plain_plan = tmp_path / "plain.json"
+    assert CliRunner().invoke(main, ["plan", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq", "-o",
+                                     str(plain_plan)]).exit_code == 0
+    stray = CliRunner().invoke(main, [*deploy[:2], str(plain_plan), *deploy[3:], "--draft-engine", "d"])
+    assert stray.exit_code == 2 and "has no draft model there" in stray.output, stray.output
+    built = CliRunner().invoke(main, ["build", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq",
+                                      "--speculative", "draft:qwen2.5-7b", "--dry-run", "-o", str(tmp_path / "out")])
+    assert built.exit_code == 2 and "does not build the draft's engine yet" in built.output, built.output
+    assert "--draft-engine" in built.output and "--backend pytorch" in built.output
     assert not (tmp_path / "repo").exists() and not (tmp_path / "out").exists()
+
+    result = CliRunner().invoke(main, [*deploy, "--draft-engine", str(tmp_path / "draft-engine")])
+    assert result.exit_code == 0, result.output
+    repo = tmp_path / "repo"
+    configs = {name: parse_pbtxt((repo / name / "config.pbtxt").read_text()) for name in
+               ("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble")}
+    target, draft, bls = (configs[n] for n in ("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"))
+    assert draft.name == "tensorrt_llm_draft" and draft.backend == "tensorrtllm"
+    assert draft.parameters["gpt_model_path"].string_value == str(tmp_path / "draft-engine")
+    assert target.parameters["gpt_model_path"].string_value == str(tmp_path / "engine")
+    for key in ("max_tokens_in_paged_kv_cache", "enable_kv_cache_reuse", "batch_scheduler_policy"):
+        assert draft.parameters[key].string_value == target.parameters[key].string_value
+    assert bls.parameters["tensorrt_llm_draft_model_name"].string_value == "tensorrt_llm_draft"
+    assert not any(c.model_transaction_policy.decoupled for c in configs.values())
+    assert [(f.severity, f.code) for f in check_repository(repo).findings if f.severity == "error"] == []
+
+    bls_text = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    bls.model_transaction_policy.decoupled = True
+    (repo / "tensorrt_llm_bls" / "config.pbtxt").write_text(to_pbtxt(bls))
+    errors = [f for f in check_repository(repo).findings if f.code == "draft"]
+    assert len(errors) == 1 and "tensorrt_llm_bls is decoupled" in errors[0].problem
+    (repo / "tensorrt_llm_bls" / "config.pbtxt").write_text(bls_text)
+    shutil.rmtree(repo / "tensorrt_llm_draft")
+    errors = [f for f in check_repository(repo).findings if f.code == "draft"]
+    assert len(errors) == 1 and "which the repository lacks" in errors[0].problem
 
 
 def test_the_dry_run_s_build_line_keeps_the_flags_that_shape_the_build():

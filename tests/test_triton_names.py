@@ -56,6 +56,7 @@ def test_each_group_of_tensor_names_is_declared_by_its_contract():
         "PREPROCESSING_NAMES": declared("preprocessing"),
         "POSTPROCESSING_NAMES": declared("postprocessing"),
         "ENSEMBLE_STEP_NAMES": {v for s in ENSEMBLE_STEPS for v in (*s.input_map.values(), *s.output_map.values())},
+        "BLS_NAMES": declared("tensorrt_llm_bls") - declared("ensemble"),
     }
     for group, contract in groups.items():
         assert set(getattr(names, group)) <= contract, (group, set(getattr(names, group)) - contract)
@@ -71,15 +72,17 @@ def test_every_name_constant_is_in_a_group_or_is_a_model_or_parameter_name():
     constants = {key: value for key, value in vars(names).items()
                  if key.isupper() and isinstance(value, str)}
     grouped = {n for group in ("ENSEMBLE_NAMES", "TENSORRT_LLM_NAMES", "PREPROCESSING_NAMES", "POSTPROCESSING_NAMES",
-                               "ENSEMBLE_STEP_NAMES", "LLMAPI_INPUT_NAMES", "LLMAPI_OUTPUT_NAMES")
+                               "ENSEMBLE_STEP_NAMES", "LLMAPI_INPUT_NAMES", "LLMAPI_OUTPUT_NAMES", "BLS_NAMES")
                for n in getattr(names, group)}
     model_names = {names.ENSEMBLE, names.PREPROCESSING, names.TENSORRT_LLM, names.POSTPROCESSING,
                    names.TENSORRT_LLM_BLS}
     assert model_names == set(MODELS)
-    assert names.TENSORRT_LLM_MODEL_NAME in PYTHON_MODELS["tensorrt_llm_bls"]
-    parameter_values = set(names.BATCH_SCHEDULER_POLICIES)
+    bls_parameters = {names.TENSORRT_LLM_MODEL_NAME, names.TENSORRT_LLM_DRAFT_MODEL_NAME}
+    assert bls_parameters <= set(PYTHON_MODELS["tensorrt_llm_bls"])
+    # a tensorrt_llm model's name, and the key of the BLS's wiring.json deploy writes the target's defaults under
+    parameter_values = set(names.BATCH_SCHEDULER_POLICIES) | {names.TENSORRT_LLM_DRAFT, names.TARGET_DEFAULTS}
     others = {k for k, v in constants.items()
-              if v not in grouped | model_names | parameter_values | {names.TENSORRT_LLM_MODEL_NAME}}
+              if v not in grouped | model_names | parameter_values | bls_parameters}
     assert not others, f"tensor-name constants in no *_NAMES group: {sorted(others)}"
 
 

@@ -105,18 +105,32 @@ class EngineBackend:
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
     #: trtllm-build's --speculative_decoding_mode (commands/build.py; examples/draft_target_model/README.md)
     speculative_methods = {DRAFT: "draft_tokens_external", LOOKAHEAD: "lookahead_decoding"}
-    undeployed_speculation = {DRAFT: (
-        "trtpipe plans the target engine (built for external drafts) but does not yet build the draft engine nor "
-        "write NVIDIA's draft path: a second tensorrt_llm model for it, tensorrt_llm_bls's "
-        "tensorrt_llm_draft_model_name, non-decoupled models (the BLS drafts for non-streaming requests that carry "
-        "num_draft_tokens); plan it with `trtpipe plan`, or deploy draft-target with --backend pytorch")}
+    unbuilt_speculation = {DRAFT: (
+        "trtpipe build does not build the draft's engine yet: build it stage by stage (convert and compile the "
+        "draft with a plan of its own, trtllm-build with --use_paged_context_fmha enable and the target plan's "
+        "max_batch_size, max_input_len and max_seq_len), compile the target with this plan, then `trtpipe deploy "
+        "--engine TARGET --draft-engine DRAFT`; or build draft-target with --backend pytorch")}
+    drafts_through_bls = True
 
     def configure_speculation(self, plan: Plan) -> Plan:
         """The target engine built to verify K external drafts a step (`--speculative_decoding_mode` in the
-        trtllm-build command, `max_draft_len` in its build config too)."""
+        trtllm-build command, `max_draft_len` in its build config too). Draft-target runs through NVIDIA's BLS,
+        which calls the draft and target models with decoupled=False and refuses streaming with drafts
+        (tensorrt_llm_bls/1/lib, tensorrtllm_backend c2e65b8): the repository is not decoupled, and every step
+        sends the whole sequence again, which only KV-cache reuse keeps from being computed again."""
         spec = plan.speculative
-        return replace(plan, build_config=replace(plan.build_config, max_draft_len=spec.draft_len),
+        plan = replace(plan, build_config=replace(plan.build_config, max_draft_len=spec.draft_len),
                        speculative=replace(spec, decoding_mode=self.speculative_methods[spec.method]))
+        if spec.method != DRAFT:
+            return plan
+        warnings = [*plan.warnings, (
+            f"draft-target runs through tensorrt_llm_bls: clients send num_draft_tokens {spec.draft_len} to it, "
+            "without streaming (NVIDIA's BLS drafts for non-streaming requests only), and the repository is not "
+            "decoupled; requests without num_draft_tokens, and the ensemble's, decode plainly")]
+        if not plan.triton.enable_kv_cache_reuse:
+            warnings.append("draft-target without KV-cache reuse (paged context FMHA is off): every step of the BLS "
+                            "computes the whole sequence again on both models")
+        return replace(plan, triton=replace(plan.triton, decoupled_mode=False), warnings=warnings)
 
     def plan(self, request: PlanRequest) -> Plan:
         return plan_engine(request)

@@ -111,7 +111,8 @@ class PytorchBackend:
     checkpoint_format = HF_CHECKPOINT
     #: the LLM API's speculative_config classes (NGramDecodingConfig, DraftTargetDecodingConfig)
     speculative_methods = {NGRAM: "NGram", DRAFT: "DraftTarget"}
-    undeployed_speculation: dict[str, str] = {}
+    unbuilt_speculation: dict[str, str] = {}
+    drafts_through_bls = False
 
     def configure_speculation(self, plan: Plan) -> Plan:
         """The LLM API's `speculative_config` for the plan's TensorRT-LLM version (none when no batch gains: the

@@ -603,23 +603,28 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, profiling_v
               help="Whose preprocessing, postprocessing and BLS model.py to ship with trtpipe's configs: trtpipe's "
                    f"(default), NVIDIA's from their container ('nvidia': {NVIDIA_MODEL_FILES}), or NVIDIA's "
                    "inflight_batcher_llm directory DIR.")
+@click.option("--draft-engine", type=click.Path(path_type=Path), default=None,
+              help="A draft-target plan's draft engine (the engine backend: NVIDIA's BLS calls it as a second "
+                   "tensorrt_llm model, tensorrt_llm_draft; need not exist yet).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def deploy(engine, checkpoint, plan_path, out, tokenizer, force, runtime, python_models, as_json):
+def deploy(engine, checkpoint, plan_path, out, tokenizer, force, runtime, python_models, draft_engine, as_json):
     """Write a Triton model repository (NVIDIA's inflight_batcher_llm layout) from a plan.
 
     \b
-    Models: ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls; the plan's backend
-    (engine or reference) decides what tensorrt_llm runs.
+    Models: ensemble, preprocessing, tensorrt_llm, postprocessing, tensorrt_llm_bls (and tensorrt_llm_draft
+    for a draft-target plan on the engine backend); the plan's backend (engine or reference) decides what
+    tensorrt_llm runs.
     Examples:
       trtpipe deploy --checkpoint out/ckpt --plan out/plan.json -o out/model_repo          # cpu target
       trtpipe deploy --checkpoint out/ckpt --plan out/plan.json --runtime onnxruntime -o out/model_repo
       trtpipe deploy --engine out/engine --plan out/plan.json --tokenizer ./Llama-3-8B -o out/model_repo
       trtpipe deploy --engine out/engine --plan out/plan.json --python-models nvidia -o out/repo  # NVIDIA's image
+      trtpipe deploy --engine out/engine --draft-engine out/draft-engine --plan out/plan.json -o out/repo
     """
     from ..deploy import deploy_repository
     from ..plan import load_plan
 
     models = {"trtpipe": None, "nvidia": Path(NVIDIA_MODEL_FILES)}.get(python_models, Path(python_models))
     result = deploy_repository(load_plan(plan_path), out, engine=engine, checkpoint=checkpoint, tokenizer=tokenizer,
-                               force=force, runtime=runtime, python_models=models)
+                               force=force, runtime=runtime, python_models=models, draft_engine=draft_engine)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

@@ -202,7 +202,9 @@ def check_streaming(client: Completions, options: ValidateOptions) -> CheckResul
                        fix="" if passed else client.streaming_fix)
 
 
-def check_http_generate(client: EnsembleClient, options: ValidateOptions) -> CheckResult:
+def check_http_generate(client: EnsembleClient, options: ValidateOptions, stream: bool = True) -> CheckResult:
+    """NVIDIA's generate JSON, and generate_stream's joined text the same (`stream` False: a deployment that does not
+    stream, generate only)."""
     prompt = options.prompts[0]
     nvidia_body = {TEXT_INPUT: prompt, MAX_TOKENS: options.max_tokens, BAD_WORDS: "", STOP_WORDS: ""}
     problems = []
@@ -213,14 +215,16 @@ def check_http_generate(client: EnsembleClient, options: ValidateOptions) -> Che
     except RequestFailed as exc:
         plain = None
         problems.append(str(exc))
-    streamed = client.generate_stream(prompt, options.max_tokens, body={**nvidia_body, STREAM: True})
-    if streamed.error:
+    streamed = client.generate_stream(prompt, options.max_tokens, body={**nvidia_body, STREAM: True}) if stream \
+        else None
+    if streamed is not None and streamed.error:
         problems.append(f"generate_stream: {streamed.error}")
-    elif plain is not None and streamed.text != plain:
+    elif streamed is not None and plain is not None and streamed.text != plain:
         problems.append(f"generate_stream joined {streamed.text!r} != generate {plain!r}")
     passed = not problems
-    detail = (f"generate -> {plain!r}; generate_stream: {len(streamed.pieces)} events, same text" if passed
-              else "; ".join(problems))
+    detail = (f"generate -> {plain!r}; " + (f"generate_stream: {len(streamed.pieces)} events, same text" if stream
+                                             else "generate_stream not tried: the deployment does not stream")
+              if passed else "; ".join(problems))
     return CheckResult("http_generate", passed, detail, data={"body": nvidia_body},
                        fix="" if passed else "clients of NVIDIA's deployments send this JSON; every ensemble input "
                        "it names must exist with NVIDIA's data types")

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..model_repository import read_deployment, read_repository
 from ..outputs import atomic_output_dir, portable
 from ..precisions import QUANT_ALGO
+from ..runtime.speculative import DRAFT
 from ..server import TritonServer, connect, embedded_server
 from ..triton_admin import TritonAdmin
 from .checks import (
@@ -34,7 +35,7 @@ from .energy import meter_for
 from .load_test import check_load_test
 from .metrics import METRICS_PORT, check_metrics, counts_before
 from .speculative import NAME as SPECULATION
-from .speculative import check_speculation
+from .speculative import check_bls_drafting, check_speculation
 from .report import CheckResult, GreedyReference, ValidateOptions, ValidationReport
 
 
@@ -44,31 +45,55 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if not checks[0].passed:
         return checks
     checks.append(check_config_matches(server, repo))
+    plan, _ = load_test_context(repo)
+    spec = plan.speculative if plan is not None else None
+    unstreamed = not_streamed(plan)
     if repository_layout(repo, server) == LLMAPI:
         client = LlmapiClient(server.http_url, timeout=options.request_timeout)
         steps = [("golden", check_golden), ("streaming", check_streaming),
                  ("bad_requests", lambda c, o: check_bad_requests(c, o, llmapi_bad_requests(o.prompts[0])))]
     else:
-        client = EnsembleClient(server, options.request_timeout, perf_metrics=speculative_plan(repo) is not None)
+        client = EnsembleClient(server, options.request_timeout, perf_metrics=spec is not None)
         steps = [("golden", check_golden), ("streaming", check_streaming), ("http_generate", check_http_generate),
                  ("bad_requests", check_bad_requests)]
+    if unstreamed:
+        steps = [(name, skipping(name, unstreamed) if name == "streaming" else
+                  (lambda c, o: check_http_generate(c, o, stream=False)) if name == "http_generate" else check)
+                 for name, check in steps]
     before = counts_before(server.endpoints.metrics_url, client.model) if options.metrics else None
     for name, check in steps:
         progress(name)
         checks.append(check(client, options))
-    spec = speculative_plan(repo)
     if spec is not None and isinstance(client, EnsembleClient):
         progress(SPECULATION)
-        checks.append(check_speculation(client, options, spec))
+        bls = spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls
+        checks.append((check_bls_drafting if bls else check_speculation)(client, options, spec))
     if options.load_test:
         progress("load_test")
-        plan, tokenizer = load_test_context(repo)
-        meter = meter_for(server, options.price_per_hour)
-        checks.append(check_load_test(client, options, out_dir, plan, tokenizer, meter))
+        checks.append(skipping("load_test", unstreamed)(client, options) if unstreamed else check_load_test(
+            client, options, out_dir, plan, load_test_context(repo)[1], meter_for(server, options.price_per_hour)))
     if options.metrics:
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))
     return checks
+
+
+def not_streamed(plan) -> str | None:
+    """Why the deployment of `plan` does not stream (its models are not decoupled), else None."""
+    if plan is None or plan.triton.decoupled_mode:
+        return None
+    spec = plan.speculative
+    if spec is not None and spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls:
+        return ("the deployment does not stream: draft-target through tensorrt_llm_bls, whose drafting requests "
+                "NVIDIA's BLS answers only unstreamed (nothing is decoupled)")
+    return "the deployment does not stream: its plan's decoupled_mode is false"
+
+
+def skipping(name: str, why: str) -> Callable:
+    """A check that is not run, for `why`."""
+    return lambda client, options: CheckResult(name, False, why, skipped=True,
+                                               fix=f"{name} streams its requests: validate a streaming (decoupled) "
+                                               "deployment of the model for it")
 
 
 def load_test_context(repo: Path | None):
@@ -80,12 +105,6 @@ def load_test_context(repo: Path | None):
         return repository.plan(), repository.tokenizer
     except UserError:
         return None, None
-
-
-def speculative_plan(repo: Path | None):
-    """The SpeculativePlan of the plan deploy recorded in REPO (None: it does not speculate, or no plan)."""
-    plan, _ = load_test_context(repo)
-    return plan.speculative if plan is not None else None
 
 
 def repository_layout(repo: Path | None, server: TritonServer) -> str:

@@ -68,7 +68,7 @@ from pipeline.triton_names import (  # noqa: E402
     RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_PERF_METRICS, RUNTIME_TOP_K, RUNTIME_TOP_P, SEED,
     SEQUENCE_INDEX, SEQUENCE_LENGTH, STOP, STOP_WORDS_LIST,
     STREAMING, TEMPERATURE, TENSORRT_LLM, TENSORRT_LLM_SAMPLING_INPUTS, TENSORRT_LLM_SAMPLING_RANGES,
-    TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS, parameter, sampling_error,
+    TOTAL_ACCEPTED_DRAFT_TOKENS, TOTAL_DRAFT_TOKENS, parameter, sampling_error, words,
 )
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -254,21 +254,8 @@ def tensors_of(request) -> dict:
     return {t.name(): t.as_numpy() for t in request.inputs()}
 
 
-def stop_sequences(words_list) -> list:
-    """[2, N] (flat ids, cumulative end offsets padded with -1) -> token-id sequences."""
-    ids, ends = words_list
-    sequences, start = [], 0
-    for end in ends:
-        if end < 0:
-            break
-        if end > start:
-            sequences.append([int(t) for t in ids[start:end]])
-        start = int(end)
-    return sequences
-
-
 def word_lists(words_list) -> list:
-    return stop_sequences(words_list) if words_list is not None else []
+    return words(words_list) if words_list is not None else []
 
 
 class Row:
