@@ -761,3 +761,65 @@ def test_the_engine_paths_draft_target_repository_drafts_through_the_bls_exactly
         refused = requests.post(f"{server}/v2/models/{TENSORRT_LLM_BLS}/generate", timeout=60,
                                 json={"text_input": prompt, "max_tokens": 8, "num_draft_tokens": 3, **body})
         assert refused.status_code == 400 and says in refused.text, refused.text
+
+
+def test_the_bls_drafting_loop_ends_as_plain_decoding_does(monkeypatch):
+    """trtpipe's BLS loop against stand-in draft and target models (the target continues each token t with t + 1 and
+    ends before END; the draft proposes the same, wrong every third draft): the tokens plain decoding gives, cut at a
+    stop word that spans two steps and at the target's end, the draft asked for min_tokens = its drafts, each step
+    its own seed, the steps' drafted and accepted tokens summed."""
+    import numpy as np
+
+    bls = load_cpu_model(monkeypatch, "tensorrt_llm_bls")
+    END, calls = 12, []
+
+    def continuation(last: int, count: int) -> list[int]:
+        out = []
+        while len(out) < count and last + 1 != END:
+            last += 1
+            out.append(last)
+        return out
+
+    def call(model, inputs, outputs):
+        sequence = inputs["input_ids"][0].tolist()
+        count = int(inputs["request_output_len"][0, 0])
+        calls.append((model, len(sequence), count, int(inputs["min_tokens"][0, 0]), int(inputs["seed"][0, 0])))
+        new = continuation(sequence[-1], count)
+        drafts = inputs["draft_input_ids"][0].tolist() if "draft_input_ids" in inputs else []
+        if model == "draft":
+            new = [t if (len(calls) + i) % 3 else t + 20 for i, t in enumerate(new)]
+        accepted = next((i for i, (d, t) in enumerate(zip(drafts, new)) if d != t), min(len(drafts), len(new)))
+        return {"output_ids": np.array([[new]], np.int32), "sequence_length": np.array([[len(new)]], np.int32),
+                "total_draft_tokens": np.array([[len(drafts)]], np.int32),
+                "total_accepted_draft_tokens": np.array([[accepted]], np.int32)}
+
+    monkeypatch.setattr(bls, "call", call)
+    monkeypatch.setattr(bls, "outputs_of", lambda response, names: {k: v for k, v in response.items() if k in names})
+    model = bls.TritonPythonModel()
+    model.llm, model.draft_llm, model.exclude_input = "target", "draft", True
+    model.wiring = {"tensorrt_llm": {"output_map": {name: name for name in bls.STEP_OUTPUTS + (
+        "acceptance_rate",)}}}
+
+    def run(prompt, wanted, stops=(), **extra) -> tuple[list, dict]:
+        calls.clear()
+        flat = [t for s in stops for t in s] or [0]
+        ends = np.cumsum([len(s) for s in stops]).tolist() if stops else []
+        base = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+                "request_output_len": np.array([[wanted]], np.int32),
+                "stop_words_list": np.array([[flat, ends + [-1] * (len(flat) - len(ends))]], np.int32), **extra}
+        out = model.speculate(base, 3, {})
+        return out["output_ids"][0, 0].tolist(), out
+
+    tokens, out = run([1, 2, 3], 6)
+    assert tokens == [4, 5, 6, 7, 8, 9]                                   # max_tokens
+    assert [c[0] for c in calls] == ["draft", "target", "draft", "target"]
+    assert [(c[2], c[3]) for c in calls if c[0] == "draft"] == [(3, 3), (1, 1)]   # the last step drafts 6 - 4 - 1
+    assert [c[4] for c in calls] == [0, 0, 1, 1]                          # each step its own seed
+    # step 1 drafts 4, 5, 26 (the third wrong): 2 accepted; step 2 drafts 28 for 8: none
+    assert (int(out["total_draft_tokens"][0, 0]), int(out["total_accepted_draft_tokens"][0, 0])) == (4, 2)
+    assert float(out["acceptance_rate"][0, 0]) == 0.5
+    assert run([1, 2, 3], 6, stops=[[7, 8]])[0] == [4, 5, 6, 7, 8]       # the stop word spans steps 1 and 2
+    assert run([5, 6], 20)[0] == [7, 8, 9, 10, 11]                         # the target ended before END
+    assert all(c[3] == 0 for c in calls if c[0] == "target")
+    run([1, 2, 3], 6, min_tokens=np.array([[5]], np.int32))
+    assert [c[3] for c in calls if c[0] == "target"] == [5, 1]            # min_tokens less what was output
