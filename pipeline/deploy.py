@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
-from .backends import backend_for
+from .backends import backend_for, bls_draft_len
 from .backends.base import shell_command
 from .backends.pytorch import (LLMAPI, LLMAPI_MODELS, serves_on_triton, write_llmapi_repository,
                                write_trtllm_serve_deployment)
@@ -47,7 +47,6 @@ from .triton_contract import (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, ENSEMBLE_STEPS,
                               POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS,
                               TENSORRT_LLM_BLS_INPUTS, TENSORRT_LLM_BLS_OUTPUTS, TENSORRT_LLM_INPUTS,
                               TENSORRT_LLM_OUTPUTS)
-from .runtime.speculative import DRAFT
 from .triton_names import (ENSEMBLE, EXCLUDE_INPUT_IN_OUTPUT, POSTPROCESSING, PREPROCESSING, TARGET_DEFAULTS,
                            TENSORRT_LLM, TENSORRT_LLM_BLS, TENSORRT_LLM_DRAFT, TENSORRT_LLM_DRAFT_MODEL_NAME,
                            TENSORRT_LLM_MODEL_NAME)
@@ -181,7 +180,7 @@ def bls_draft_engine(plan: Plan, draft_engine: Path | None) -> Path | None:
     """The draft engine of a draft-target plan whose backend drafts through the BLS (resolved; it need not exist
     yet); UserError when such a plan lacks it or another plan is given one."""
     spec = plan.speculative
-    drafting = spec is not None and spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls
+    drafting = bls_draft_len(plan) is not None
     if draft_engine is not None and not drafting:
         raise UserError("--draft-engine is for a draft-target plan on the engine backend (`trtpipe plan --speculative "
                         "draft:MODEL`); this plan has no draft model there")

@@ -756,6 +756,21 @@ def test_the_engine_paths_draft_target_repository_drafts_through_the_bls_exactly
     assert "--speculative draft:" in checks["speculation"].detail
     assert {name for name, c in checks.items() if c.skipped} >= {"streaming", "load_test"}
     assert "does not stream: draft-target through tensorrt_llm_bls" in checks["streaming"].detail
+    import openai
+    from pipeline.openai_front.app import OpenAIFront
+
+    def drafts_run() -> int:
+        stats = requests.get(f"{url}/v2/models/{TENSORRT_LLM_DRAFT}/stats", timeout=10).json()
+        return stats["model_stats"][0]["inference_count"]
+
+    with OpenAIFront(repo, url, port=0) as front:    # the BLS model drafts, nothing streams
+        client = openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0)
+        before = drafts_run()
+        texts = {model: client.completions.create(model=model, prompt=prompt, max_tokens=20, temperature=0)
+                 .choices[0].text for model in ("ensemble", TENSORRT_LLM_BLS)}
+        assert texts["ensemble"] == texts[TENSORRT_LLM_BLS] == plain and drafts_run() > before
+        with pytest.raises(openai.BadRequestError, match="does not stream"):
+            client.completions.create(model="ensemble", prompt=prompt, max_tokens=4, stream=True)
     for server, body, says in ((url, {"stream": True}, "only supported if model is deployed using decoupled mode"),
                                (tiny_cpu_server.http_url, {}, "this deployment has no draft model")):
         refused = requests.post(f"{server}/v2/models/{TENSORRT_LLM_BLS}/generate", timeout=60,

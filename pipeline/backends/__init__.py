@@ -86,3 +86,23 @@ def backend_serving(name: str | None, target: Target):
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "LOCATIONS", "backend_for", "backend_serving", "default_backend",
            "registry"]
+
+
+def bls_draft_len(plan) -> int | None:
+    """K when the deployment of `plan` drafts through tensorrt_llm_bls (draft-target on a backend whose draft is a
+    second tensorrt_llm model: its requests carry num_draft_tokens K), else None."""
+    from ..runtime.speculative import DRAFT
+
+    spec = plan.speculative
+    drafting = spec is not None and spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls
+    return spec.draft_len if drafting else None
+
+
+def not_streamed(plan) -> str | None:
+    """Why the deployment of `plan` does not stream (its models are not decoupled), else None."""
+    if plan is None or plan.triton.decoupled_mode:
+        return None
+    if bls_draft_len(plan) is not None:
+        return ("the deployment does not stream: draft-target through tensorrt_llm_bls, whose drafting requests "
+                "NVIDIA's BLS answers only unstreamed (nothing is decoupled)")
+    return "the deployment does not stream: its plan's decoupled_mode is false"

@@ -16,9 +16,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from ..backends import bls_draft_len, not_streamed
 from ..errors import UserError
 from ..model_repository import read_repository
-from ..triton_names import MAX_TOKENS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TEXT_INPUT, TEXT_OUTPUT
+from ..triton_names import MAX_TOKENS, NUM_INPUT_TOKENS, NUM_OUTPUT_TOKENS, TENSORRT_LLM_BLS, TEXT_INPUT, TEXT_OUTPUT
 from .protocol import (CHAT, COMPLETIONS, DEFAULT_MAX_TOKENS, DEFAULT_OPENAI_PORT, GenerationRequest, OpenAIError,
                        ServedModel, StopScanner, chunk_body, finish_reason, parse_request, response_body, usage)
 
@@ -32,15 +33,26 @@ def served_models(repo: Path) -> dict[str, ServedModel]:
     and the BLS model. Triton's frontend lists every model and fails on the others at request time; an llmapi
     model (`sampling_param_max_tokens`) is not one: its OpenAI endpoint is trtllm-serve's."""
     repository = read_repository(Path(repo))
+    plan = deployed_plan(repository)
+    drafts, unstreamed = (bls_draft_len(plan), not_streamed(plan)) if plan is not None else (None, None)
     out = {}
     for name, model in sorted(repository.models.items()):
         if {TEXT_INPUT, MAX_TOKENS} <= set(model.inputs()) and TEXT_OUTPUT in model.outputs():
-            out[name] = ServedModel(name, frozenset(model.inputs()))
+            out[name] = ServedModel(name, frozenset(model.inputs()), unstreamed=unstreamed,
+                                    drafts=drafts if name == TENSORRT_LLM_BLS else None)
     if not out:
         raise UserError(f"{repo} has no model that takes text_input and max_tokens and answers text_output (the "
                         "ensemble contract the OpenAI front speaks); an llmapi repository's OpenAI endpoint is "
                         "trtllm-serve's (its trtllm-serve.sh)")
     return out
+
+
+def deployed_plan(repository):
+    """The plan deploy recorded in the repository (None: a repository deploy did not write)."""
+    try:
+        return repository.plan()
+    except UserError:
+        return None
 
 
 def chat_renderer(tokenizer_dir: Path):

@@ -17,7 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..triton_names import (EXCLUDE_INPUT_IN_OUTPUT, FREQUENCY_PENALTY, MAX_TOKENS, MIN_TOKENS, PRESENCE_PENALTY,
+from ..triton_names import (EXCLUDE_INPUT_IN_OUTPUT, FREQUENCY_PENALTY, MAX_TOKENS, MIN_TOKENS, NUM_DRAFT_TOKENS,
+                            PRESENCE_PENALTY,
                             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, SEED, STOP_WORDS, STREAM, TEMPERATURE,
                             TEXT_INPUT, TOP_P)
 
@@ -79,6 +80,10 @@ class ServedModel:
     name: str
     inputs: frozenset[str]
     created: int = field(default_factory=lambda: int(time.time()))
+    #: draft-target through the BLS: the num_draft_tokens every request to this model carries (None: none)
+    drafts: int | None = None
+    #: why the deployment does not stream (its models are not decoupled), else None
+    unstreamed: str | None = None
 
 
 @dataclass
@@ -93,6 +98,7 @@ class GenerationRequest:
     include_usage: bool = False
     echo: bool = False
     stop: tuple[str, ...] = ()
+    drafts: int | None = None      # num_draft_tokens (the served model's)
     sampling: dict = field(default_factory=dict)  # ensemble input -> value, only the ones the request set
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
@@ -109,6 +115,8 @@ class GenerationRequest:
             body[STOP_WORDS] = list(self.stop)
         if self.stream:
             body[STREAM] = True
+        if self.drafts:
+            body[NUM_DRAFT_TOKENS] = self.drafts
         return body
 
 
@@ -128,6 +136,8 @@ def parse_request(endpoint: str, body: object, models: dict[str, ServedModel],
                           param="model", code="model_not_found")
     served = models[model]
     stream = flag(body, "stream")
+    if stream and served.unstreamed:
+        raise OpenAIError(f"`stream` true: {served.unstreamed}; send the request without it", param="stream")
     options = body.get("stream_options")
     if options is not None and not stream:
         raise OpenAIError("`stream_options` can only be used when `stream` is true", param="stream_options")
@@ -144,7 +154,7 @@ def parse_request(endpoint: str, body: object, models: dict[str, ServedModel],
         endpoint=endpoint, model=model, prompt=prompt,
         max_tokens=default_max_tokens if limit is None else positive_int(limit, limit_name), stream=stream,
         include_usage=flag(options or {}, "include_usage"), echo=flag(body, "echo"), stop=stop_sequences(body),
-        sampling=sampling_inputs(body))
+        sampling=sampling_inputs(body), drafts=served.drafts)
     if request.chat:
         request.id = f"chatcmpl-{uuid.uuid4().hex}"
     missing = [name for name in (*request.sampling, *([STOP_WORDS] if request.stop else [])) if

@@ -10,14 +10,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backends import backend_for
+from ..backends import backend_for, bls_draft_len, not_streamed
 from ..backends.names import INFLIGHT_BATCHER
 from ..backends.pytorch import LLMAPI
 from ..errors import UserError
 from ..model_repository import read_deployment, read_repository
 from ..outputs import atomic_output_dir, portable
 from ..precisions import QUANT_ALGO
-from ..runtime.speculative import DRAFT
 from ..server import TritonServer, connect, embedded_server
 from ..triton_admin import TritonAdmin
 from .checks import (
@@ -66,7 +65,7 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         checks.append(check(client, options))
     if spec is not None and isinstance(client, EnsembleClient):
         progress(SPECULATION)
-        bls = spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls
+        bls = bls_draft_len(plan) is not None
         checks.append((check_bls_drafting if bls else check_speculation)(client, options, spec))
     if options.load_test:
         progress("load_test")
@@ -76,17 +75,6 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))
     return checks
-
-
-def not_streamed(plan) -> str | None:
-    """Why the deployment of `plan` does not stream (its models are not decoupled), else None."""
-    if plan is None or plan.triton.decoupled_mode:
-        return None
-    spec = plan.speculative
-    if spec is not None and spec.method == DRAFT and backend_for(plan.backend).drafts_through_bls:
-        return ("the deployment does not stream: draft-target through tensorrt_llm_bls, whose drafting requests "
-                "NVIDIA's BLS answers only unstreamed (nothing is decoupled)")
-    return "the deployment does not stream: its plan's decoupled_mode is false"
 
 
 def skipping(name: str, why: str) -> Callable:
