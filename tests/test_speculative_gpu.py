@@ -279,3 +279,52 @@ def test_lookahead_requests_that_cannot_run_are_one_line(spec, extra, message):
     result = CliRunner().invoke(main, ["plan", "llama-3.1-8b", "--target", "rtx4090", "--precision", "fp8",
                                        "--speculative", spec, *extra])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_compile_draft_builds_the_draft_engine_with_the_target_plans_limits(tiny_hf, tiny_ckpt, checkpoint,
+                                                                            tmp_path):
+    """Stage by stage: plan the target with draft:CHECKPOINT, compile the draft with --draft (the target plan's
+    precision, batch, lengths and plugins, no speculative mode) and the target (draft_tokens_external), deploy both
+    engines: check passes. --draft with a plan without a draft, a draft of another vocabulary or one not at the
+    plan's precision: one line, exit 2."""
+    from pipeline.check import check_repository
+    from pipeline.convert import convert_model
+    from pipeline.sources import resolve_model
+    from support.models import make_tiny_model
+
+    hf = make_tiny_model(tmp_path / "draft-hf", seed=1, vocab_size=49152, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    draft = convert_model(resolve_model(str(hf)), tmp_path / "draft-ckpt", dtype="float16", progress=False).path
+    target = convert_model(resolve_model(str(tiny_hf)), tmp_path / "ckpt", dtype="float16", progress=False).path
+    plan = tmp_path / "plan.json"
+    planned = CliRunner().invoke(main, ["plan", str(target), "--target", "rtx4090", "--precision", "fp16",
+                                        "--max-batch-size", "8", "--input-len", "64", "--output-len", "32",
+                                        "--speculative", f"draft:{draft}", "-o", str(plan)])
+    assert planned.exit_code == 0, planned.output
+    built = {}
+    for name, ckpt, extra in (("draft-engine", draft, ["--draft"]), ("engine", target, [])):
+        result = CliRunner().invoke(main, ["compile", str(ckpt), "--plan", str(plan), "-o", str(tmp_path / name),
+                                           "--dry-run", *extra])
+        assert result.exit_code == 0, result.output
+        built[name] = (json.loads((tmp_path / name / "build_config.json").read_text()),
+                       (tmp_path / name / "trtllm-build.sh").read_text())
+    (draft_config, draft_command), (target_config, target_command) = built["draft-engine"], built["engine"]
+    assert "--speculative_decoding_mode draft_tokens_external" in target_command
+    assert "--speculative_decoding_mode" not in draft_command and "--use_paged_context_fmha enable" in draft_command
+    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+        assert draft_config[key] == target_config[key], key
+    assert target_config["max_draft_len"] == 3 and draft_config["max_draft_len"] == 0
+    result = CliRunner().invoke(main, ["deploy", "--plan", str(plan), "--engine", str(tmp_path / "engine"),
+                                       "--draft-engine", str(tmp_path / "draft-engine"), "--checkpoint", str(target),
+                                       "-o", str(tmp_path / "repo")])
+    assert result.exit_code == 0, result.output
+    assert not check_repository(tmp_path / "repo").errors
+
+    plain = tmp_path / "plain.json"
+    assert CliRunner().invoke(main, ["plan", str(target), "--target", "rtx4090", "--precision", "fp16",
+                                     "--input-len", "64", "--output-len", "32", "-o", str(plain)]).exit_code == 0
+    for plan_path, ckpt, says in ((plain, draft, "this plan has none"), (plan, tiny_ckpt, "does not match the plan"),
+                                  (plan, checkpoint("gqa"), "a draft must share the target's tokenizer")):
+        result = CliRunner().invoke(main, ["compile", str(ckpt), "--plan", str(plan_path), "--draft", "--dry-run",
+                                           "-o", str(tmp_path / "other")])
+        assert result.exit_code == 2 and says in result.output, result.output

@@ -106,10 +106,10 @@ class EngineBackend:
     #: trtllm-build's --speculative_decoding_mode (commands/build.py; examples/draft_target_model/README.md)
     speculative_methods = {DRAFT: "draft_tokens_external", LOOKAHEAD: "lookahead_decoding"}
     unbuilt_speculation = {DRAFT: (
-        "trtpipe build does not build the draft's engine yet: build it stage by stage (convert and compile the "
-        "draft with a plan of its own, trtllm-build with --use_paged_context_fmha enable and the target plan's "
-        "max_batch_size, max_input_len and max_seq_len), compile the target with this plan, then `trtpipe deploy "
-        "--engine TARGET --draft-engine DRAFT`; or build draft-target with --backend pytorch")}
+        "trtpipe build does not build the draft's engine yet: build stage by stage (the draft's checkpoint at the "
+        "plan's precision with convert / calibrate, `trtpipe compile DRAFT_CHECKPOINT --plan PLAN --draft -o "
+        "DRAFT_ENGINE`, the target's engine with `trtpipe compile`, then `trtpipe deploy --engine ENGINE "
+        "--draft-engine DRAFT_ENGINE`), or build draft-target with --backend pytorch")}
     drafts_through_bls = True
 
     def configure_speculation(self, plan: Plan) -> Plan:

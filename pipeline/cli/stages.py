@@ -552,9 +552,12 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
               help="trtllm-build --profiling_verbosity: what the engine keeps about its layers. With detailed, a "
                    "real build also writes ENGINE/rankN.layers.json (TensorRT's engine inspector) and the layer "
                    "types and tactics into the manifest (unverified here: tested with a fake tensorrt module).")
+@click.option("--draft", is_flag=True,
+              help="CHECKPOINT is the draft of PLAN's draft-target: build the draft engine, with PLAN's precision and "
+                   "limits (deploy it with --draft-engine).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, profiling_verbosity, force, as_json):
+def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, profiling_verbosity, draft, force, as_json):
     """Build a TensorRT-LLM 1.2.1 engine from CHECKPOINT as PLAN says (GPU and TensorRT-LLM required).
 
     \b
@@ -565,12 +568,16 @@ def compile_(checkpoint, plan_path, out, dry_run, workers, onnx_dir, profiling_v
     development machines: it is unverified.
     Examples:
       trtpipe compile out/ckpt-fp8 --plan plan.json -o out/engine --dry-run
+      trtpipe compile out/draft-ckpt --plan plan.json --draft -o out/draft-engine --dry-run   # draft-target
       docker run --gpus all -v $PWD:/work -w /work trtpipe trtpipe compile out/ckpt-fp8 --plan plan.json -o out/engine
     """
     from ..compile import compile_engine
     from ..plan import load_plan
+    from ..plan.speculative_gpu import draft_build_plan
 
-    result = compile_engine(checkpoint, load_plan(plan_path), out, dry_run=dry_run, workers=workers, force=force,
+    plan = load_plan(plan_path)
+    plan = draft_build_plan(plan, checkpoint) if draft else plan
+    result = compile_engine(checkpoint, plan, out, dry_run=dry_run, workers=workers, force=force,
                             onnx=onnx_dir, profiling_verbosity=profiling_verbosity)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -231,3 +231,21 @@ def sol_step(plan: Plan, arch, precision: str, dtype: str, rows: int, tokens_per
     flops = 2 * parameter_count(arch) / (plan.tp_size * plan.pp_size) * rows * tokens_per_row
     return max(decode_step_seconds(read, rows, context, kv, plan.target),
                flops / plan.target.peak_ops_per_s(precision))
+
+
+def draft_build_plan(plan: Plan, checkpoint) -> Plan:
+    """What `trtpipe compile --draft` builds the draft engine of a draft-target engine plan from: the draft
+    checkpoint's model with the target plan's precision, limits and plugins (the same max_batch_size, input and
+    sequence lengths and max_num_tokens its tensorrt_llm_draft model is deployed with, paged context FMHA for the
+    KV-cache reuse NVIDIA's BLS needs: examples/draft_target_model/README.md), not speculating itself. UserError for
+    a plan without a draft engine, or a checkpoint that cannot draft for the target."""
+    spec = plan.speculative
+    if spec is None or spec.method != DRAFT or not backend_for(plan.backend).drafts_through_bls:
+        raise UserError("--draft builds the draft engine of a draft-target plan on the engine backend (`trtpipe plan "
+                        "--speculative draft:MODEL`); this plan has none")
+    draft = resolve_model_info(str(checkpoint))
+    if draft.arch.vocab_size != plan.model.arch.vocab_size:
+        raise UserError(f"--draft {checkpoint}: its vocabulary has {draft.arch.vocab_size} tokens, the target's "
+                        f"{plan.model.arch.vocab_size}: a draft must share the target's tokenizer")
+    return replace(plan, model=draft, speculative=None,
+                   build_config=replace(plan.build_config, max_draft_len=0))
