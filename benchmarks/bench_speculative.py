@@ -25,6 +25,7 @@ drafts per decode step); and how many texts are identical with and without specu
     .venv/bin/python benchmarks/bench_speculative.py [--draft-len 3] [--prompts 40] [--c1-prompts 12]
         [--runtime onnxruntime|torch] [--workdir /tmp/trtpipe-bench-speculative]
         [--draft CHECKPOINT [--draft-rows N]]     # draft-target instead of prompt lookup
+        [--control]     # A/A: the second server plain too; its ratios are this machine's noise between two servers
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def main() -> None:
     parser.add_argument("--draft-rows", type=int, default=None,
                         help="draft while at most this many rows run, whatever the plan's break-even says (to "
                              "measure a method the plan turns off)")
+    parser.add_argument("--control", action="store_true",
+                        help="A/A: the second server is a second plain deployment (the ratios then measure how far "
+                             "two identical servers taking turns differ on this machine)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-speculative"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -169,20 +173,22 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").hf_dir())
     loads = workloads(tokenizer, args.prompts)
-    print(f"SmolLM2-135M fp32, {args.runtime}, {'draft ' + str(args.draft) if args.draft else 'prompt lookup'}"
+    what = "control: both plain" if args.control else f"draft {args.draft}" if args.draft else "prompt lookup"
+    print(f"SmolLM2-135M fp32, {args.runtime}, {what}"
           + ("" if args.draft_rows is None else f" drafting up to {args.draft_rows} rows (--draft-rows)")
           + f", {args.output_tokens} output tokens, greedy, K = {args.draft_len}, "
           f"{args.rounds} round(s)")
     _, plain_repo = repository("plain", None, args)
     method = ("draft", str(args.draft)) if args.draft else ("ngram", None)
-    plan, spec_repo = repository("speculative", SpeculativeRequest(*method, args.draft_len, args.acceptance),
-                                 args)
+    plan, spec_repo = repository("control" if args.control else "speculative",
+                                 None if args.control else SpeculativeRequest(*method, args.draft_len,
+                                                                              args.acceptance), args)
     with embedded_server(plain_repo, log_path=args.workdir / "tritonserver-plain.log") as plain, \
             embedded_server(spec_repo, log_path=args.workdir / "tritonserver-speculative.log") as spec:
         for server in (plain, spec):
             one_request(server.http_url, "Hello", 4)      # warm-up
         cells = measure(loads, plain.http_url, spec.http_url, args)
-    predicted = dict(zip(plan.speculative.rows, plan.speculative.speedup))
+    predicted = dict(zip(plan.speculative.rows, plan.speculative.speedup)) if plan.speculative else {}
     print(f"\n{'workload':<9} {'c':>2} {'plain t/s':>9} {'spec t/s':>9} {'ratio (rounds)':<22} {'median':>6} "
           f"{'accept':>6} {'tok/step':>8} {'D':>5} {'plan':>5} {'plan(a,D)':>9}  identical")
     report = {}
@@ -209,8 +215,9 @@ def main() -> None:
                        "predicted_with_measured": informed,
                        "rounds": [{name: {k: v for k, v in load.items() if k != "texts"} for name, load in p.items()}
                                   for p in pairs]}
-    print(f"plan: acceptance {plan.speculative.acceptance} ({plan.speculative.acceptance_basis}); "
-          f"predicted {predicted}; drafts while at most {plan.speculative.max_rows} rows run")
+    if plan.speculative:
+        print(f"plan: acceptance {plan.speculative.acceptance} ({plan.speculative.acceptance_basis}); "
+              f"predicted {predicted}; drafts while at most {plan.speculative.max_rows} rows run")
     (args.workdir / "bench_speculative.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
