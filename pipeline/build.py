@@ -55,9 +55,11 @@ from .precisions import AUTO, FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 
 if TYPE_CHECKING:
     from .build_preview import BuildPreview, Step
-    from .plan.schema import ModelInfo
+    from .plan.schema import ModelInfo, Plan
 
 QUANTIZED = ("fp8", "int8-sq", "int4-awq")
+#: an engine draft-target build's draft: its checkpoints' and its engine's directories in the build directory
+DRAFT_CHECKPOINTS, DRAFT_ENGINE = "draft", "draft-engine"
 #: Held-out documents for the before/after perplexity in a build's calibration report: fewer than
 #: `trtpipe calibrate`'s 40, so the whole build of a small model stays within minutes on 2 cores.
 BUILD_EVAL_SAMPLES = 16
@@ -166,8 +168,9 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
     Each stage's result goes to the next in memory; what is written (plan.json, the directories) is for
     people and for skipping unchanged stages on the next run.
     """
-    from .backends import backend_serving
-    from .deploy import deploy_repository, refuse_unbuilt_speculation
+    from .backends import backend_serving, bls_draft_len
+    from .deploy import deploy_repository
+    from .plan.speculative_gpu import draft_build_plan
     from .plan import save_plan
     from .planner import make_plan
     from .sources import resolve_model
@@ -186,7 +189,6 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
         options = replace(options, precision=planned.precision)
         say(planned.warnings[0])
     check_lm_head(options, backend)
-    refuse_unbuilt_speculation(planned)
     out = Path(options.out)
     summary = BuildSummary(options={k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()})
     summary.options["backend"] = backend.name
@@ -214,6 +216,8 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
             + " (estimates: --dry-run says what they rest on)")
     made = make_checkpoints(source, out, dtype, hf, options, record)
     checkpoint, served = made.checkpoint, made.served
+    draft_checkpoint = (make_draft_checkpoint(planned, out, dtype, options, record)
+                        if backend.builds_engine and bls_draft_len(planned) is not None else None)
 
     started = time.monotonic()
     plan_path = out / "plan.json"
@@ -227,31 +231,39 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
                                                   f"{plan.triton.triton_max_batch_size}"
            + (f"; {describe_speculation(plan.speculative)}" if plan.speculative else ""))
 
-    started = time.monotonic()
-    engine_dir = out / "engine"
-    compiled = backend.build_artifact(checkpoint, plan, engine_dir, dry_run=options.dry_run, force=True)
-    engine = None
-    if compiled is not None:
+    engines = {}
+    for stage, engine_dir in (("compile", out / "engine"), ("draft compile", out / DRAFT_ENGINE)):
+        if stage == "draft compile" and draft_checkpoint is None:
+            continue
+        started = time.monotonic()
+        stage_checkpoint = checkpoint if stage == "compile" else draft_checkpoint
+        stage_plan = plan if stage == "compile" else draft_build_plan(plan, stage_checkpoint)
+        compiled = backend.build_artifact(stage_checkpoint, stage_plan, engine_dir, dry_run=options.dry_run,
+                                          force=True)
+        if compiled is None:
+            continue
         status = {CompileStatus.FAILED: "FAILED", CompileStatus.NOT_BUILT_HERE: "not built"}.get(compiled.status, "")
-        record("compile", engine_dir, started, compiled.skipped, compiled.describe(), status)
+        record(stage, engine_dir, started, compiled.skipped, compiled.describe(), status)
+        what = "engine" if stage == "compile" else "draft engine"
         if compiled.dry_run:
-            say("engine build command (run it on the GPU machine):\n  " + compiled.shell_command)
+            say(f"{what} build command (run it on the GPU machine):\n  " + compiled.shell_command)
         if compiled.status is CompileStatus.FAILED:
             summary.passed, summary.tool_output = False, compiled.output_tail
-            summary.verdict = f"not validated: the engine build failed ({compiled.reason}); nothing deployed"
+            summary.verdict = f"not validated: the {what} build failed ({compiled.reason}); nothing deployed"
             summary.save(out)
             return summary
         if compiled.status is CompileStatus.NOT_BUILT_HERE:
-            summary.verdict = f"not validated: the engine was not built here ({compiled.reason}); nothing deployed"
+            summary.verdict = f"not validated: the {what} was not built here ({compiled.reason}); nothing deployed"
             summary.save(out)
             raise UserError(f"{not_built_here_message(compiled, plan)}. The build stopped before deploy (there "
                             "is no engine to serve); with --checkpoints-on-cpu, --dry-run stops there with exit 0")
-        engine = compiled.engine_dir
+        engines[stage] = compiled.engine_dir
+    engine = engines.get("compile")
 
     started = time.monotonic()
     repo = out / "model_repo"
     deployed = deploy_repository(plan, repo, engine=engine, checkpoint=served, force=True,
-                                 model=served_model(source, made, out))
+                                 model=served_model(source, made, out), draft_engine=engines.get("draft compile"))
     record("deploy", repo, started, deployed.skipped, f"{deployed.target} target, {backend.name} backend")
 
     if options.dry_run or (not backend.serves_embedded and options.url is None):
@@ -264,6 +276,27 @@ def build(options: BuildOptions, say: Callable[[str], None] = print) -> BuildSum
         summary.passed, summary.verdict = run_validation(repo, out / "validation", golden, options, record)
     summary.save(out)
     return summary
+
+
+def make_draft_checkpoint(plan: Plan, out: Path, dtype: str, options: BuildOptions, record) -> Path:
+    """An engine draft-target plan's draft as a TensorRT-LLM checkpoint at the plan's precision: a checkpoint named
+    as the draft is used as it is (compile --draft checks it); a preset or Hugging Face model is converted, and
+    calibrated at a quantized precision, into OUT/draft/ (`make_checkpoints`, its stages recorded as draft ...)."""
+    from .plan import resolve_model_info
+    from .sources import resolve_model
+
+    name = plan.speculative.draft_model
+    if resolve_model_info(name).source == "checkpoint":
+        return Path(name)
+    return make_checkpoints(resolve_model(name), out / DRAFT_CHECKPOINTS, dtype, False, draft_options(options, name),
+                            lambda stage, *rest: record(f"draft {stage}", *rest)).checkpoint
+
+
+def draft_options(options: BuildOptions, name: str) -> BuildOptions:
+    """The build options the draft's checkpoints are made with: the build's precision, calibration and parallelism,
+    the draft's model, dense and speculating nothing."""
+    return replace(options, model=name, model_dir=None, sparsity=None, distill_tokens=None, quantize_lm_head=False,
+                   speculative=None)
 
 
 @dataclass(frozen=True)
@@ -498,6 +531,7 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
     out, cores = Path(options.out), host_cores()
     hf = backend.checkpoint_format == HF_CHECKPOINT
     steps, checkpoint, served = checkpoint_steps(options, source, out, dtype, hf, cores)
+    draft = draft_checkpoint_steps(options, out, dtype, cores, steps) if backend.builds_engine else None
     started = time.monotonic()
     plan = make_plan(expected_model(options, source, checkpoint, dtype, hf), target, options.precision,
                      options.kv_cache, tp=options.tp, workload=options.workload, backend=backend.name,
@@ -514,7 +548,12 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
                           basis="trtllm-build on the GPU: never timed by trtpipe, so not estimated"))
         engine_command = command_line(*trtllm_build_command(plan, checkpoint.absolute(), engine.absolute(),
                                                             engine.absolute() / BUILD_CONFIG_FILE))   # as compile
+    if draft is not None:
+        steps.append(Step("draft compile", command_line("trtpipe", "compile", draft, "--plan", plan_path, "--draft",
+                                                        "-o", out / DRAFT_ENGINE, "--force"),
+                          basis="trtllm-build on the GPU: never timed by trtpipe, so not estimated"))
     steps.append(Step("deploy", command_line("trtpipe", "deploy", *(["--engine", engine] if engine_command else []),
+                                             *(["--draft-engine", out / DRAFT_ENGINE] if draft else []),
                                              "--checkpoint", served, "--plan", plan_path, "-o", repo, "--force")))
     steps.append(Step("validate", command_line("trtpipe", "validate", repo, "--url", options.url or "URL",
                                                *(["--load-test"] if options.load_test else [])),
@@ -526,6 +565,24 @@ def preview_build(options: BuildOptions, source, target, backend, dtype: str) ->
     return replace(preview, notes=(
         f"to build: `{again}` on the {target.name} GPU machine, inside the trtpipe container; to make the "
         f"checkpoints here on the CPU instead, add --checkpoints-on-cpu ({preview.checkpoint_cost()})",))
+
+
+def draft_checkpoint_steps(options: BuildOptions, out: Path, dtype: str, cores: int, steps: list) -> Path | None:
+    """An engine draft-target build's draft checkpoint (`make_draft_checkpoint`), its stages added to `steps` as
+    commands (draft ...); None when the build does not draft through the BLS."""
+    from .plan import resolve_model_info
+    from .sources import resolve_model
+
+    request = options.speculative
+    if request is None or request.draft_model is None:
+        return None
+    name = request.draft_model
+    if resolve_model_info(name).source == "checkpoint":
+        return Path(name)
+    made, checkpoint, _ = checkpoint_steps(draft_options(options, name), resolve_model(name), out / DRAFT_CHECKPOINTS,
+                                           dtype, False, cores)
+    steps += [replace(step, stage=f"draft {step.stage}") for step in made]
+    return checkpoint
 
 
 def checkpoint_steps(options: BuildOptions, source, out: Path, dtype: str, hf: bool,

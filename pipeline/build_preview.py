@@ -68,7 +68,7 @@ class Step:
     basis: str = ""                 # what the estimate rests on
 
     def cost(self) -> str:
-        if self.stage == "download":
+        if self.stage.endswith("download"):
             return f"{self.bytes / 1e9:.1f} GB"
         return "-" if self.seconds is None else duration(self.seconds)
 
@@ -96,11 +96,11 @@ class BuildPreview:
 
     @property
     def download_bytes(self) -> int:
-        return sum(s.bytes for s in self.steps if s.stage == "download")
+        return sum(s.bytes for s in self.steps if s.stage.endswith("download"))   # the draft's too
 
     def checkpoint_cost(self) -> str:
         """What making the checkpoints here costs: the download, then each stage's estimated time."""
-        timed = [s for s in self.checkpoint_steps if s.stage != "download"]
+        timed = [s for s in self.checkpoint_steps if not s.stage.endswith("download")]
         known = [s.seconds for s in timed if s.seconds is not None]
         parts = [f"download {self.download_bytes / 1e9:.1f} GB"] if self.download_bytes else []
         parts.append(f"about {duration(sum(known))} on this machine's {self.cores} cores: "

@@ -168,14 +168,6 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     return DeployResult(out, settings.target, False, models, engine, deployment)
 
 
-def refuse_unbuilt_speculation(plan: Plan) -> None:
-    """UserError for a plan whose speculative decoding `trtpipe build` does not make end to end yet."""
-    spec = plan.speculative
-    why = spec and backend_for(plan.backend).unbuilt_speculation.get(spec.method)
-    if why:
-        raise UserError(f"--speculative {spec.method} on the {plan.backend} backend: {why}")
-
-
 def bls_draft_engine(plan: Plan, draft_engine: Path | None) -> Path | None:
     """The draft engine of a draft-target plan whose backend drafts through the BLS (resolved; it need not exist
     yet); UserError when such a plan lacks it or another plan is given one."""

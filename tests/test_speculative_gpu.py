@@ -178,13 +178,12 @@ def test_a_pytorch_draft_checkpoint_or_local_directory_is_refused(tiny_model_dir
         assert result.exit_code == 2 and message in result.output, result.output
 
 
-def test_engine_draft_target_deploys_nvidias_draft_path_and_build_says_what_it_does_not_make(tmp_path,
-                                                                                               smollm2_hf_dir):
+def test_engine_draft_target_deploys_nvidias_draft_path(tmp_path, smollm2_hf_dir):
     """The engine path's draft-target as NVIDIA's instructions deploy it: deploy --draft-engine writes the draft's
     tensorrt_llm model (tensorrt_llm_draft, the draft engine's path, the target plan's limits) beside the target's,
     the BLS naming it and nothing decoupled, and check passes it; check finds a decoupled model or a missing draft.
-    Deploy without the draft engine, a draft engine for a plan without a draft, and build (which does not build the
-    draft's engine yet) are one line and exit 2, before anything is written."""
+    Deploy without the draft engine, and a draft engine for a plan without a draft, are one line and exit 2, before
+    anything is written."""
     from pipeline.check import check_repository
     from pipeline.tritonconfig import parse_pbtxt, to_pbtxt
 
@@ -201,11 +200,7 @@ def test_engine_draft_target_deploys_nvidias_draft_path_and_build_says_what_it_d
                                      str(plain_plan)]).exit_code == 0
     stray = CliRunner().invoke(main, [*deploy[:2], str(plain_plan), *deploy[3:], "--draft-engine", "d"])
     assert stray.exit_code == 2 and "has no draft model there" in stray.output, stray.output
-    built = CliRunner().invoke(main, ["build", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq",
-                                      "--speculative", "draft:qwen2.5-7b", "--dry-run", "-o", str(tmp_path / "out")])
-    assert built.exit_code == 2 and "does not build the draft's engine yet" in built.output, built.output
-    assert "--draft-engine" in built.output and "--backend pytorch" in built.output
-    assert not (tmp_path / "repo").exists() and not (tmp_path / "out").exists()
+    assert not (tmp_path / "repo").exists()
 
     result = CliRunner().invoke(main, [*deploy, "--draft-engine", str(tmp_path / "draft-engine")])
     assert result.exit_code == 0, result.output
@@ -328,3 +323,42 @@ def test_compile_draft_builds_the_draft_engine_with_the_target_plans_limits(tiny
         result = CliRunner().invoke(main, ["compile", str(ckpt), "--plan", str(plan_path), "--draft", "--dry-run",
                                            "-o", str(tmp_path / "other")])
         assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_build_makes_the_drafts_checkpoint_and_engine_beside_the_targets(tiny_hf, tmp_path):
+    """build --speculative draft:MODEL on the engine path: the dry run lists the draft's own stages (download,
+    convert, calibrate at the build's precision, compile --draft) and deploy --draft-engine; with
+    --checkpoints-on-cpu the chain runs here up to the engine builds (written, not run) and deploys the six models,
+    which check passes."""
+    from pipeline.check import check_repository
+    from pipeline.tritonconfig import parse_pbtxt
+    from support.models import make_tiny_model
+
+    preview = CliRunner().invoke(main, ["build", "qwen2.5-14b", "--target", "rtx4090", "--precision", "int4-awq",
+                                        "--speculative", "draft:qwen2.5-7b", "--dry-run", "-o", str(tmp_path / "q")])
+    assert preview.exit_code == 0, preview.output
+    table = [line.split() for line in preview.output.splitlines()
+             if line.startswith("  ") and (" trtpipe " in line or " hf download " in line)]
+    stages = [" ".join(words[:2]) if words[0] == "draft" else words[0] for words in table]
+    order = ["download", "convert", "calibrate", "draft download", "draft convert", "draft calibrate", "plan",
+             "compile", "draft compile", "deploy", "validate"]
+    assert stages == order, preview.output
+    assert f"--draft -o {tmp_path / 'q' / 'draft-engine'}" in preview.output
+    assert f"--draft-engine {tmp_path / 'q' / 'draft-engine'}" in preview.output
+    assert not (tmp_path / "q").exists()
+
+    draft = make_tiny_model(tmp_path / "draft-hf", seed=1, vocab_size=49152, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tiny_hf / name, draft / name)
+    out = tmp_path / "out"
+    built = CliRunner().invoke(main, ["build", str(tiny_hf), "--target", "rtx4090", "--precision", "fp16",
+                                      "--input-len", "64", "--output-len", "32", "--speculative", f"draft:{draft}",
+                                      "--checkpoints-on-cpu", "--dry-run", "-o", str(out)])
+    assert built.exit_code == 0, built.output
+    assert "[draft convert]" in built.output and "[draft compile]" in built.output
+    assert (out / "draft" / "checkpoint" / "config.json").is_file()
+    assert "--speculative_decoding_mode" not in (out / "draft-engine" / "trtllm-build.sh").read_text()
+    config = parse_pbtxt((out / "model_repo" / "tensorrt_llm_draft" / "config.pbtxt").read_text())
+    assert config.parameters["gpt_model_path"].string_value == str((out / "draft-engine").resolve())
+    assert not check_repository(out / "model_repo").errors

@@ -47,8 +47,6 @@ class Backend(Protocol):
     #: the speculative decoding it runs (pipeline/plan/speculative.py's methods) -> what its upstream names it
     #: (trtllm-build's --speculative_decoding_mode, the LLM API's config class, or the cpu runtimes' drafter)
     speculative_methods: dict[str, str]
-    #: the methods it plans and deploys but `trtpipe build` does not make end to end yet -> why (build refuses them)
-    unbuilt_speculation: dict[str, str]
     #: draft-target as NVIDIA's Triton deploys it: the draft's engine in a second tensorrt_llm model
     #: (TENSORRT_LLM_DRAFT) that tensorrt_llm_bls calls (deploy --draft-engine); else the draft is in the
     #: tensorrt_llm model (`write_draft_model`) or the LLM API configuration

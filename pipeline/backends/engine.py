@@ -105,11 +105,6 @@ class EngineBackend:
     summary = f"a TensorRT-LLM {TRTLLM_VERSION} engine (trtllm-build) in Triton's tensorrtllm backend"
     #: trtllm-build's --speculative_decoding_mode (commands/build.py; examples/draft_target_model/README.md)
     speculative_methods = {DRAFT: "draft_tokens_external", LOOKAHEAD: "lookahead_decoding"}
-    unbuilt_speculation = {DRAFT: (
-        "trtpipe build does not build the draft's engine yet: build stage by stage (the draft's checkpoint at the "
-        "plan's precision with convert / calibrate, `trtpipe compile DRAFT_CHECKPOINT --plan PLAN --draft -o "
-        "DRAFT_ENGINE`, the target's engine with `trtpipe compile`, then `trtpipe deploy --engine ENGINE "
-        "--draft-engine DRAFT_ENGINE`), or build draft-target with --backend pytorch")}
     drafts_through_bls = True
 
     def configure_speculation(self, plan: Plan) -> Plan:

@@ -111,7 +111,6 @@ class PytorchBackend:
     checkpoint_format = HF_CHECKPOINT
     #: the LLM API's speculative_config classes (NGramDecodingConfig, DraftTargetDecodingConfig)
     speculative_methods = {NGRAM: "NGram", DRAFT: "DraftTarget"}
-    unbuilt_speculation: dict[str, str] = {}
     drafts_through_bls = False
 
     def configure_speculation(self, plan: Plan) -> Plan:

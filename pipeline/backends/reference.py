@@ -86,7 +86,6 @@ class ReferenceBackend:
     summary = "no engine: trtpipe's reference runtime serves the checkpoint from a Triton Python model"
     #: the cpu model's drafters (pipeline/runtime/speculative.py, draft_model.py)
     speculative_methods = {NGRAM: "prompt lookup", DRAFT: "draft model"}
-    unbuilt_speculation: dict[str, str] = {}
     drafts_through_bls = False
 
     def plan(self, request: PlanRequest) -> Plan:

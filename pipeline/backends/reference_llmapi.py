@@ -37,7 +37,6 @@ class ReferenceLlmapiBackend:
     checkpoint_format = TRTLLM_CHECKPOINT
     summary = "the llmapi request contract served by trtpipe's reference runtime from a Triton Python model"
     speculative_methods: dict[str, str] = {}   # its cpu model generates plainly
-    unbuilt_speculation: dict[str, str] = {}
     drafts_through_bls = False
 
     def plan(self, request: PlanRequest) -> Plan:
