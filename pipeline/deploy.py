@@ -34,8 +34,8 @@ from pathlib import Path
 from . import NVIDIA_MODEL_FILES, TRTLLM_VERSION
 from .backends import backend_for, bls_draft_len
 from .backends.base import shell_command
-from .backends.pytorch import (LLMAPI, LLMAPI_MODELS, serves_on_triton, write_llmapi_repository,
-                               write_trtllm_serve_deployment)
+from .backends.pytorch import (LLMAPI, LLMAPI_MODELS, local_draft, served_files, serves_on_triton,
+                               write_llmapi_repository, write_trtllm_serve_deployment)
 from .backends.reference import with_runtime
 from .errors import UserError
 from .model_repository import INFLIGHT_BATCHER_MODELS, Deployment
@@ -145,7 +145,8 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
     draft = draft_checkpoint(plan)
     inputs = fingerprint_inputs([*([tokenizer_dir] if tokenizer_dir else []), *sources,
                                  *backend.repository_inputs(engine, checkpoint), *([draft] if draft else []),
-                                 *(backend.repository_inputs(draft_engine, None) if draft_engine else [])])
+                                 *(backend.repository_inputs(draft_engine, None) if draft_engine else []),
+                                 *(served_files(local_draft(plan)) if local_draft(plan) else [])])
     params = {"plan": plan.to_dict(), "engine": str(engine) if engine else None,
               **({"draft_engine": str(draft_engine)} if draft_engine else {})}
     with stage_output(out, STAGE, inputs, params, force=force,

@@ -119,6 +119,15 @@ def test_model_yaml_names_the_copied_model_relative_to_the_version_directory(rep
     (version.parent / "hub").mkdir()
     (version.parent / "hub" / "model.yaml").write_text("model: meta-llama/Meta-Llama-3-8B\n")
     assert model_module.load_settings(version.parent / "hub").llm_args["model"] == "meta-llama/Meta-Llama-3-8B"
+    # a draft copied beside it is resolved the same way; a draft hub id stays as it is
+    (version.parent / "hub" / "small").mkdir()
+    for draft, resolved in (("small", str((version.parent / "hub" / "small").resolve())),
+                            ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B")):
+        (version.parent / "hub" / "model.yaml").write_text(
+            f"model: meta-llama/Meta-Llama-3-8B\nspeculative_config:\n  decoding_type: DraftTarget\n"
+            f"  speculative_model_dir: {draft}\n")
+        args = model_module.load_settings(version.parent / "hub").llm_args
+        assert args["speculative_config"] == {"decoding_type": "DraftTarget", "speculative_model_dir": resolved}
     (version.parent / "hub" / "model.yaml").write_text("[not, a, mapping]\n")
     with pytest.raises(TritonModelException, match="needs a mapping with `model`"):
         model_module.load_settings(version.parent / "hub")

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline.backends.llm_api_args import unknown_llm_api_keys
-from pipeline.backends.pytorch import SERVE_CONFIG
+from pipeline.backends.pytorch import EXTRA_OPTIONS, SERVE_CONFIG
 from pipeline.cli import main
 from pipeline.compile import trtllm_build_command
 from pipeline.plan import speculative_gpu
@@ -171,11 +171,38 @@ def test_what_a_gpu_path_cannot_run_is_one_line_and_exit_2(args, message):
     assert "Traceback" not in result.output
 
 
-def test_a_pytorch_draft_checkpoint_or_local_directory_is_refused(tiny_model_dir, tiny_ckpt):
-    for draft, message in ((tiny_ckpt, "not a TensorRT-LLM checkpoint"), (tiny_model_dir, "by preset or hub id")):
-        result = CliRunner().invoke(main, ["plan", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",
-                                           "--backend", "pytorch", "--speculative", f"draft:{draft}"])
-        assert result.exit_code == 2 and message in result.output, result.output
+def test_a_pytorch_draft_checkpoint_is_refused(tiny_model_dir, tiny_ckpt):
+    result = CliRunner().invoke(main, ["plan", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",
+                                       "--backend", "pytorch", "--speculative", f"draft:{tiny_ckpt}"])
+    assert result.exit_code == 2 and "not a TensorRT-LLM checkpoint" in result.output, result.output
+
+
+@pytest.mark.parametrize("image", [None, NEW], ids=["triton", "trtllm-serve"])
+def test_a_local_pytorch_draft_is_copied_into_the_deployment_and_named_relative_to_it(tiny_model_dir, tmp_path,
+                                                                                     image):
+    """draft:DIR (a Hugging Face directory) on the pytorch backend: deploy copies its files beside the served model
+    and the LLM API options name the copy relative to where they are read (model.yaml: the version directory, which
+    trtpipe's llmapi model resolves; the trtllm-serve YAML: the deployment's root, where its launch script runs), so
+    no file a server reads names a path of this machine."""
+    from support.models import buildable_copy, make_tiny_model
+
+    draft = buildable_copy(make_tiny_model(tmp_path / "small", num_hidden_layers=1), tmp_path / "my-draft")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(tiny_model_dir), "--target", "rtx4090", "--precision", "fp16",
+                                       "--backend", "pytorch", *(["--runtime-image", image] if image else []),
+                                       "--checkpoints-on-cpu", "--speculative", f"draft:{draft}", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    repo = out / "model_repo"
+    copied = repo / ("tensorrt_llm/1/draft" if image is None else "draft")
+    assert (copied / "config.json").is_file() and list(copied.glob("*.safetensors"))
+    served = yaml.safe_load((repo / (EXTRA_OPTIONS if image is None else SERVE_CONFIG)).read_text())
+    assert served["speculative_config"]["speculative_model_dir"] == ("tensorrt_llm/1/draft" if image is None
+                                                                     else "draft")
+    if image is None:
+        model_yaml = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+        assert model_yaml["speculative_config"]["speculative_model_dir"] == "draft"
+    served = [p for p in repo.rglob("*") if p.suffix in (".yaml", ".sh", ".pbtxt")]   # what the servers read
+    assert not [p for p in served if str(tmp_path) in p.read_text()]
 
 
 def test_engine_draft_target_deploys_nvidias_draft_path(tmp_path, smollm2_hf_dir):

@@ -62,6 +62,8 @@ LLMAPI_MODELS = (TENSORRT_LLM,)
 EXTRA_OPTIONS = "extra_llm_api_options.yaml"
 #: The served Hugging Face model inside the version directory (model.yaml's `model` when deploy copied it).
 SERVED_MODEL_DIR = "model"
+#: a local draft model's copy, beside the served model (the LLM API's speculative_model_dir names it)
+DRAFT_MODEL_DIR = "draft"
 #: Files of a Hugging Face model directory the LLM API reads besides its weights and tokenizer files.
 HF_MODEL_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
 #: The cpu flavour's model source, copied into REPO/tensorrt_llm/1/.
@@ -277,11 +279,26 @@ def plan_pytorch(request: PlanRequest) -> Plan:
 # The repository
 
 
-def model_yaml(plan: Plan, model: str) -> dict:
+def model_yaml(plan: Plan, model: str, options: dict) -> dict:
     """tensorrt_llm/1/model.yaml: the LLM() arguments, and how Triton treats the model (`triton_config`)."""
     extra = {"backend": "pytorch"} if plan.backend == PYTORCH else {}
-    return {"model": model, **extra, **plan.llm_api.options,
-            "triton_config": {"max_batch_size": 0, "decoupled": True}}
+    return {"model": model, **extra, **options, "triton_config": {"max_batch_size": 0, "decoupled": True}}
+
+
+def local_draft(plan: Plan) -> Path | None:
+    """The local Hugging Face directory a draft-target plan drafts with (deploy copies it into the deployment),
+    else None (a hub id, downloaded where it is served)."""
+    spec = plan.speculative
+    configured = plan.llm_api is not None and "speculative_config" in plan.llm_api.options   # not when none gains
+    served = spec.draft_served if configured and spec.method == DRAFT else None
+    return Path(served) if served and Path(served).is_absolute() else None
+
+
+def drafting_from(options: dict, where: str) -> dict:
+    """The LLM API options with their draft model named `where` (its copy in the deployment, relative to where the
+    options are read)."""
+    config = options["speculative_config"]
+    return {**options, "speculative_config": {**config, "speculative_model_dir": where}}
 
 
 def llmapi_config(plan: Plan):
@@ -318,6 +335,10 @@ def write_trtllm_serve_deployment(out: Path, plan: Plan, checkpoint: Path | None
     Hugging Face model in `model/` (none: the plan's hub id, downloaded by trtllm-serve)."""
     image = plan_image(plan)
     options = checked_llm_api_options(plan)
+    draft = local_draft(plan)
+    if draft is not None:
+        copy_served_model(draft, out / DRAFT_MODEL_DIR)
+        options = drafting_from(options, DRAFT_MODEL_DIR)
     (out / SERVE_CONFIG).write_text(yaml.safe_dump(options, sort_keys=False))
     if checkpoint is not None:
         copy_served_model(checkpoint, out / SERVED_MODEL_DIR)
@@ -338,15 +359,20 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
     version_dir = repo / TENSORRT_LLM / "1"
     version_dir.mkdir(parents=True)
     (repo / TENSORRT_LLM / "config.pbtxt").write_text(to_pbtxt(llmapi_config(plan)))
+    draft = local_draft(plan) if plan.backend == PYTORCH else None
+    if draft is not None:     # named relative to the version directory in model.yaml, to the root in the YAML
+        copy_served_model(draft, version_dir / DRAFT_MODEL_DIR)
+    in_version = drafting_from(options, DRAFT_MODEL_DIR) if draft else options
     if plan.backend == PYTORCH:
         model = SERVED_MODEL_DIR if checkpoint else served_model_id(plan.model)
         served = f"tensorrt_llm/1/{SERVED_MODEL_DIR}" if checkpoint else model
-        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(options, sort_keys=False))
+        at_root = drafting_from(options, f"tensorrt_llm/1/{DRAFT_MODEL_DIR}") if draft else options
+        (repo / EXTRA_OPTIONS).write_text(yaml.safe_dump(at_root, sort_keys=False))
         write_launch_script(repo, plan_image(plan), served, EXTRA_OPTIONS)
     else:
         model = CHECKPOINT_DIR
         copy_tokenizer(tokenizer, version_dir / "tokenizer")
-    (version_dir / MODEL_YAML).write_text(yaml.safe_dump(model_yaml(plan, model), sort_keys=False))
+    (version_dir / MODEL_YAML).write_text(yaml.safe_dump(model_yaml(plan, model, in_version), sort_keys=False))
 
 
 def served_files(checkpoint: Path) -> list[Path]:

@@ -124,10 +124,6 @@ def gpu_companion(request: SpeculativeRequest, model: ModelInfo, target: Target,
     if loads_hf and draft.source == "checkpoint":
         raise UserError(f"--speculative draft:{name}: the {backend} backend's draft is a Hugging Face model "
                         "(speculative_model_dir), not a TensorRT-LLM checkpoint")
-    if loads_hf and draft.path and draft.source != "preset":
-        raise UserError(f"--speculative draft:{name}: name the {backend} backend's draft by preset or hub id; a "
-                        "local draft directory is not copied into the deployment yet, and the configuration names "
-                        "no path of this machine")
     if draft.arch.vocab_size != model.arch.vocab_size:
         raise UserError(f"--speculative draft:{name}: the draft's vocabulary has {draft.arch.vocab_size} tokens, the "
                         f"target's {model.arch.vocab_size}: a draft must share the target's tokenizer")

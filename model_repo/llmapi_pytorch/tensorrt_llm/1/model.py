@@ -81,7 +81,8 @@ class Settings:
 
 
 def load_settings(directory: Path = HERE) -> Settings:
-    """model.yaml of `directory`; a relative `model` that exists there is made absolute (else it is a hub id)."""
+    """model.yaml of `directory`; a relative `model`, and a relative draft (`speculative_config`'s
+    `speculative_model_dir`), that exists there is made absolute (else it is a hub id)."""
     path = Path(directory) / "model.yaml"
     try:
         data = yaml.safe_load(path.read_text())
@@ -91,10 +92,18 @@ def load_settings(directory: Path = HERE) -> Settings:
         raise pb_utils.TritonModelException(f"{path}: needs a mapping with `model` (the LLM() arguments)")
     args = dict(data)
     triton_config = args.pop("triton_config", None) or {}
-    local = Path(directory) / str(args["model"])
-    if not Path(str(args["model"])).is_absolute() and local.exists():
-        args["model"] = str(local.resolve())
+    args["model"] = local_path(directory, args["model"])
+    draft = args.get("speculative_config")
+    if isinstance(draft, dict) and draft.get("speculative_model_dir"):
+        args["speculative_config"] = {**draft, "speculative_model_dir": local_path(directory,
+                                                                                  draft["speculative_model_dir"])}
     return Settings(args, triton_config)
+
+
+def local_path(directory: Path, name) -> str:
+    """`name` made absolute when it is relative and exists in `directory`; else as it is (a hub id)."""
+    local = Path(directory) / str(name)
+    return str(local.resolve()) if not Path(str(name)).is_absolute() and local.exists() else name
 
 
 def scalar(inputs: dict, name: str, default):
