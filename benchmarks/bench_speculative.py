@@ -16,7 +16,8 @@ every output token over the wall time of the workload.
 
 Both servers run at once, idle but for the one being measured; each (workload, concurrency) cell is measured on one
 and then the other, the order alternating by round (--rounds), since this machine's speed drifts by 10-25% over
-minutes. Printed: per workload and concurrency, tokens/s without and with speculation (medians), the ratio of each
+minutes; before the rounds each server serves every cell once with a few prompts, unmeasured (`warm_up`). Printed:
+per workload and concurrency, tokens/s without and with speculation (medians), the ratio of each
 round and their median, the acceptance rate (accepted / drafted), output tokens per step, and the plan's predicted
 ratio at that concurrency (with its default acceptance and drafts a step, and with the ones this run measured: D, the
 drafts per decode step); and how many texts are identical with and without speculation. Raw numbers:
@@ -137,6 +138,16 @@ def measure(loads: dict, plain_url: str, spec_url: str, args: argparse.Namespace
     return cells
 
 
+def warm_up(loads: dict, urls: tuple[str, ...], args: argparse.Namespace) -> None:
+    """Each server serves every (workload, concurrency) cell once with a few of its prompts, not measured: ONNX
+    Runtime sizes its buffers for the shapes it meets first and the gate times its first steps, as in a server that
+    has been up a while (without it the first round's speculative cell at c=1 read 1.13x against 1.36-1.39x after)."""
+    for url in urls:
+        for prompts in loads.values():
+            for c in args.concurrency:
+                run_load(url, prompts[:c], c, args.output_tokens)
+
+
 def informed_prediction(plan, acceptance: float, drafts_per_step: float, args: argparse.Namespace) -> dict:
     """The plan's speedup per concurrency given the acceptance and drafts a step this run measured (what `trtpipe
     validate` tells a user to plan with)."""
@@ -185,8 +196,7 @@ def main() -> None:
                                                                               args.acceptance), args)
     with embedded_server(plain_repo, log_path=args.workdir / "tritonserver-plain.log") as plain, \
             embedded_server(spec_repo, log_path=args.workdir / "tritonserver-speculative.log") as spec:
-        for server in (plain, spec):
-            one_request(server.http_url, "Hello", 4)      # warm-up
+        warm_up(loads, (plain.http_url, spec.http_url), args)
         cells = measure(loads, plain.http_url, spec.http_url, args)
     predicted = dict(zip(plan.speculative.rows, plan.speculative.speedup)) if plan.speculative else {}
     print(f"\n{'workload':<9} {'c':>2} {'plain t/s':>9} {'spec t/s':>9} {'ratio (rounds)':<22} {'median':>6} "
