@@ -141,7 +141,8 @@ def measure(loads: dict, plain_url: str, spec_url: str, args: argparse.Namespace
 def warm_up(loads: dict, urls: tuple[str, ...], args: argparse.Namespace) -> None:
     """Each server serves every (workload, concurrency) cell once with a few of its prompts, not measured: ONNX
     Runtime sizes its buffers for the shapes it meets first and the gate times its first steps, as in a server that
-    has been up a while (without it the first round's speculative cell at c=1 read 1.13x against 1.36-1.39x after)."""
+    has been up a while. (It did not remove the low first rounds: grounded c=1 read 1.13x in a round 1 without it
+    and 1.23x with it, against 1.36-1.58x in the later rounds of both runs.)"""
     for url in urls:
         for prompts in loads.values():
             for c in args.concurrency:
