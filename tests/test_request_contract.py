@@ -274,11 +274,12 @@ def test_a_stream_with_stop_words_through_the_bls_ends_at_the_stop_word_without_
 @pytest.mark.slow
 def test_the_bls_takes_nvidias_scalar_inputs_and_refuses_what_only_nvidias_bls_does(served):
     """The BLS config reshapes return_log_probs (and others) to a scalar, as NVIDIA's does; forwarded as it
-    arrived it was refused by tensorrt_llm ("unexpected shape"). Draft-model inputs are refused by name."""
+    arrived it was refused by tensorrt_llm ("unexpected shape"). num_draft_tokens where the BLS names no draft model
+    is refused by name."""
     answered = post(served, "tensorrt_llm_bls", return_log_probs=True, num_return_sequences=1)
     assert answered.status_code == 200 and len(answered.json()["output_log_probs"]) == 6
     refused = post(served, "tensorrt_llm_bls", num_draft_tokens=2)
-    assert refused.status_code == 400 and "num_draft_tokens: speculative decoding" in refused.text
+    assert refused.status_code == 400 and "num_draft_tokens: this deployment has no draft model" in refused.text
 
 
 def test_a_draining_model_refuses_new_requests_and_ends_running_ones_with_an_error(cpu_model, tmp_path,

@@ -44,7 +44,7 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if not checks[0].passed:
         return checks
     checks.append(check_config_matches(server, repo))
-    plan, _ = load_test_context(repo)
+    plan, tokenizer = load_test_context(repo)
     spec = plan.speculative if plan is not None else None
     unstreamed = not_streamed(plan)
     if repository_layout(repo, server) == LLMAPI:
@@ -70,7 +70,7 @@ def run_checks(server: TritonServer, repo: Path | None, options: ValidateOptions
     if options.load_test:
         progress("load_test")
         checks.append(skipping("load_test", unstreamed)(client, options) if unstreamed else check_load_test(
-            client, options, out_dir, plan, load_test_context(repo)[1], meter_for(server, options.price_per_hour)))
+            client, options, out_dir, plan, tokenizer, meter_for(server, options.price_per_hour)))
     if options.metrics:
         progress("metrics")
         checks.append(check_metrics(client, server.endpoints.metrics_url, before))
