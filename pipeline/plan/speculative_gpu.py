@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..backends import backend_for
+from ..backends import backend_for, bls_draft_len
 from ..backends.capabilities import input_checkpoint_precision
 from ..backends.names import HF_CHECKPOINT
 from ..errors import UserError
@@ -235,8 +235,7 @@ def draft_build_plan(plan: Plan, checkpoint) -> Plan:
     sequence lengths and max_num_tokens its tensorrt_llm_draft model is deployed with, paged context FMHA for the
     KV-cache reuse NVIDIA's BLS needs: examples/draft_target_model/README.md), not speculating itself. UserError for
     a plan without a draft engine, or a checkpoint that cannot draft for the target."""
-    spec = plan.speculative
-    if spec is None or spec.method != DRAFT or not backend_for(plan.backend).drafts_through_bls:
+    if bls_draft_len(plan) is None:
         raise UserError("--draft builds the draft engine of a draft-target plan on the engine backend (`trtpipe plan "
                         "--speculative draft:MODEL`); this plan has none")
     draft = resolve_model_info(str(checkpoint))
