@@ -75,7 +75,8 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
     check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
     max_context = choose_max_context(workload, arch)
-    draft, companion = (gpu_companion(speculative, model, target, precision, dtype, kv_dtype, tp, pp, server.name)
+    draft, companion = (gpu_companion(speculative, model, target, precision, dtype, kv_dtype, tp, pp, server.name,
+                                          trtllm)
                         if speculative is not None and target.is_gpu else (None, None))
     plan = server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
                                    max_context, warnings, trtllm, companion))

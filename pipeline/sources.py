@@ -116,6 +116,29 @@ def resolve_hub_model(spec: str, hub_id: str, preset: Preset | None, model_dir: 
     return ModelSource(spec, "config", read_hf_arch(config), None, hint, hub_id)
 
 
+def locate_config(spec: str, model_dir: Path | None = None) -> tuple[Path, str | None]:
+    """(the directory holding `spec`'s config.json, its hub id or None for a local directory) for a model whose
+    architecture trtpipe does not convert (an EAGLE-3 head): a directory, --model-dir / $TRTPIPE_MODEL_DIR, the hub
+    (config.json only) or, offline, the hub cache. UserError where none holds it."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.resolve(), None
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise UserError(f"{spec}: no such directory; name a Hugging Face directory or a hub id (org/name)")
+    found, looked = find_user_model(spec, spec, model_dir)
+    if found:
+        return found, None
+    if not hub_offline():
+        return hub_snapshot(spec, ["config.json"]), spec
+    cached = cached_config(spec)
+    if cached is None:
+        raise UserError(f"the config.json of {spec} is not on this machine (looked in "
+                        f"{', '.join([*looked, f'the Hugging Face cache {hub_cache()}'])}) and HF_HUB_OFFLINE is set: "
+                        f"fetch it where the network is reachable (`hf download {spec} config.json`), or unset "
+                        "HF_HUB_OFFLINE")
+    return cached, spec
+
+
 def find_user_model(hub_id: str, name: str, model_dir: Path | None) -> tuple[Path | None, list[str]]:
     """The model in --model-dir or $TRTPIPE_MODEL_DIR (as NAME, ORG/NAME, NAME of the hub id, or the root)."""
     looked = []

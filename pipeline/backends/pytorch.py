@@ -36,6 +36,7 @@ from ..errors import UserError
 from ..outputs import link_or_copy
 from ..plan.policy import PlanRequest
 from ..plan.schema import LlmApiSettings, Plan, SpeculativePlan
+from ..plan.speculative import EAGLE
 from ..runtime.speculative import DRAFT, NGRAM
 from ..plan.trtllm import paged_context_fmha_possible
 from ..tokenizer import TOKENIZER_FILES, copy_tokenizer
@@ -111,8 +112,9 @@ class PytorchBackend:
     sparse_kernels = False       # no 2:4 kernels on TensorRT-LLM's PyTorch backend (docs/sparsity.md)
     profile_start_stop_env = "TLLM_PROFILE_START_STOP"        # the PyTorch executor (docs/upstream-facts.md K)
     checkpoint_format = HF_CHECKPOINT
-    #: the LLM API's speculative_config classes (NGramDecodingConfig, DraftTargetDecodingConfig)
-    speculative_methods = {NGRAM: "NGram", DRAFT: "DraftTarget"}
+    #: the LLM API's speculative_config classes (NGramDecodingConfig, DraftTargetDecodingConfig, one-model
+    #: EagleDecodingConfig / 1.3's Eagle3DecodingConfig)
+    speculative_methods = {NGRAM: "NGram", DRAFT: "DraftTarget", EAGLE: "Eagle3"}
     drafts_through_bls = False
 
     def configure_speculation(self, plan: Plan) -> Plan:
@@ -199,13 +201,15 @@ BACKEND = PytorchBackend()
 #: `speculative_config.decoding_type` per TensorRT-LLM version line: 1.2.x parses the dict through
 #: DecodingBaseConfig.from_dict's class map ("DraftTarget"); 1.3 through a pydantic union discriminated by each
 #: class's Literal ("Draft_Target"), no alias (docs/upstream-facts.md S7)
-DECODING_TYPES = {"1.2": {NGRAM: "NGram", DRAFT: "DraftTarget"}, "1.3": {NGRAM: "NGram", DRAFT: "Draft_Target"}}
+DECODING_TYPES = {"1.2": {NGRAM: "NGram", DRAFT: "DraftTarget", EAGLE: "Eagle"},
+                  "1.3": {NGRAM: "NGram", DRAFT: "Draft_Target", EAGLE: "Eagle3"}}
 
 
 def speculative_config(spec: SpeculativePlan, version: str) -> dict:
     """The LLM API's `speculative_config` for TensorRT-LLM `version`: K, max_concurrency (1.3: a positive int, so
     written only when some batch gains), the n-gram size (1.2.x's default 0 matches nothing useful) or the draft
-    (`speculative_model_dir`: 1.2.x's field, 1.3's alias of speculative_model)."""
+    (`speculative_model_dir`: 1.2.x's field, 1.3's alias of speculative_model); an EAGLE-3 head one-model (the
+    draft layers run inside the target's forward pass, both lines' default, said explicitly)."""
     line = "1.2" if version.startswith("1.2") else "1.3"
     config = {"decoding_type": DECODING_TYPES[line][spec.method], "max_draft_len": spec.draft_len,
               "max_concurrency": spec.max_rows}
@@ -213,6 +217,8 @@ def speculative_config(spec: SpeculativePlan, version: str) -> dict:
         config["max_matching_ngram_size"] = spec.max_ngram
     else:
         config["speculative_model_dir"] = spec.draft_served
+    if spec.method == EAGLE:
+        config["eagle3_one_model"] = True
     return config
 
 
@@ -286,11 +292,11 @@ def model_yaml(plan: Plan, model: str, options: dict) -> dict:
 
 
 def local_draft(plan: Plan) -> Path | None:
-    """The local Hugging Face directory a draft-target plan drafts with (deploy copies it into the deployment),
-    else None (a hub id, downloaded where it is served)."""
+    """The local Hugging Face directory a draft-target or EAGLE-3 plan drafts with (deploy copies it into the
+    deployment), else None (a hub id, downloaded where it is served)."""
     spec = plan.speculative
     configured = plan.llm_api is not None and "speculative_config" in plan.llm_api.options   # not when none gains
-    served = spec.draft_served if configured and spec.method == DRAFT else None
+    served = spec.draft_served if configured else None
     return Path(served) if served and Path(served).is_absolute() else None
 
 
@@ -376,9 +382,11 @@ def write_llmapi_repository(repo: Path, plan: Plan, checkpoint: Path | None, tok
 
 
 def served_files(checkpoint: Path) -> list[Path]:
-    """The files of a Hugging Face model directory the LLM API loads: config, weights, tokenizer."""
+    """The files of a Hugging Face model directory the LLM API loads: config, weights, tokenizer (PyTorch's
+    pytorch_model.bin where there are no safetensors: EAGLE-3 heads ship one)."""
     named = [checkpoint / name for name in (*HF_MODEL_FILES, *TOKENIZER_FILES) if (checkpoint / name).is_file()]
-    return named + sorted(checkpoint.glob("*.safetensors"))
+    weights = sorted(checkpoint.glob("*.safetensors"))
+    return named + (weights or [p for p in [checkpoint / "pytorch_model.bin"] if p.is_file()])
 
 
 def copy_served_model(checkpoint: Path, dest: Path) -> None:

@@ -233,9 +233,10 @@ def speculative_options(command):
                          help="Speculative decoding: ngram (prompt lookup) or draft:MODEL (a second model with "
                               "the target's tokenizer drafts: a TensorRT-LLM checkpoint on the cpu target, a preset "
                               "or hub id for the pytorch backend on a GPU, whose speculative_config the plan "
-                              "writes) or lookahead[:W,N,G] (the engine path; needs --acceptance); eagle:MODEL is "
-                              "not implemented yet (refused). The plan "
-                              "predicts the speedup at each concurrency and the most rows the server drafts for."),
+                              "writes), lookahead[:W,N,G] (the engine path; needs --acceptance) or eagle:HEAD (an "
+                              "EAGLE-3 head, a directory or hub id, on the pytorch backend; needs --acceptance). The "
+                              "plan predicts the speedup at each concurrency and the most rows the server drafts "
+                              "for."),
             click.option("--draft-len", type=int, default=None, metavar="K",
                          help="Drafts verified per step (default 3)."),
             click.option("--acceptance", type=float, default=None, metavar="A",

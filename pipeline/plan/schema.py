@@ -206,7 +206,7 @@ class SpeculativePlan:
     the acceptance rate assumed, the steps timed with and without drafts at each concurrency, the predicted speedup
     there, and the most running rows the server drafts for (above it speculation loses and is off)."""
 
-    method: str                      # "ngram" | "draft"
+    method: str                      # "ngram" | "draft" | "lookahead" | "eagle"
     draft_len: int                   # K
     max_ngram: int | None            # prompt lookup's longest n-gram (ngram)
     acceptance: float                # accepted / drafted tokens (TensorRT-LLM's acceptance_rate)

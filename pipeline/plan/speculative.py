@@ -47,7 +47,8 @@ from .schema import ModelArch, ModelInfo, Plan, SpeculativePlan, resolve_model_i
 
 #: what `--speculative` names (draft:MODEL and eagle:MODEL carry a model)
 LOOKAHEAD = "lookahead"
-METHODS = (NGRAM, DRAFT, LOOKAHEAD, "eagle")
+EAGLE = "eagle"
+METHODS = (NGRAM, DRAFT, LOOKAHEAD, EAGLE)
 #: the drafts a step verifies when --draft-len is not given: the best of 3, 5, 8 on the input-grounded workload of
 #: benchmarks/bench_speculative.py (SmolLM2-135M, ONNX Runtime, this repository's 2-core machine)
 DEFAULT_DRAFT_LEN = 3
@@ -85,7 +86,7 @@ class SpeculativeRequest:
         if method not in METHODS:
             raise UserError(f"--speculative must be one of ngram, draft:MODEL, lookahead[:W,N,G], eagle:MODEL (got "
                             f"{text!r})")
-        if method in ("draft", "eagle") and not model:
+        if method in (DRAFT, EAGLE) and not model:
             raise UserError(f"--speculative {method} needs the model that drafts: {method}:MODEL")
         if method == NGRAM and model:
             raise UserError(f"--speculative {method} drafts without a model (got {text!r})")

@@ -2,27 +2,31 @@
 measured decode operations, and the configuration each TensorRT-LLM path takes.
 
 What each path runs (docs/speculative.md "On a GPU", docs/upstream-facts.md S7):
-- the PyTorch backend (LLM API `speculative_config`): prompt lookup (`NGram`) and draft-target (a second Hugging
-  Face model, `speculative_model_dir`); `max_concurrency` turns speculation off above the planned break-even rows,
-  as the cpu server's `speculative_max_rows` does;
+- the PyTorch backend (LLM API `speculative_config`): prompt lookup (`NGram`), draft-target (a second Hugging
+  Face model, `speculative_model_dir`) and EAGLE-3 (a head drafting from the target's hidden states, one-model:
+  pipeline/plan/eagle.py); `max_concurrency` turns speculation off above the planned break-even rows, as the cpu
+  server's `speculative_max_rows` does;
 - the engine path (TensorRT-LLM 1.2.1): lookahead (`--speculative_decoding_mode lookahead_decoding` and the
   tensorrt_llm model's lookahead parameters, deployed), and draft-target (the target built with
-  `draft_tokens_external --max_draft_len K`; planned, but its draft engine and NVIDIA's BLS draft path are not
-  deployed yet, so deploy refuses it). Its prompt lookup lived in examples/run.py, not in trtllm-build or Triton,
-  so `ngram` is refused there; EAGLE is not written yet.
+  `draft_tokens_external --max_draft_len K`, the draft engine beside it, deployed as NVIDIA's BLS draft path:
+  `draft_build_plan`, deploy --draft-engine). Its prompt lookup lived in examples/run.py, not in trtllm-build or
+  Triton, so `ngram` is refused there, and its EAGLE (built into the target's engine from a combined checkpoint)
+  is not converted by trtpipe: `eagle` is refused there.
 
 The memory: a draft model's weights, its activations for the same tokens a step and its decoder buffers come off
 each GPU first, and its KV cache holds as many tokens as the target's (`policy.Companion`, planned by the
-backend's planner). The speed: the same formula as the cpu target's (pipeline/plan/speculative.py), with the
-plain step p, the verify step v of K + 1 tokens a row and the draft's step d taken from aiconfigurator-core's
-decode operations for the target's GPU (`performance.decode_steps`: measured on NVIDIA's chip, or derived for
-the RTX 4090 from the L40S), else trtpipe's speed-of-light bound. Nothing here ran on a GPU.
+backend's planner); an EAGLE-3 head's likewise, its layers in the target's KV cache. The speed: the same formula
+as the cpu target's (pipeline/plan/speculative.py), with the plain step p, the verify step v of K + 1 tokens a row
+and the draft's step d taken from aiconfigurator-core's decode operations for the target's GPU
+(`performance.decode_steps`: measured on NVIDIA's chip, or derived for the RTX 4090 from the L40S), else trtpipe's
+speed-of-light bound. Nothing here ran on a GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import TRTLLM_VERSION
 from ..backends import backend_for, bls_draft_len
 from ..backends.capabilities import input_checkpoint_precision
 from ..backends.names import HF_CHECKPOINT
@@ -35,9 +39,10 @@ from ..targets import Target
 from .memory import decode_step_seconds, kv_bytes_per_token, weights_per_rank_by_stage, weights_read_per_step
 from .performance import NotModelled, Workpoint, decode_steps
 from .policy import Companion, engine_dtype
+from .eagle import check_head_fits, read_eagle_head
 from .schema import ModelInfo, Plan, SpeculativePlan, resolve_model_info
-from .speculative import (ACCEPTANCE_BASIS, DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_LEN, LOOKAHEAD, SpeculativeRequest,
-                          concurrencies, default_drafts, speedups, tokenizer_mismatch)
+from .speculative import (ACCEPTANCE_BASIS, DEFAULT_ACCEPTANCE, DEFAULT_DRAFT_LEN, EAGLE, LOOKAHEAD,
+                          SpeculativeRequest, concurrencies, default_drafts, speedups, tokenizer_mismatch)
 
 #: the most drafts a step the plan accepts on a GPU (TensorRT-LLM's own examples use 4 to 10)
 MAX_GPU_DRAFT_LEN = 16
@@ -45,17 +50,15 @@ MAX_GPU_DRAFT_LEN = 16
 NOT_RUN = {NGRAM: "TensorRT-LLM's engine path has prompt lookup only as a script (examples/run.py), not as a "
                   "trtllm-build mode or a Triton model: use --backend pytorch (its NGram drafter)",
            LOOKAHEAD: "TensorRT-LLM's PyTorch backend has no lookahead (LookaheadDecodingConfig.supports_backend "
-                      "excludes it): use --backend engine (1.2.1)"}
-NOT_WRITTEN = ("is not written for GPU targets yet (ngram and draft:MODEL on the pytorch backend, lookahead on the "
-               "engine)")
+                      "excludes it): use --backend engine (1.2.1)",
+           EAGLE: "the engine path builds EAGLE 1 and 2 into the target's engine from a checkpoint combining both "
+                  "(TensorRT-LLM examples/eagle), which trtpipe does not convert: use --backend pytorch (EAGLE-3)"}
 #: TensorRT-LLM's default lookahead (window, n-gram, verification set): executor.h kDefaultLookaheadDecoding*
 DEFAULT_LOOKAHEAD = (4, 3, 4)
 
 
 def check_gpu_request(request: SpeculativeRequest, backend: str, beam_width: int) -> None:
     """UserError for what the backend does not run."""
-    if request.method == "eagle":
-        raise UserError(f"--speculative {request.to_flags()}: EAGLE {NOT_WRITTEN}")
     runs = backend_for(backend).speculative_methods
     if request.method not in runs:
         why = NOT_RUN.get(request.method, f"it runs {', '.join(runs) or 'none'}")
@@ -85,7 +88,11 @@ def drafting(request: SpeculativeRequest) -> tuple[int, float, float, str, list[
     k = DEFAULT_DRAFT_LEN if request.draft_len is None else request.draft_len
     if not 1 <= k <= MAX_GPU_DRAFT_LEN:
         raise UserError(f"--draft-len must be between 1 and {MAX_GPU_DRAFT_LEN} (got {k})")
-    default = DEFAULT_ACCEPTANCE[request.method]
+    if request.method == EAGLE and request.acceptance is None:
+        raise UserError("--speculative eagle needs --acceptance (accepted / drafted tokens): no EAGLE-3 head runs "
+                        "on the cpu target, so trtpipe has measured none to default to; take the head's published "
+                        "acceptance, or measure it on the deployment")
+    default = DEFAULT_ACCEPTANCE.get(request.method)
     acceptance = default if request.acceptance is None else request.acceptance
     check_acceptance(acceptance)
     drafts = default_drafts(request.method, k) if request.drafts_per_step is None else request.drafts_per_step
@@ -110,9 +117,13 @@ def lookahead_draft_len(w: int, n: int, g: int) -> int:
 
 
 def gpu_companion(request: SpeculativeRequest, model: ModelInfo, target: Target, precision: str, dtype: str,
-                  kv_dtype: str, tp: int, pp: int, backend: str) -> tuple[ModelInfo | None, Companion | None]:
-    """The draft model `draft:NAME` names and what it takes of each GPU (None for prompt lookup); UserError unless
-    it can draft for `model` there: the target's vocabulary and tokenizer, and a model the path loads."""
+                  kv_dtype: str, tp: int, pp: int, backend: str,
+                  trtllm: str | None = None) -> tuple[ModelInfo | None, Companion | None]:
+    """The draft model `draft:NAME` or EAGLE-3 head `eagle:NAME` names and what it takes of each GPU (None for
+    prompt lookup and lookahead); UserError unless it can draft for `model` there: the target's vocabulary and
+    tokenizer (a head: the target's hidden size and vocabulary), and a model the path loads."""
+    if request.method == EAGLE and EAGLE in backend_for(backend).speculative_methods:
+        return eagle_companion(request, model, kv_dtype, tp, trtllm or TRTLLM_VERSION)
     if request.method != DRAFT:
         return None, None
     draft = resolve_model_info(request.draft_model)
@@ -136,6 +147,18 @@ def gpu_companion(request: SpeculativeRequest, model: ModelInfo, target: Target,
         dtype = engine_dtype(precision, draft.arch)
     weights = max(weights_per_rank_by_stage(draft.arch, precision, dtype, tp, pp))
     return draft, Companion(draft.arch, precision, dtype, weights, kv_bytes_per_token(draft.arch, kv_dtype, tp, pp))
+
+
+def eagle_companion(request: SpeculativeRequest, model: ModelInfo, kv_dtype: str, tp: int,
+                    trtllm: str) -> tuple[ModelInfo, Companion]:
+    """The EAGLE-3 head and what it takes of each GPU: its weights as it ships (the LLM API loads it unquantized)
+    and its layers in the target's KV cache (pipeline/plan/eagle.py)."""
+    head = read_eagle_head(request.draft_model)
+    check_head_fits(head, model.arch, model.name)
+    k = DEFAULT_DRAFT_LEN if request.draft_len is None else request.draft_len
+    precision = "fp16" if head.dtype == "float16" else "bf16" if head.dtype == "bfloat16" else "fp32"
+    return head.model_info(), Companion(head.arch, precision, head.dtype, head.weights_bytes_per_rank(tp),
+                                        head.kv_bytes_per_token(kv_dtype, tp, trtllm, k))
 
 
 def plan_gpu_speculation(plan: Plan, request: SpeculativeRequest, draft: ModelInfo | None,
