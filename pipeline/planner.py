@@ -26,7 +26,7 @@ from .errors import UserError
 from .plan.policy import (LATENCY, MEMORY, PlanRequest, Refusal, check_checkpoint_agrees, check_target_supports,
                           choose_max_context, engine_dtype, kv_cache_request, resolve_kv_cache_dtype)
 from .plan.schema import ModelInfo, Overrides, Plan, Workload
-from .plan.speculative import SpeculativeRequest, plan_speculation, request_of
+from .plan.speculative import SpeculativeRequest, host_companion, plan_speculation, request_of
 from .plan.speculative_gpu import gpu_companion, plan_gpu_speculation
 from .precisions import AUTO, AUTO_PRECISIONS, FLOAT_DTYPES, PRECISIONS, QUANT_ALGO, WEIGHT_BITS
 from .targets import GIB, Target
@@ -75,9 +75,9 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
     # An engine keeps the checkpoint's dtype; the reference runtime runs any checkpoint dtype in float32.
     check_checkpoint_agrees(model, precision, kv_dtype, dtype, tp, check_dtype=server.exact_checkpoint_dtype)
     max_context = choose_max_context(workload, arch)
-    draft, companion = (gpu_companion(speculative, model, target, precision, dtype, kv_dtype, tp, pp, server.name,
-                                          trtllm)
-                        if speculative is not None and target.is_gpu else (None, None))
+    draft, companion = (None, None) if speculative is None else (
+        gpu_companion(speculative, model, target, precision, dtype, kv_dtype, tp, pp, server.name, trtllm)
+        if target.is_gpu else host_companion(speculative, model))
     plan = server.plan(PlanRequest(model, target, precision, dtype, kv_dtype, tp, pp, workload, overrides,
                                    max_context, warnings, trtllm, companion))
     if speculative is not None:

@@ -24,6 +24,7 @@ from pipeline.host import INTRA_OP_SPINNING
 from pipeline.onnx.export import export_onnx
 from pipeline.onnx.runner import OrtDecoder
 from pipeline.plan import Plan, Workload, resolve_model_info
+from pipeline.plan.memory import weights_per_rank_by_stage
 from pipeline.plan.schema import SpeculativePlan
 from pipeline.plan.speculative import SpeculativeRequest, describe
 from pipeline.planner import make_plan, replan
@@ -517,8 +518,16 @@ def test_a_draft_model_plan_adds_k_draft_steps_and_its_memory_and_deploys_it(che
     expected = [2.4 * p / (v + 2 * d) for (p, v), d in zip(target_steps, draft_steps)]
     assert spec.speedup == pytest.approx(expected, abs=1e-3) and expected[0] > 1 > expected[-1]
     assert spec.max_rows == max(r for r, e in zip(spec.rows, expected) if e >= 1) and spec.max_ngram is None
-    assert spec.draft_weights_bytes == sum(f.stat().st_size for f in draft.glob("rank*.safetensors")) > 0
+    # the draft's weights as the target's are counted (float32) and its float32 KV cache for as many tokens, off the
+    # host's memory before the KV cache is sized
+    draft_arch = resolve_model_info(str(draft)).arch
+    assert spec.draft_weights_bytes == weights_per_rank_by_stage(draft_arch, "fp32", "float32", 1, 1)[0]
     assert spec.draft_kv_bytes_per_token == 2 * 4 * 4 * 12 * 4          # K and V, 4 layers x 4 heads x 12, float32
+    plain, mem = plan_of(target, max_context=64).memory, plan.memory
+    assert mem.free_bytes == plain.free_bytes - spec.draft_weights_bytes
+    assert mem.draft_bytes == spec.draft_weights_bytes + mem.kv_cache_tokens * spec.draft_kv_bytes_per_token
+    per_token = plan.kv_bytes_per_token + spec.draft_kv_bytes_per_token
+    assert mem.free_bytes - per_token * 32 < mem.kv_cache_tokens * per_token <= mem.free_bytes
     assert Plan.from_dict(plan.to_dict()).speculative == spec
     assert replan(plan).speculative.draft_checkpoint == str(draft)
     for runtime, made in (("torch", "config.json"), ("onnxruntime", "model.onnx")):

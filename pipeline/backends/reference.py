@@ -213,17 +213,22 @@ def plan_reference(request: PlanRequest) -> Plan:
     stages = weights_per_rank_by_stage(arch, "fp32", "float32", 1, 1)
     weights = stages[0]
     kv_per_token = kv_bytes_per_token(arch, "float32", 1, 1)
+    draft = request.companion        # a draft model (pipeline/plan/speculative.py host_companion)
+    draft_weights, draft_kv = (draft.weights_bytes_per_rank, draft.kv_bytes_per_token) if draft else (0, 0)
     memory = target.memory_bytes
     reserve = CUDA_CONTEXT_RESERVE   # Python, PyTorch and Triton processes
-    if weights + reserve >= memory:
+    if weights + draft_weights + reserve >= memory:
+        beside = f" beside its draft's {format_gib(draft_weights)}" if draft else ""
         raise UserError(f"{model.name} needs {format_gib(weights)} of float32 weights in the reference "
-                        f"runtime; the cpu target assumes {format_gib(memory)} of host memory. Use a GPU target")
+                        f"runtime{beside}; the cpu target assumes {format_gib(memory)} of host memory. Use a GPU "
+                        "target")
     batch = overrides.max_batch_size or min(workload.concurrency or target.triton_max_batch_size,
                                             target.triton_max_batch_size)
     if workload.concurrency and overrides.max_batch_size and overrides.max_batch_size < workload.concurrency:
         raise UserError(f"--max-batch-size {overrides.max_batch_size} contradicts --concurrency {workload.concurrency}")
-    free = memory - weights - reserve
-    kv_tokens = free // kv_per_token // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK   # whole blocks of the scheduler's pool
+    free = memory - weights - draft_weights - reserve
+    # whole blocks of the scheduler's pool; a draft keeps a row of its own cache for each of the target's
+    kv_tokens = free // (kv_per_token + draft_kv) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
     if kv_tokens < max_context:
         raise UserError(f"no room for one sequence of {max_context} tokens of float32 KV cache in "
                         f"{format_gib(free)} of host memory left; lower --max-context")
@@ -253,7 +258,7 @@ def plan_reference(request: PlanRequest) -> Plan:
         activation_basis="the cpu target builds no engine, so nothing is reserved ahead of time",
         runtime_reserve_bytes=reserve, runtime_reserve_formula="1 GiB for the Python/PyTorch/Triton processes",
         free_bytes=free, kv_cache_free_gpu_mem_fraction=1.0, kv_cache_bytes=kv_tokens * kv_per_token,
-        kv_cache_tokens=kv_tokens)
+        kv_cache_tokens=kv_tokens, draft_bytes=draft_weights + kv_tokens * draft_kv)
     roof = roofline(target, workload, weights, kv_per_token, batch, prefill_s)
     timing = host_timing(arch, workload.input_len, workload.output_len, batch, serving_threads())
     return Plan(

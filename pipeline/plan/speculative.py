@@ -25,7 +25,10 @@ but the last), so with its step d and D = K
     speedup(rows) = (1 + a K) x p(rows) / (v(rows) + K x d(rows)).
 
 The draft's step is timed like the target's, from its architecture in float32: a 4-bit draft served by ONNX
-Runtime's MatMulNBits costs less than that (docs/speculative.md has the measured figures).
+Runtime's MatMulNBits costs less than that (docs/speculative.md has the measured figures). Its memory comes off the
+host's before the KV cache is sized, as a GPU plan's draft does (`host_companion`): its weights counted as the
+target's are, in float32 (the torch runtime dequantizes a quantized checkpoint on load), and its float32 KV cache
+for as many tokens as the target's.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from ..host import serving_threads
 from ..outputs import write_atomic
 from ..runtime.speculative import DRAFT, MAX_NGRAM, NGRAM
 from .host_timing import LAYERS_TIMED, timing_cache_file, timing_model
-from .memory import kv_bytes_per_token
+from .memory import kv_bytes_per_token, weights_per_rank_by_stage
+from .policy import Companion
 from .schema import ModelArch, ModelInfo, Plan, SpeculativePlan, resolve_model_info
 
 #: what `--speculative` names (draft:MODEL and eagle:MODEL carry a model)
@@ -127,8 +131,19 @@ def default_drafts(method: str, k: int) -> float:
     return min(float(k), NGRAM_DRAFTS_PER_STEP) if method == NGRAM else float(k)
 
 
+def host_companion(request: SpeculativeRequest, model: ModelInfo) -> tuple[ModelInfo | None, Companion | None]:
+    """The draft checkpoint `draft:NAME` names and what it takes of the host's memory (None for prompt lookup and
+    for methods the cpu runtimes do not run, which `plan_speculation` refuses)."""
+    if request.method != DRAFT:
+        return None, None
+    draft = draft_model(model, request.draft_model)
+    weights = weights_per_rank_by_stage(draft.arch, "fp32", "float32", 1, 1)[0]
+    return draft, Companion(draft.arch, "fp32", "float32", weights, kv_bytes_per_token(draft.arch, "float32", 1))
+
+
 def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
-    """`plan` with its speculative decoding planned; UserError for what cannot run."""
+    """`plan` (planned with its draft's memory, `host_companion`) with its speculative decoding planned; UserError
+    for what cannot run."""
     if plan.target.is_gpu:
         raise ValueError("a GPU plan's speculation is planned by plan/speculative_gpu.py")
     if request.method not in (NGRAM, DRAFT):
@@ -150,7 +165,7 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     if not 0.0 < drafts <= k:
         raise UserError(f"--drafts-per-step is the drafts a step verifies on average, above 0 and at most --draft-len "
                         f"{k} (got {drafts})")
-    draft = draft_model(plan, request.draft_model) if request.method == DRAFT else None
+    draft, companion = host_companion(request, plan.model)
     basis = (f"--acceptance {acceptance}" if request.acceptance is not None else
              f"the default {default} ({ACCEPTANCE_BASIS[request.method]}); measure yours with `trtpipe validate` "
              "and plan again with --acceptance")
@@ -169,7 +184,7 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
         basis=(f"{formula}; the steps of the reference runtime timed on this host at {context} tokens of context "
                f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")),
         drafts_per_step=drafts,
-        **({} if draft is None else draft_fields(draft, drafting)))
+        **({} if draft is None else draft_fields(draft, companion, drafting)))
     warnings = list(plan.warnings)
     if not spec.max_rows:
         warnings.append(f"--speculative {request.to_flags()}: at acceptance {acceptance} and K = {k} no batch gains "
@@ -193,7 +208,7 @@ def describe(spec: SpeculativePlan) -> str:
     return f"{head}: x{spec.speedup[0]:.2f} predicted at 1 row; drafts while at most {spec.max_rows} rows run"
 
 
-def draft_model(plan: Plan, name: str) -> ModelInfo:
+def draft_model(target: ModelInfo, name: str) -> ModelInfo:
     """The draft checkpoint `draft:NAME` names; UserError unless the cpu runtimes can draft with it for this target:
     a single-rank TensorRT-LLM checkpoint of the target's vocabulary and tokenizer."""
     draft = resolve_model_info(name)
@@ -203,11 +218,11 @@ def draft_model(plan: Plan, name: str) -> ModelInfo:
     if (draft.checkpoint_tp_size or 1) * (draft.checkpoint_pp_size or 1) != 1:
         raise UserError(f"--speculative draft:{name}: the draft checkpoint has {draft.checkpoint_tp_size} x "
                         f"{draft.checkpoint_pp_size} ranks; the cpu target runs one (convert it with --tp 1 --pp 1)")
-    target_vocab, draft_vocab = plan.model.arch.vocab_size, draft.arch.vocab_size
+    target_vocab, draft_vocab = target.arch.vocab_size, draft.arch.vocab_size
     if draft_vocab != target_vocab:
         raise UserError(f"--speculative draft:{name}: the draft's vocabulary has {draft_vocab} tokens, the "
                         f"target's {target_vocab}: a draft must share the target's tokenizer")
-    if tokenizer_mismatch(draft, plan.model):
+    if tokenizer_mismatch(draft, target):
         raise UserError(f"--speculative draft:{name}: the draft's tokenizer gives other token ids than the target's "
                         "(vocabulary, added or special tokens): a draft must share the target's tokenizer")
     return draft
@@ -225,12 +240,12 @@ def tokenizer_mismatch(draft: ModelInfo, target: ModelInfo) -> bool:
     return has_tokenizer_files(a) and has_tokenizer_files(b) and not same_tokenizer(a, b)
 
 
-def draft_fields(draft: ModelInfo, steps: list[float]) -> dict:
+def draft_fields(draft: ModelInfo, companion: Companion, steps: list[float]) -> dict:
     """The SpeculativePlan fields of a draft model: its checkpoint, step, weights and KV cache per token (the cpu
     runtimes keep K/V in float32)."""
-    weights = sum(f.stat().st_size for f in Path(draft.path).glob("rank*.safetensors"))
     return {"draft_checkpoint": draft.path, "draft_step_s": [round(d, 6) for d in steps],
-            "draft_weights_bytes": weights, "draft_kv_bytes_per_token": kv_bytes_per_token(draft.arch, "float32", 1)}
+            "draft_weights_bytes": companion.weights_bytes_per_rank,
+            "draft_kv_bytes_per_token": companion.kv_bytes_per_token}
 
 
 def concurrencies(batch: int) -> list[int]:
