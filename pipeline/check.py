@@ -74,10 +74,12 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
-    """All static checks on the repository at `repo`; `engine` overrides the engine path in its configs."""
+def check_repository(repo: Path, *, engine: Path | None = None, trtllm_version: str | None = None) -> CheckReport:
+    """All static checks on the repository at `repo`; `engine` overrides the engine path in its configs and
+    `trtllm_version` the TensorRT-LLM version its manifest records (deploy checks before it writes the manifest)."""
     repo = Path(repo)
     repository = read_repository(repo)
+    version = trtllm_version or repository.trtllm_version
     models = repository.models
     findings, unparsed = parse_models(repository)
     if not models and not findings and not any(repo.glob("*.yaml")):
@@ -90,10 +92,10 @@ def check_repository(repo: Path, *, engine: Path | None = None) -> CheckReport:
         findings += check_tensor_contract(models)
     findings += check_streaming(models)
     findings += check_draft_target(models)
-    findings += check_llm_api_yaml(repo, repository.trtllm_version)
+    findings += check_llm_api_yaml(repo, version)
     engine_path = None
     for model in (m for m in models.values() if m.serves_engine):   # `engine` is the target's (tensorrt_llm)
-        found, engine_findings = check_engine(repository.trtllm_version, model,
+        found, engine_findings = check_engine(version, model,
                                               engine if model.name == TENSORRT_LLM else None)
         engine_path = found if model.name == TENSORRT_LLM else engine_path
         findings += engine_findings

@@ -165,7 +165,7 @@ def deploy_repository(plan: Plan, out: Path, *, engine: Path | None = None, chec
             backend.write_model(output.dir / TENSORRT_LLM / "1", checkpoint)
             if draft:
                 backend.write_draft_model(output.dir / TENSORRT_LLM / "1", draft)
-        refuse_if_check_fails(output.dir, engine)
+        refuse_if_check_fails(output.dir, engine, plan.llm_api.tensorrt_llm_version if plan.llm_api else None)
     return DeployResult(out, settings.target, False, models, engine, deployment)
 
 
@@ -344,11 +344,13 @@ def bls_wiring(s: DeploySettings) -> dict:
             TARGET_DEFAULTS: {EXCLUDE_INPUT_IN_OUTPUT: s.trtllm_parameters.get(EXCLUDE_INPUT_IN_OUTPUT) == "true"}}
 
 
-def refuse_if_check_fails(repo: Path, engine: Path | None) -> None:
-    """Run `trtpipe check` on the freshly written repository; a plan/engine mismatch stops the deploy."""
+def refuse_if_check_fails(repo: Path, engine: Path | None, trtllm_version: str | None) -> None:
+    """Run `trtpipe check` on the freshly written repository, against the TensorRT-LLM version the manifest will
+    record; a plan/engine mismatch stops the deploy."""
     from .check import check_repository
 
-    errors = [f for f in check_repository(repo, engine=engine).findings if f.severity == "error"]
+    errors = [f for f in check_repository(repo, engine=engine, trtllm_version=trtllm_version).findings
+              if f.severity == "error"]
     if errors:
         raise UserError("the repository would not be right for this engine:\n"
                         + "\n".join(f"  {f.describe()}" for f in errors))

@@ -11,9 +11,15 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline.backends.llm_api_args import unknown_llm_api_keys
-from pipeline.backends.pytorch import EXTRA_OPTIONS
+from pipeline.backends.pytorch import EXTRA_OPTIONS, SERVE_CONFIG
+from pipeline.check import check_repository
 from pipeline.cli import main
+from pipeline.deploy import deploy_repository
+from pipeline.plan import resolve_model_info
 from pipeline.plan.eagle import read_eagle_head
+from pipeline.plan.speculative import SpeculativeRequest
+from pipeline.planner import make_plan
+from pipeline.targets import get_target
 
 NEW = "trtllm-1.3.0rc27"
 #: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config.json (the head TensorRT-LLM's speculative decoding docs use)
@@ -134,3 +140,29 @@ def test_a_hub_head_is_read_from_the_hub_cache_offline_and_named_by_its_id(tmp_p
     config = plan["llm_api"]["options"]["speculative_config"]
     assert config["speculative_model_dir"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     assert plan["speculative"]["draft_model"] == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+
+
+@pytest.mark.parametrize("image, written, version", [(None, EXTRA_OPTIONS, "1.2.1"), (NEW, SERVE_CONFIG, "1.3.0rc27")])
+def test_check_knows_the_keys_of_each_decoding_type(tmp_path, image, written, version):
+    """speculative_config is one class per decoding_type, each refusing keys it lacks: `trtpipe check` reads the
+    deployed YAML's speculative_config against the recorded keys of that type in the plan's TensorRT-LLM, and a
+    decoding_type the version does not parse (Eagle3 on 1.2.x) is named with the one it does."""
+    head = write_head(tmp_path / "head")
+    plan = make_plan(resolve_model_info("llama-3.1-8b"), get_target("rtx4090"), "fp8", backend="pytorch",
+                     image=image, speculative=SpeculativeRequest("eagle", str(head), 3, 0.6))
+    out = deploy_repository(plan, tmp_path / "deploy").path
+    assert check_repository(out).ok, check_repository(out).errors
+    path = out / written
+    options = yaml.safe_load(path.read_text())
+    options["speculative_config"]["eagle_choice"] = [[0], [1]]
+    path.write_text(yaml.safe_dump(options))
+    errors = check_repository(out).errors
+    assert [(e.field, e.fix) for e in errors] == [("speculative_config.eagle_choice (%s)" % (
+        "Eagle" if image is None else "Eagle3"), "did you mean eagle_choices?")], errors
+    assert version in errors[0].problem
+    if image is None:
+        del options["speculative_config"]["eagle_choice"]
+        options["speculative_config"]["decoding_type"] = "Eagle3"
+        path.write_text(yaml.safe_dump(options))
+        assert [(e.field, e.fix) for e in check_repository(out).errors] == [
+            ("speculative_config.decoding_type: Eagle3", "did you mean Eagle?")]

@@ -17,6 +17,8 @@ from ..package_data import DATA_DIR
 MODEL_YAML = "model.yaml"
 #: The TensorRT-LLM versions whose TorchLlmArgs keys are recorded, oldest first.
 LLM_API_VERSIONS = ("1.2.1", "1.3.0rc27")
+#: the section whose keys depend on one of its values (decoding_type): recorded as "TYPE KEY" lines
+SPECULATIVE_CONFIG = "speculative_config"
 
 
 def llm_api_args_file(version: str = TRTLLM_VERSION):
@@ -48,7 +50,8 @@ def recorded_llm_api_keys(version: str = TRTLLM_VERSION) -> dict[str, frozenset[
 
 def unknown_llm_api_keys(data: dict, model_yaml_file: bool, version: str = TRTLLM_VERSION) -> list[tuple[str, str]]:
     """(key, the nearest known key or "") for every key of an LLM API YAML that TensorRT-LLM `version` would refuse
-    (LlmArgs forbids extra keys); nested keys are checked for the sections whose keys are recorded."""
+    (LlmArgs forbids extra keys); nested keys are checked for the sections whose keys are recorded, and
+    speculative_config's by its decoding_type (`speculative_config_problems`)."""
     recorded = recorded_llm_api_keys(version)
     known = recorded["llm_args"] | (recorded["model.yaml"] if model_yaml_file else frozenset())
     problems = []
@@ -61,7 +64,27 @@ def unknown_llm_api_keys(data: dict, model_yaml_file: bool, version: str = TRTLL
         if nested and isinstance(value, dict):
             problems += [(f"{name}.{sub}", _nearest(f"{name}.{sub}", nested)) for sub in value
                          if f"{name}.{sub}" not in nested]
+        if name == SPECULATIVE_CONFIG and isinstance(value, dict) and SPECULATIVE_CONFIG in recorded:
+            problems += speculative_config_problems(value, recorded[SPECULATIVE_CONFIG])
     return problems
+
+
+def speculative_config_problems(config: dict, recorded: frozenset[str]) -> list[tuple[str, str]]:
+    """speculative_config is one of several classes, chosen by its decoding_type (1.2.x: DecodingBaseConfig.from_dict's
+    class map; 1.3: a union discriminated on it), each forbidding keys it lacks. `recorded` holds "TYPE KEY" for
+    every key of the types whose keys are recorded, and "TYPE *" for the types only named: a decoding_type that is
+    none of them, or a key its type lacks, is a problem."""
+    fields: dict[str, set[str]] = {}
+    for line in recorded:
+        kind, _, key = line.partition(" ")
+        fields.setdefault(kind, set()).add(key)
+    kind = str(config.get("decoding_type"))
+    if kind not in fields:
+        return [(f"{SPECULATIVE_CONFIG}.decoding_type: {kind}", _nearest(kind, set(fields)))]
+    if "*" in fields[kind]:
+        return []
+    return [(f"{SPECULATIVE_CONFIG}.{key} ({kind})", _nearest(str(key), fields[kind])) for key in config
+            if str(key) not in fields[kind]]
 
 
 def _nearest(key: str, candidates: set[str]) -> str:
