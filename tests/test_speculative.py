@@ -228,8 +228,16 @@ def test_ngram_drafts_follow_the_latest_longest_match():
     history = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
     assert drafter.propose(history, 10) == [7, 8, 5]       # "1 2 3" last seen before the tail at 5
     assert drafter.propose(history, 2) == [7, 8]           # never more than the limit
-    assert drafter.propose([4, 5, 6, 5], 3) == [6, 5]       # no 3- or 2-gram match: the 1-gram "5"
+    assert drafter.propose([4, 5, 6, 5], 3) == [6]          # no 3- or 2-gram match: the 1-gram "5", 3 >> 2 -> 1
     assert drafter.propose([4, 5, 6], 3) == []              # nothing repeats
+    # K after a match of max_ngram tokens, half as many for each token shorter, at least one
+    long = NgramDrafter(8)
+    run = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    assert long.propose([*run, 99, 10, 11, 12], 20) == run[3:11]          # 3-gram: 8
+    assert long.propose([*run, 99, 98, 11, 12], 20) == run[3:7]           # 2-gram: 4
+    assert long.propose([*run, 99, 98, 97, 12], 20) == run[3:5]           # 1-gram: 2
+    assert [long.drafts_after(n) for n in (3, 2, 1)] == [8, 4, 2]
+    assert [NgramDrafter(5).drafts_after(n) for n in (3, 2, 1)] == [5, 2, 1]
     assert NgramDrafter(3, min_ngram=2).propose([4, 5, 6, 5], 3) == []
     assert drafter.propose([1, 2, 1, 2], 0) == []
     with pytest.raises(UserError, match="draft length"):
@@ -592,7 +600,7 @@ def test_a_draft_that_cannot_draft_for_the_target_is_one_line_and_exit_2(checkpo
     (["--speculative", "ngram", "--draft-len", "0"], "between 1 and 16"),
     (["--speculative", "ngram", "--draft-len", "17"], "between 1 and 16"),
     (["--speculative", "ngram", "--acceptance", "1.5"], "between 0 and 1"),
-    (["--speculative", "ngram", "--drafts-per-step", "4"], "at most --draft-len 3"),
+    (["--speculative", "ngram", "--drafts-per-step", "9"], "at most --draft-len 8"),
     (["--speculative", "ngram", "--drafts-per-step", "0"], "above 0"),
     (["--drafts-per-step", "1"], "go with --speculative"),
     (["--draft-len", "3"], "go with --speculative"),

@@ -53,9 +53,13 @@ from .schema import ModelArch, ModelInfo, Plan, SpeculativePlan, resolve_model_i
 LOOKAHEAD = "lookahead"
 EAGLE = "eagle"
 METHODS = (NGRAM, DRAFT, LOOKAHEAD, EAGLE)
-#: the drafts a step verifies when --draft-len is not given: the best of 3, 5, 8 on the input-grounded workload of
-#: benchmarks/bench_speculative.py (SmolLM2-135M, ONNX Runtime, this repository's 2-core machine)
+#: the drafts a step verifies when --draft-len is not given: a draft model's (and any method's on a GPU), the best
+#: of 3, 5, 8 on the input-grounded workload of benchmarks/bench_speculative.py (SmolLM2-135M, ONNX Runtime, this
+#: repository's 2-core machine) when prompt lookup drafted that many after every match
 DEFAULT_DRAFT_LEN = 3
+#: the cpu target's prompt lookup drafts K after a match of its longest n-gram and fewer after shorter ones
+#: (pipeline/runtime/speculative.py NgramDrafter): 8 / 4 / 2 measured best there (docs/speculative.md)
+NGRAM_DRAFT_LEN = 8
 #: the most drafts a step of the cpu runtimes verifies: past it a step costs more than any acceptance returns
 MAX_DRAFT_LEN = 16
 #: the acceptance rate assumed without --acceptance, per method: prompt lookup on benchmarks/bench_speculative.py's
@@ -154,7 +158,8 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
                         "reference-onnx backends do)")
     if plan.triton.max_beam_width > 1:
         raise UserError("--speculative with beam search: TensorRT-LLM speculates with one beam; drop one of them")
-    k = DEFAULT_DRAFT_LEN if request.draft_len is None else request.draft_len
+    k = (NGRAM_DRAFT_LEN if request.method == NGRAM else DEFAULT_DRAFT_LEN) if request.draft_len is None else \
+        request.draft_len
     if not 1 <= k <= MAX_DRAFT_LEN:
         raise UserError(f"--draft-len must be between 1 and {MAX_DRAFT_LEN} on the cpu target (got {k})")
     default = DEFAULT_ACCEPTANCE[request.method]
