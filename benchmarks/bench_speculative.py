@@ -23,7 +23,7 @@ ratio at that concurrency (with its default acceptance and drafts a step, and wi
 drafts per decode step); and how many texts are identical with and without speculation. Raw numbers:
 --workdir/bench_speculative.json. Run it on an otherwise idle machine: the servers and the client share its cores.
 
-    .venv/bin/python benchmarks/bench_speculative.py [--draft-len 3] [--prompts 40] [--c1-prompts 12]
+    .venv/bin/python benchmarks/bench_speculative.py [--draft-len K] [--prompts 40] [--c1-prompts 12]
         [--runtime onnxruntime|torch] [--workdir /tmp/trtpipe-bench-speculative]
         [--draft CHECKPOINT [--draft-rows N]]     # draft-target instead of prompt lookup
         [--control]     # A/A: the second server plain too; its ratios are this machine's noise between two servers
@@ -45,7 +45,7 @@ from bench_batching import smollm2_checkpoint
 from pipeline.deploy import deploy_repository
 from pipeline.evaluate import corpus_split
 from pipeline.plan import Workload, resolve_model_info
-from pipeline.plan.speculative import SpeculativeRequest, plan_speculation
+from pipeline.plan.speculative import DEFAULT_DRAFT_LEN, NGRAM_DRAFT_LEN, SpeculativeRequest, plan_speculation
 from pipeline.planner import make_plan
 from pipeline.server import embedded_server
 from pipeline.sources import resolve_model
@@ -160,7 +160,9 @@ def informed_prediction(plan, acceptance: float, drafts_per_step: float, args: a
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--draft-len", type=int, default=3)
+    parser.add_argument("--draft-len", type=int, default=None,
+                        help="K (default: the plan's, 8 for prompt lookup, whose drafts shrink with the match, and 3 "
+                             "for a draft model)")
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--c1-prompts", type=int, default=12, help="requests of each workload at concurrency 1")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
@@ -181,6 +183,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-speculative"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.draft_len is None:
+        args.draft_len = DEFAULT_DRAFT_LEN if args.draft else NGRAM_DRAFT_LEN
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").hf_dir())

@@ -32,7 +32,8 @@ from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.draft_model import ModelDrafter
 from pipeline.runtime.generate import generate_rows
 from pipeline.runtime.scheduler import MAX_UTILIZATION, Scheduler, SchedulerLimits, Sequence
-from pipeline.runtime.speculative import (DRAFT_DIR, MARGIN, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, PROBE_EVERY,
+from pipeline.runtime.speculative import (DRAFT_DIR, MARGIN, MAX_DRAFT_LEN, MAX_MATCHING_NGRAM_SIZE, MULTI_ROW_DRAFTS,
+                                         PROBE_EVERY,
                                          SINGLE_ROW_MARGIN, SPECULATIVE_DECODING_MODE, SPECULATIVE_MAX_ROWS,
                                          DraftRequest, NgramDrafter, Speculation, leading_matches)
 from pipeline.targets import get_target
@@ -85,7 +86,9 @@ def test_speculation_changes_no_token_of_a_batch(runtimes, runtime, sampling):
     assert [r.tokens for r in results] == plain
     assert results[1].draft_tokens == 0
     drafted = [r.draft_tokens for r in results]
-    assert sum(drafted) == sum(map(len, oracle.proposed)) > 0
+    # a step of several rows feeds each at most MULTI_ROW_DRAFTS of its drafts (here every step has 3 rows)
+    assert sum(drafted) == sum(min(len(p), MULTI_ROW_DRAFTS) for p in oracle.proposed) > 0
+    assert MULTI_ROW_DRAFTS < 4
     accepted = sum(r.accepted_draft_tokens for r in results)
     assert 0 < accepted < sum(drafted)        # some steps took drafts, some rejected one
     # fewer steps: each step outputs its accepted drafts and one token of its own
@@ -486,10 +489,12 @@ def test_the_plan_predicts_each_concurrency_and_stops_where_drafting_loses(check
     spec = plan.speculative
     assert spec.rows == [1, 2, 4, 8] and spec.draft_len == 4 and spec.acceptance == 0.25
     assert spec.speedup == [pytest.approx(2 * p / v, abs=1e-3) for p, v in costs.values()]
-    # prompt lookup's default: 1.2 drafts a step, which cost their share of the K + 1 token step over a plain one
+    # prompt lookup's default: D = 2.2 drafts a step, which cost their share of the K + 1 token step over a plain one
     sparse = plan_of(checkpoint("gqa"), SpeculativeRequest("ngram", None, 4, 0.25)).speculative
-    assert sparse.drafts_per_step == 1.2
-    assert sparse.speedup == [pytest.approx(1.3 * p / (p + (v - p) * 1.2 / 4), abs=1e-3) for p, v in costs.values()]
+    d = planned.NGRAM_DRAFTS_PER_STEP
+    assert sparse.drafts_per_step == d == 2.2
+    assert sparse.speedup == [pytest.approx((1 + 0.25 * d) * p / (p + (v - p) * d / 4), abs=1e-3)
+                              for p, v in costs.values()]
     assert spec.max_rows == 4 and "--acceptance" in spec.acceptance_basis
     assert Plan.from_dict(plan.to_dict()).speculative == spec
     repo = deploy_repository(plan, tmp_path / "repo", checkpoint=checkpoint("gqa"), tokenizer=smollm2_hf_dir).path
@@ -561,8 +566,9 @@ def test_tune_searches_the_draft_length_of_a_speculative_plan(checkpoint, monkey
     assert space.default.draft_len == 3 and any(p.name == "draft_len" and p.high == 8 for p in space.params)
     assert candidate_plan(plan, space.default).speculative == plan.speculative
     longer = candidate_plan(plan, replace(space.default, draft_len=6)).speculative
-    assert longer.draft_len == 6 and longer.acceptance == 0.5 and longer.drafts_per_step == 1.2
-    assert longer.speedup[0] == pytest.approx(1.6 * 0.010 / (0.010 + 0.012 * 1.2 / 6), abs=1e-3)
+    d = planned.NGRAM_DRAFTS_PER_STEP
+    assert longer.draft_len == 6 and longer.acceptance == 0.5 and longer.drafts_per_step == d
+    assert longer.speedup[0] == pytest.approx((1 + 0.5 * d) * 0.010 / (0.010 + 0.012 * d / 6), abs=1e-3)
     repo = deploy_repository(candidate_plan(plan, replace(space.default, draft_len=6)), tmp_path / "repo",
                              checkpoint=checkpoint("gqa"), tokenizer=smollm2_hf_dir).path
     assert f'key: "{MAX_DRAFT_LEN}"\n  value {{\n    string_value: "6"' in (repo / "tensorrt_llm" /

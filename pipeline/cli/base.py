@@ -238,13 +238,14 @@ def speculative_options(command):
                               "plan predicts the speedup at each concurrency and the most rows the server drafts "
                               "for."),
             click.option("--draft-len", type=int, default=None, metavar="K",
-                         help="Drafts verified per step (default 3)."),
+                         help="Drafts verified per step (default 3; 8 for prompt lookup on the cpu target, whose "
+                              "drafts shrink with the match: 8 / 4 / 2 after a 3 / 2 / 1-token match)."),
             click.option("--acceptance", type=float, default=None, metavar="A",
                          help="The acceptance rate (accepted / drafted tokens) the prediction assumes; `trtpipe "
                               "validate` measures a deployment's (default 0.35 for ngram, 0.7 for draft)."),
             click.option("--drafts-per-step", type=float, default=None, metavar="D",
                          help="The drafts a step verifies on average, at most K (prompt lookup finds no match in "
-                              "many steps); `trtpipe validate` measures a deployment's (default 1.2 for ngram, K "
+                              "many steps); `trtpipe validate` measures a deployment's (default 2.2 for ngram, K "
                               "for draft)."))):
         command = option(command)
     return command

@@ -463,7 +463,7 @@ def plan(model, target, precision, kv_cache, tp, input_len, output_len, max_cont
       trtpipe plan llama-3-8b --target rtx4090 --precision fp16 --server vllm
       trtpipe plan llama-3-8b --target rtx4090 --precision fp8 --instances 2
       trtpipe plan smollm2-135m --target cpu --precision fp8 --measured out/validate/load_test.json
-      trtpipe plan smollm2-135m --target cpu --precision fp32 --speculative ngram --draft-len 3
+      trtpipe plan smollm2-135m --target cpu --precision fp32 --speculative ngram --draft-len 8
     """
     from rich.console import Console
 

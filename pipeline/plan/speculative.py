@@ -63,14 +63,16 @@ NGRAM_DRAFT_LEN = 8
 #: the most drafts a step of the cpu runtimes verifies: past it a step costs more than any acceptance returns
 MAX_DRAFT_LEN = 16
 #: the acceptance rate assumed without --acceptance, per method: prompt lookup on benchmarks/bench_speculative.py's
-#: input-grounded workload (SmolLM2-135M, K = 3) accepted 0.38-0.46 of its drafts; SmolLM2-135M at int4-awq drafting
-#: for itself at float32 0.69-0.84 (both workloads, K = 3; docs/speculative.md)
+#: input-grounded workload (SmolLM2-135M) accepted 0.38-0.46 of its drafts at K = 3, 0.35 drafting 8 / 4 / 2 by the
+#: match; SmolLM2-135M at int4-awq drafting for itself at float32 0.69-0.84 (both workloads, K = 3;
+#: docs/speculative.md)
 DEFAULT_ACCEPTANCE = {NGRAM: 0.35, DRAFT: 0.7}
 ACCEPTANCE_BASIS = {NGRAM: "prompt lookup on an input-grounded workload",
                     DRAFT: "a 4-bit draft of the target's own model"}
 #: prompt lookup's drafts a step assumed without --drafts-per-step (at most K): benchmarks/bench_speculative.py measured
-#: 1.0-1.4 (K = 3, both workloads, concurrency 1 and 8); a draft model drafts K
-NGRAM_DRAFTS_PER_STEP = 1.2
+#: 2.2 and 2.3 at concurrency 1 drafting 8 / 4 / 2 by the match (1.0-1.4 at K = 3 after every match); a draft model
+#: drafts K
+NGRAM_DRAFTS_PER_STEP = 2.2
 TIMING_VERSION = 1
 #: runs of each step timed (the median): a ratio of two steps needs steadier figures than the plan's other phases
 REPEATS = 9

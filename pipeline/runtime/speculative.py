@@ -134,6 +134,10 @@ MARGIN = 1.15
 #: the same at one row: its holes lengthen only its own attention and a rebuild copies one row, so the drafting
 #: step's own time is the whole of its cost
 SINGLE_ROW_MARGIN = 1.0
+#: the most drafts a row of a step of several rows is fed: such a step is bound by its arithmetic, so each drafted
+#: token costs its share and long drafts lose (prompt lookup drafting 8 / 4 / 2 by the match read 0.96-0.98x plain
+#: at concurrency 8 on benchmarks/bench_speculative.py, 3 after every match 1.02-1.10x); one row drafts all of them
+MULTI_ROW_DRAFTS = 3
 #: the weight of a new observation in the running step times (an exponential moving average)
 SMOOTHING = 0.25
 #: the weight of a new observation in the running accepted drafts: slower, since a step accepts all its drafts or
@@ -186,12 +190,14 @@ class Speculation:
     shadows: dict[object, Shadow] = field(default_factory=dict)
 
     def drafts(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
-        """Each request's drafts for the next step: none unless the step drafts (`drafting`)."""
+        """Each request's drafts for the next step: none unless the step drafts (`drafting`), at most
+        MULTI_ROW_DRAFTS a row in a step of several rows."""
         shadowing = self.adaptive and self.drafter.free
         if shadowing:
             self._read_shadows(requests)
         if self.drafting(len(requests)):
-            return self.drafter.draft(requests)
+            drafts = self.drafter.draft(requests)
+            return drafts if len(requests) == 1 else [d[:MULTI_ROW_DRAFTS] for d in drafts]
         if shadowing and self.allows(len(requests)):
             self._shadow(requests)
         return [[] for _ in requests]
@@ -234,8 +240,9 @@ class Speculation:
     def _shadow(self, requests: Sequence[DraftRequest]) -> None:
         """Unfed drafts for the rows without a shadow."""
         new = [r for r in requests if r.key not in self.shadows]
+        cap = None if len(requests) == 1 else MULTI_ROW_DRAFTS
         for request, drafts in zip(new, self.drafter.draft(new)):
-            self.shadows[request.key] = Shadow(len(requests), len(request.history), tuple(drafts))
+            self.shadows[request.key] = Shadow(len(requests), len(request.history), tuple(drafts[:cap]))
 
     def _read_shadows(self, requests: Sequence[DraftRequest]) -> None:
         """The shadows the rows' histories settle, into the accepted figure (their mean per number of rows, as one
