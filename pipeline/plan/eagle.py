@@ -22,14 +22,12 @@ from pathlib import Path
 
 from ..arch import ModelArch
 from ..errors import UserError, read_config_json
+from ..precisions import DTYPE_CODES, FLOAT_DTYPES
 from ..presets import PRESETS
+from ..safetensors_stream import ITEM_SIZE
 from ..sources import locate_config
 from .memory import kv_bytes_per_token
 from .schema import ModelInfo
-
-#: bytes per weight of the dtypes a head ships in (the LLM API loads it unquantized)
-WEIGHT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
 
 @dataclass(frozen=True)
 class EagleHead:
@@ -57,6 +55,11 @@ class EagleHead:
                          self.num_hidden_layers, self.num_attention_heads, self.num_key_value_heads, self.head_size,
                          max_position_embeddings=1, dtype=self.dtype)
 
+    @property
+    def precision(self) -> str:
+        """The precision the LLM API loads the head at: its own float dtype (it is not quantized)."""
+        return next(p for p, dtype in FLOAT_DTYPES.items() if dtype == self.dtype)
+
     def model_info(self) -> ModelInfo:
         """The head as the plan names its draft: by its directory (deploy copies it) or its hub id."""
         return ModelInfo(name=self.name, source="hf-dir" if self.path else "config",
@@ -74,8 +77,8 @@ class EagleHead:
         return fc + layers + self.draft_vocab_size * h + h + embedding
 
     def weights_bytes_per_rank(self, tp: int) -> int:
-        d2t = 8 * self.draft_vocab_size if self.draft_vocab_size != self.vocab_size else 0
-        return self.parameter_count() * WEIGHT_BYTES[self.dtype] // tp + d2t
+        d2t = ITEM_SIZE["I64"] * self.draft_vocab_size if self.draft_vocab_size != self.vocab_size else 0
+        return self.parameter_count() * ITEM_SIZE[DTYPE_CODES[self.dtype]] // tp + d2t
 
     def kv_layers(self, tensorrt_llm_version: str, draft_len: int) -> int:
         """The layers the head adds to the target's KV cache (module docstring)."""
@@ -116,9 +119,9 @@ def read_eagle_head(name: str) -> EagleHead:
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"--speculative eagle:{name}: its config.json lacks a size an EAGLE-3 head has ({exc})") \
             from None
-    if head.dtype not in WEIGHT_BYTES:
+    if head.dtype not in FLOAT_DTYPES.values():
         raise UserError(f"--speculative eagle:{name}: torch_dtype {head.dtype!r} is not a dtype a head ships in "
-                        f"({', '.join(WEIGHT_BYTES)})")
+                        f"({', '.join(FLOAT_DTYPES.values())})")
     return head
 
 

@@ -156,8 +156,7 @@ def eagle_companion(request: SpeculativeRequest, model: ModelInfo, kv_dtype: str
     head = read_eagle_head(request.draft_model)
     check_head_fits(head, model.arch, model.name)
     k = DEFAULT_DRAFT_LEN if request.draft_len is None else request.draft_len
-    precision = "fp16" if head.dtype == "float16" else "bf16" if head.dtype == "bfloat16" else "fp32"
-    return head.model_info(), Companion(head.arch, precision, head.dtype, head.weights_bytes_per_rank(tp),
+    return head.model_info(), Companion(head.arch, head.precision, head.dtype, head.weights_bytes_per_rank(tp),
                                         head.kv_bytes_per_token(kv_dtype, tp, trtllm, k))
 
 
