@@ -82,7 +82,7 @@ def make_plan(model: ModelInfo | ModelArch, target: Target, precision: str, kv_c
                                    max_context, warnings, trtllm, companion))
     if speculative is not None:
         plan = (plan_gpu_speculation(plan, speculative, draft, companion) if target.is_gpu else
-                plan_speculation(plan, speculative))
+                plan_speculation(plan, speculative, (draft, companion)))
     return replace(plan, runtime_image=runtime.name) if runtime else plan
 
 

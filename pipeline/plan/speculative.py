@@ -147,9 +147,10 @@ def host_companion(request: SpeculativeRequest, model: ModelInfo) -> tuple[Model
     return draft, Companion(draft.arch, "fp32", "float32", weights, kv_bytes_per_token(draft.arch, "float32", 1))
 
 
-def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
-    """`plan` (planned with its draft's memory, `host_companion`) with its speculative decoding planned; UserError
-    for what cannot run."""
+def plan_speculation(plan: Plan, request: SpeculativeRequest,
+                     companion_of: tuple[ModelInfo | None, Companion | None] | None = None) -> Plan:
+    """`plan` (planned with its draft's memory, `host_companion`, which `companion_of` is when the caller has it)
+    with its speculative decoding planned; UserError for what cannot run."""
     if plan.target.is_gpu:
         raise ValueError("a GPU plan's speculation is planned by plan/speculative_gpu.py")
     if request.method not in (NGRAM, DRAFT):
@@ -172,7 +173,7 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest) -> Plan:
     if not 0.0 < drafts <= k:
         raise UserError(f"--drafts-per-step is the drafts a step verifies on average, above 0 and at most --draft-len "
                         f"{k} (got {drafts})")
-    draft, companion = host_companion(request, plan.model)
+    draft, companion = host_companion(request, plan.model) if companion_of is None else companion_of
     basis = (f"--acceptance {acceptance}" if request.acceptance is not None else
              f"the default {default} ({ACCEPTANCE_BASIS[request.method]}); measure yours with `trtpipe validate` "
              "and plan again with --acceptance")
