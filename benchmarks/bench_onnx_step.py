@@ -21,6 +21,8 @@ loop): --requests requests of --prompt random tokens and --output tokens each, k
 the prompt group (a joining prompt mixed into the decode step) and without (each prompt computed alone first),
 alternating: output tokens/s and the gaps between a request's tokens (the ITL a client sees, less the server).
 --torch serves the same checkpoint with the torch runtime the same way (ReferenceModel, 2 torch threads).
+--in-place compares only the concat cache's export with the in-place one the cpu target serves (docs/onnx.md, "The
+in-place KV cache"): their decode steps at 1 and 8 rows and the serving loop, side by side.
 Run it on an otherwise idle machine.
 """
 
@@ -29,7 +31,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -37,7 +41,8 @@ import torch
 from pipeline.calibrate.data import resolve_recipe
 from pipeline.calibrate.stage import CalibrateOptions, calibrate_checkpoint
 from pipeline.convert import convert_model
-from pipeline.onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx
+from pipeline.onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx, serving_options
+from pipeline.onnx.inplace import InPlaceBatch
 from pipeline.onnx.runner import Cache, OrtDecoder
 from pipeline.runtime import ReferenceModel, SamplingConfig
 from pipeline.runtime.model import CacheDecoder
@@ -121,6 +126,63 @@ def serve(model, mixed: bool, concurrency: int, requests: int, prompt_length: in
             "gap p90": np.percentile(gaps, 90) * 1000, "cores": cpu / wall}
 
 
+def in_place_step(batch: InPlaceBatch, rows: int) -> Callable[[], object]:
+    """A decode step of an in-place batch's `rows` rows that leaves their lengths as they were (the next one writes the
+    same positions again), so that every round times the same step."""
+    keys, tokens = list(range(rows)), [1] * rows
+
+    def step():
+        batch.decode(keys, tokens)
+        batch.lengths -= 1
+    return step
+
+
+def compare_caches(ckpt: Path, precision: str, args) -> None:
+    """The concat export beside the in-place one, side by side in one run: decode steps at 1 and 8 rows over
+    --cached tokens (the concat one through `OrtDecoder.step` on a random cache, the in-place one through its batch
+    over prefilled random prompts), then the serving loop, the two taking turns each round."""
+    exports = {name: OrtDecoder(export_onnx(ckpt, args.workdir / f"onnx-{precision}{suffix}",
+                                            replace(serving_options(ckpt), in_place_kv=in_place)).path,
+                                threads=args.threads)
+               for name, suffix, in_place in (("concat", "", False), ("in-place", "-in-place", True))}
+    rng = np.random.default_rng(0)
+    steps: dict[str, Callable[[], object]] = {}
+    for batch in (1, 8):
+        concat = exports["concat"]
+        cache, tokens = random_cache(concat, batch, args.cached, rng), rng.integers(0, concat.vocab_size, (batch, 1))
+        steps[f"concat b{batch}"] = lambda c=cache, t=tokens: concat.step(t, c)
+        in_place = InPlaceBatch(exports["in-place"], [rng.integers(0, concat.vocab_size, args.cached).tolist()
+                                                      for _ in range(batch)])
+        in_place.prefill(list(range(batch)))
+        steps[f"in-place b{batch}"] = in_place_step(in_place, batch)
+    walls: dict[str, list[float]] = {name: [] for name in steps}
+    for round_ in range(args.rounds + 1):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            if round_:
+                walls[name].append(time.perf_counter() - start)
+    t = {name: statistics.median(w) * 1000 for name, w in walls.items()}
+    print(f"SmolLM2 {precision}, {args.threads} threads, {args.cached} cached tokens (medians of {args.rounds} "
+          "rounds, ms)")
+    for batch in (1, 8):
+        print(f"  decode b{batch}: concat {t[f'concat b{batch}']:.2f}, in-place {t[f'in-place b{batch}']:.2f} "
+              f"({t[f'concat b{batch}'] / t[f'in-place b{batch}']:.2f}x faster)")
+    print(f"serve_rows in process, mixed: {args.requests} requests, {args.prompt} tokens in, {args.output} out, "
+          f"{args.rounds} rounds taking turns (medians)")
+    for concurrency in args.concurrency:
+        results: dict[str, list[dict]] = {name: [] for name in exports}
+        for _ in range(max(1, args.rounds // 4)):
+            for name, decoder in exports.items():
+                results[name].append(serve(decoder, True, concurrency, args.requests, args.prompt, args.output))
+        med = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
+        for name, m in med.items():
+            print(f"  c={concurrency} {name:<8}: {m['tokens/s']:6.1f} tokens/s, token gap p50 {m['gap p50']:5.1f} ms, "
+                  f"p90 {m['gap p90']:5.1f} ms")
+        print(f"  c={concurrency} in-place / concat tokens/s: "
+              f"{med['in-place']['tokens/s'] / med['concat']['tokens/s']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", nargs="+", choices=["fp32", "int8-sq", "int4-awq", "int4-awq" + HEAD],
@@ -133,9 +195,14 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=32, help="output tokens of each request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--torch", action="store_true", help="serve with the torch runtime too")
+    parser.add_argument("--in-place", action="store_true",
+                        help="only compare the concat cache's export with the in-place one the cpu target serves")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/trtpipe-bench-onnx-step"))
     args = parser.parse_args()
     for precision in args.precision:
+        if args.in_place:
+            compare_caches(checkpoint(args.workdir, precision), precision, args)
+            continue
         ckpt = checkpoint(args.workdir, precision)
         decoder_path = export_onnx(ckpt, args.workdir / f"onnx-{precision}",
                                    ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY)).path

@@ -168,16 +168,16 @@ class ReferenceOnnxBackend(ReferenceBackend):
         return {**parameters, "runtime": "onnxruntime", "onnx_dir": ONNX_DIR}
 
     def write_model(self, version_dir: Path, checkpoint: Path | None) -> None:
-        from ..onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx
+        from ..onnx.export import export_onnx, serving_options
 
         shutil.copyfile(MODEL_SOURCE, version_dir / "model.py")
-        export_onnx(checkpoint, version_dir / ONNX_DIR, ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY))
+        export_onnx(checkpoint, version_dir / ONNX_DIR, serving_options(checkpoint))
         copy_runtime(runtime_closure((ORT_RUNNER,), model=MODEL_SOURCE), version_dir)
 
     def write_draft_model(self, version_dir: Path, draft: Path) -> None:
-        from ..onnx.export import SERVING_INT4_ACCURACY, ExportOptions, export_onnx
+        from ..onnx.export import export_onnx, serving_options
 
-        export_onnx(draft, version_dir / DRAFT_MODEL_DIR, ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY))
+        export_onnx(draft, version_dir / DRAFT_MODEL_DIR, serving_options(draft))
 
 
 BACKEND = ReferenceBackend()

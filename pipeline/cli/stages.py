@@ -327,9 +327,13 @@ def eval_(checkpoint, dataset, tokenizer, window, max_samples, device, as_json):
 @click.option("--int4-accuracy", type=click.IntRange(0, 4), default=0, show_default=True,
               help="int4-awq: MatMulNBits' accuracy_level (0 computes in float32; 4 quantizes each input block to "
                    "int8 and computes in integers).")
+@click.option("--in-place-kv", is_flag=True,
+              help="ONNX Runtime only: each layer's attention is its GroupQueryAttention, which writes the KV cache "
+                   "into a buffer bound as both past and present (rows right-padded) instead of returning past + new "
+                   "(what the cpu target serves; TensorRT does not run it).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def export_onnx_(checkpoint, out, precision, opset, int4_accuracy, force, as_json):
+def export_onnx_(checkpoint, out, precision, opset, int4_accuracy, in_place_kv, force, as_json):
     """Export CHECKPOINT as an ONNX decoder with KV cache for TensorRT (trtexec) and ONNX Runtime.
 
     \b
@@ -341,7 +345,8 @@ def export_onnx_(checkpoint, out, precision, opset, int4_accuracy, force, as_jso
     """
     from ..onnx.export import ExportOptions, export_onnx
 
-    result = export_onnx(checkpoint, out, ExportOptions(precision, opset, int4_accuracy=int4_accuracy, force=force))
+    result = export_onnx(checkpoint, out, ExportOptions(precision, opset, int4_accuracy=int4_accuracy,
+                                                        in_place_kv=in_place_kv, force=force))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

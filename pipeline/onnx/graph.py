@@ -40,6 +40,7 @@ from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
 from .quantize import QuantizedHead, QuantizedWeight, activation_scale, int4_tensors, weight_tensor, zero_point
 
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+CACHE = "cache_length"           # in place: the cache buffer's positions, past and present alike
 KEPT = "kept_sequence_length"     # logits' positions: the last logits_to_keep of SEQ
 PROMPT, PROMPT_KEPT = "prompt_length", "prompt_kept"   # the prompt group's tokens; 1, or 0 without a prompt
 LOWEST = np.float32(np.finfo(np.float32).min)
@@ -69,6 +70,8 @@ class GraphBuilder:
     initializers: list = field(default_factory=list)
     weight_dtype: int = TensorProto.FLOAT       # FLOAT16: float weights stored in half, cast up when used
     int4_accuracy: int = 0                      # MatMulNBits' accuracy_level (0: float32 compute)
+    in_place: bool = False                      # the rows' KV cache written in place by GroupQueryAttention
+    rotary_attention: bool = False              # in place: GroupQueryAttention rotates q and k itself (do_rotary)
     _count: int = 0
 
     def fresh(self, hint: str) -> str:
@@ -108,11 +111,17 @@ class Shared:
 
     cos: str            # [N, 1, d] rope tables at each token's position
     sin: str
-    visible: str        # bool [B, 1, 1, T, S]: the rows' keys each of their queries sees
+    visible: str        # bool [B, 1, 1, T, S]: the rows' keys each of their queries sees (in place: unused)
     prompt_visible: str  # bool [P, P]: the prompt's (causal)
     groups: str         # int64 [2]: B * T and P, the flat tokens of each group
     rows_shape: str     # int64 [2]: B, T
-    row_heads: dict     # heads -> int64 [4]: B, T, heads, head_size (the rows' q, k, v per head count)
+    row_heads: dict     # heads -> int64: the rows' q, k, v shape per head count, [B, T, heads, head_size] (in
+    #                     place: [B, T, heads * head_size], GroupQueryAttention's)
+    seqlens: str = ""   # in place: int32 [B], each row's tokens after this step less one (GroupQueryAttention's)
+    total: str = ""     # in place: int32 scalar, the longest row's
+    prompt_seqlens: str = ""   # rotary attention: the prompt group's seqlens ([P - 1]), total (P) and P > 0
+    prompt_total: str = ""
+    has_prompt: str = ""
 
 
 def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
@@ -125,7 +134,12 @@ def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
                                 prompt_positions], axis=0)                          # [N]
     table = {n: g.const(f"rope.{n}", t[:cfg.arch.max_position_embeddings].numpy())
              for n, t in (("cos", rotary.cos), ("sin", rotary.sin))}
-    cos, sin = (g.op("Unsqueeze", [g.op("Gather", [table[n], positions]), axes1]) for n in ("cos", "sin"))
+    if g.rotary_attention:      # GroupQueryAttention's cos_cache / sin_cache: [positions, head_size / 2]
+        half = cfg.arch.head_size // 2
+        cos, sin = (g.const(f"rope.{n}.half", t[:cfg.arch.max_position_embeddings, :half].numpy())
+                    for n, t in (("cos", rotary.cos), ("sin", rotary.sin)))
+    else:
+        cos, sin = (g.op("Unsqueeze", [g.op("Gather", [table[n], positions]), axes1]) for n in ("cos", "sin"))
     rows_shape = g.op("Shape", ["input_ids"])
     groups = g.op("Concat", [g.op("Unsqueeze", [g.op("Size", ["input_ids"]), axes0]), prompt_length], axis=0)
     total = g.op("Gather", [g.op("Shape", ["attention_mask"]), one])
@@ -137,10 +151,22 @@ def build_shared(g: GraphBuilder, cfg: CheckpointConfig) -> Shared:
     window = g.const("sliding_window", np.array(int(cfg.arch.sliding_window), np.int64)) \
         if cfg.arch.sliding_window else None
     hd = cfg.arch.head_size
-    row_heads = {n: g.op("Concat", [rows_shape, g.const(f"attention.row_heads.{n}", np.array([n, hd]))], axis=0)
-                 for n in {cfg.arch.num_attention_heads, cfg.arch.num_key_value_heads}}
-    return Shared(cos, sin, g.op("And", [mask, causal(g, keys, queries, window)]),
-                  causal(g, prompt_positions, prompt_positions, window), groups, rows_shape, row_heads)
+    nq, nkv = cfg.arch.num_attention_heads, cfg.arch.num_key_value_heads
+    per_row = (lambda n: [n * hd]) if g.in_place else (lambda n: [n, hd])
+    row_heads = {n: g.op("Concat", [rows_shape, g.const(f"attention.row_heads.{n}", np.array(per_row(n)))], axis=0)
+                 for n in ({nq + 2 * nkv} if g.rotary_attention else {nq, nkv})}
+    prompt_visible = causal(g, prompt_positions, prompt_positions, window)
+    if g.in_place:      # right-padded rows: attention_mask [B, total] holds each row's tokens first
+        lengths = g.op("ReduceSum", ["attention_mask", "axes.1"], keepdims=0)
+        seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=TensorProto.INT32)
+        prompt_total = g.op("Cast", [g.op("Gather", [prompt_length, zero])], to=TensorProto.INT32)
+        return Shared(cos, sin, "", prompt_visible, groups, rows_shape, row_heads, seqlens,
+                      g.op("Cast", [total], to=TensorProto.INT32),
+                      g.op("Sub", [g.op("Cast", [prompt_length], to=TensorProto.INT32),
+                                   g.const("int32.1", np.array(1, np.int32))]), prompt_total,
+                      g.op("Greater", [prompt_total, g.const("int32.0", np.array(0, np.int32))]))
+    return Shared(cos, sin, g.op("And", [mask, causal(g, keys, queries, window)]), prompt_visible, groups,
+                  rows_shape, row_heads)
 
 
 def causal(g: GraphBuilder, keys: str, queries: str, window: str | None) -> str:
@@ -239,6 +265,9 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
     arch, p = cfg.arch, f"transformer.layers.{i}."
     hd, nq, nkv = arch.head_size, arch.num_attention_heads, arch.num_key_value_heads
     qkv = linear(g, x, layer.linears["attention.qkv"], quantized.get("attention.qkv"), p + "attention.qkv")
+    if g.rotary_attention:
+        out = attend_rotary(g, cfg, i, qkv, shared)
+        return linear(g, out, layer.linears["attention.dense"], quantized.get("attention.dense"), p + "attention.dense")
     split = g.const(p + "attention.split", np.array([nq * hd, nkv * hd, nkv * hd], np.int64))
     q, k, v = g.ops("Split", [qkv, split], 3, axis=-1)
     heads = {n: g.const(f"{p}attention.heads.{n}", np.array([0, n, hd], np.int64)) for n in {nq, nkv}}
@@ -254,17 +283,74 @@ def attention(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, quan
     if layer.kv_quant is not None:      # the cache's Q/DQ, elementwise: on the flat tokens of both groups at once
         k, v = qdq(g, k, layer.kv_quant, p + "attention.k.cache"), qdq(g, v, layer.kv_quant, p + "attention.v.cache")
     (q, prompt_q), (k, prompt_k), (v, prompt_v) = (g.ops("Split", [t, shared.groups], 2, axis=0) for t in (q, k, v))
-    q, k, v = (g.op("Reshape", [t, shared.row_heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
     prompt_q, prompt_k, prompt_v = (g.op("Unsqueeze", [t, "axes.0"]) for t in (prompt_q, prompt_k, prompt_v))
-    k, v, prompt_k, prompt_v = (g.op("Transpose", [t], perm=TO_HEADS_FIRST) for t in (k, v, prompt_k, prompt_v))
+    prompt_k, prompt_v = (g.op("Transpose", [t], perm=TO_HEADS_FIRST) for t in (prompt_k, prompt_v))
+    prompt_keys, prompt_values = (g.op("Identity", [t], out=name)
+                                  for t, name in zip((prompt_k, prompt_v), prompt_present_names(i)))
+    rows = (attend_in_place if g.in_place else attend_after_past)(g, cfg, i, q, k, v, shared)
+    out = g.op("Concat", [rows, attend(g, prompt_q, prompt_keys, prompt_values, shared.prompt_visible)], axis=0)
+    return linear(g, out, layer.linears["attention.dense"], quantized.get("attention.dense"), p + "attention.dense")
+
+
+def attend_after_past(g: GraphBuilder, cfg: CheckpointConfig, i: int, q: str, k: str, v: str, shared: Shared) -> str:
+    """The rows' attention over their cache and new keys, the cache grown by a Concat (present = past + new):
+    flat q, k, v [B * T, heads, d] -> [B * T, heads * d]."""
+    nq, nkv = cfg.arch.num_attention_heads, cfg.arch.num_key_value_heads
+    q, k, v = (g.op("Reshape", [t, shared.row_heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))   # [B, T, h, d]
+    k, v = (g.op("Transpose", [t], perm=TO_HEADS_FIRST) for t in (k, v))
     past_k, past_v = past_names(i)
     keys = g.op("Concat", [past_k, k], present_names(i)[0], axis=2)
     values = g.op("Concat", [past_v, v], present_names(i)[1], axis=2)
-    prompt_keys, prompt_values = (g.op("Identity", [t], out=name)
-                                  for t, name in zip((prompt_k, prompt_v), prompt_present_names(i)))
-    out = g.op("Concat", [attend(g, q, keys, values, shared.visible),
-                          attend(g, prompt_q, prompt_keys, prompt_values, shared.prompt_visible)], axis=0)
-    return linear(g, out, layer.linears["attention.dense"], quantized.get("attention.dense"), p + "attention.dense")
+    return attend(g, q, keys, values, shared.visible)
+
+
+def attend_in_place(g: GraphBuilder, cfg: CheckpointConfig, i: int, q: str, k: str, v: str, shared: Shared) -> str:
+    """The rows' attention by ONNX Runtime's GroupQueryAttention, which writes the new keys and values into the
+    cache at each row's length (in place when the caller binds past and present to one buffer) and attends each row
+    over its own length (`seqlens_k`): flat q, k, v [B * T, heads, d] -> [B * T, heads * d]. The rope is the graph's
+    own (do_rotary 0), so that the cache's Q/DQ and the calibration names stay where they are."""
+    arch = cfg.arch
+    nq, nkv = arch.num_attention_heads, arch.num_key_value_heads
+    q, k, v = (g.op("Reshape", [t, shared.row_heads[n]]) for t, n in ((q, nq), (k, nkv), (v, nkv)))  # [B, T, h * d]
+    out = g.fresh("GroupQueryAttention")
+    g.nodes.append(helper.make_node("GroupQueryAttention", [q, k, v, *past_names(i), shared.seqlens, shared.total],
+                                    [out, *present_names(i)], name=out + "/GroupQueryAttention",
+                                    domain=CONTRIB_DOMAIN, num_heads=nq, kv_num_heads=nkv))
+    return g.op("Reshape", [out, "attention.flat"])
+
+
+def attend_rotary(g: GraphBuilder, cfg: CheckpointConfig, i: int, qkv: str, shared: Shared) -> str:
+    """Both groups' attention by GroupQueryAttention on the packed q, k, v [N, (heads + 2 kv_heads) * d], which
+    rotates q and k at each token's position (a row's: its length before the token; the prompt's: from 0): the rows'
+    over their cache, written in place, the prompt's (when there is one: an If, since the kernel refuses an empty
+    sequence) over its own tokens, its keys and values `prompt_present.N.*`. -> [N, heads * d]"""
+    arch = cfg.arch
+    nq, nkv, hd = arch.num_attention_heads, arch.num_key_value_heads, arch.head_size
+    attrs = dict(domain=CONTRIB_DOMAIN, num_heads=nq, kv_num_heads=nkv, do_rotary=1)
+    rows, prompt = g.ops("Split", [qkv, shared.groups], 2, axis=0)
+    rows = g.op("Reshape", [rows, shared.row_heads[nq + 2 * nkv]])
+    out = g.fresh("GroupQueryAttention")
+    g.nodes.append(helper.make_node("GroupQueryAttention", [rows, "", "", *past_names(i), shared.seqlens, shared.total,
+                                                            shared.cos, shared.sin],
+                                    [out, *present_names(i)], name=out + "/GroupQueryAttention", **attrs))
+    prompt_out, prompt_in = g.fresh("prompt_attention"), g.fresh("prompt_packed")
+    keys, values = prompt_present_names(i)
+    computed = helper.make_graph(
+        [helper.make_node("Unsqueeze", [prompt, "axes.0"], [prompt_in]),
+         helper.make_node("GroupQueryAttention", [prompt_in, "", "", "", "", shared.prompt_seqlens,
+                                                  shared.prompt_total, shared.cos, shared.sin],
+                          [prompt_out + "/heads", keys + "/then", values + "/then"], **attrs),
+         helper.make_node("Reshape", [prompt_out + "/heads", "attention.flat"], [prompt_out + "/then"])],
+        prompt_out + "/then", [], [helper.make_tensor_value_info(name + "/then", TensorProto.FLOAT, None)
+                                   for name in (prompt_out, keys, values)])
+    empty = helper.make_graph(
+        [helper.make_node("Constant", [], [name + "/else"], value=numpy_helper.from_array(np.zeros(shape, np.float32)))
+         for name, shape in ((prompt_out, (0, nq * hd)), (keys, (1, nkv, 0, hd)), (values, (1, nkv, 0, hd)))],
+        prompt_out + "/else", [], [helper.make_tensor_value_info(name + "/else", TensorProto.FLOAT, None)
+                                   for name in (prompt_out, keys, values)])
+    g.nodes.append(helper.make_node("If", [shared.has_prompt], [prompt_out, keys, values], name=prompt_out + "/If",
+                                    then_branch=computed, else_branch=empty))
+    return g.op("Concat", [g.op("Reshape", [out, "attention.flat"]), prompt_out], axis=0)
 
 
 def attend(g: GraphBuilder, q: str, keys: str, values: str, visible: str) -> str:
@@ -313,10 +399,11 @@ def decoder_layer(g: GraphBuilder, cfg: CheckpointConfig, i: int, layer: Layer, 
     return g.op("Add", [h, mlp(g, i, layer, quantized, x)])
 
 
-def graph_io(cfg: CheckpointConfig) -> tuple[list, list]:
+def graph_io(cfg: CheckpointConfig, in_place: bool) -> tuple[list, list]:
     arch = cfg.arch
+    length = (lambda past: CACHE) if in_place else (lambda past: PAST if past else TOTAL)
     kv = lambda name, past: helper.make_tensor_value_info(  # noqa: E731
-        name, TensorProto.FLOAT, [BATCH, arch.num_key_value_heads, PAST if past else TOTAL, arch.head_size])
+        name, TensorProto.FLOAT, [BATCH, arch.num_key_value_heads, length(past), arch.head_size])
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [BATCH, SEQ]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [BATCH, TOTAL]),
               helper.make_tensor_value_info("position_ids", TensorProto.INT64, [BATCH, SEQ])]
@@ -346,7 +433,8 @@ def start_graph(g: GraphBuilder, cfg: CheckpointConfig, embedding: torch.Tensor)
     g.const("attention.flat", np.array([-1, nq * hd], np.int64))
     g.const("attention.scale", np.array(1.0 / math.sqrt(hd), np.float32))
     g.const("attention.masked", LOWEST)
-    g.const(PROMPT_IDS, np.zeros(0, np.int64))        # the input's default: no prompt group
+    if not g.in_place:      # the input's default: no prompt group (an IOBinding cannot bind an input with one)
+        g.const(PROMPT_IDS, np.zeros(0, np.int64))
     shared = build_shared(g, cfg)
     table = g.float_weight("transformer.vocab_embedding.weight", embedding)
     rows = g.op("Reshape", [g.op("Gather", [table, "input_ids"]),
@@ -356,9 +444,10 @@ def start_graph(g: GraphBuilder, cfg: CheckpointConfig, embedding: torch.Tensor)
 
 def kept_positions(g: GraphBuilder, x: str) -> str:
     """x [B, T, H] from position T - logits_to_keep on (every position when logits_to_keep is 0 or exceeds T).
-    `logits_to_keep` is a graph input with a default (an initializer of the same name), so feeds without it work.
+    `logits_to_keep` is a graph input with a default (an initializer of the same name), so feeds without it work;
+    an in-place export requires it, as it does prompt_ids: its runner binds every input anyway.
     int.0, int.1, axes.0 and axes.1 are build_shared's."""
-    keep = g.const(LOGITS_TO_KEEP, np.array(0, np.int64))
+    keep = LOGITS_TO_KEEP if g.in_place else g.const(LOGITS_TO_KEEP, np.array(0, np.int64))
     length = g.op("Gather", [g.op("Shape", [x]), "int.1"])
     start = g.op("Max", [g.op("Sub", [length, keep]), "int.0"])
     start = g.op("Where", [g.op("Greater", [keep, "int.0"]), start, "int.0"])
@@ -401,5 +490,5 @@ def finish_graph(g: GraphBuilder, cfg: CheckpointConfig, h: str, final_norm: tor
     g.op("Reshape", [rows_logits, g.op("Concat", [g.op("Shape", [rows], start=0, end=2), vocab], axis=0)],
          out="logits")
     g.op("Identity", [prompt_logits], out=PROMPT_LOGITS)
-    inputs, outputs = graph_io(cfg)
+    inputs, outputs = graph_io(cfg, g.in_place)
     return helper.make_graph(g.nodes, "trtpipe_decoder", inputs, outputs, g.initializers)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..host import int8_gemm_saturates
 from ..runtime.generate import (
     EndCallback, PollCallback, RowResult, StepCallback, TokenCallback, check_requests, fed_context, generate_rows,
     serve_rows, token_steps,
@@ -30,6 +31,7 @@ from ..runtime.sampling import SamplingConfig
 from ..runtime.scheduler import Scheduler
 from ..runtime.speculative import Speculation
 from . import CONFIG_FILE, LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS, prompt_present
+from .inplace import IN_PLACE_DEFAULTS, InPlaceBatch
 
 
 @dataclass
@@ -68,7 +70,12 @@ class OrtDecoder:
         self.rows_outputs = [name for name in self.outputs if name not in prompt_outputs]
         #: the optional inputs the export has (inputs with a default: ONNX Runtime lists them with the overridable
         #: initializers). Older exports compute every position's logits, and have no prompt group.
+        #: the rows' cache is one buffer GroupQueryAttention writes in place (`InPlaceBatch`), not past + new; such
+        #: an export requires logits_to_keep and prompt_ids (their defaults: `IN_PLACE_DEFAULTS`)
+        self.in_place = config["trtpipe"].get("kv_cache") == "in-place"
         optional = {i.name for i in self.session.get_overridable_initializers()}
+        if self.in_place:
+            optional = {i.name for i in self.session.get_inputs()}
         self.keeps_logits = LOGITS_TO_KEEP in optional
         self.mixes_prompts = PROMPT_IDS in optional
 
@@ -108,7 +115,8 @@ class OrtDecoder:
             positions = np.arange(cache.length, cache.length + t, dtype=np.int64)
         mask = np.concatenate([cache.mask, np.ones((b, t), np.int64) if mask is None else mask], axis=1)
         return {"input_ids": input_ids.astype(np.int64), "attention_mask": mask,
-                "position_ids": np.ascontiguousarray(np.broadcast_to(positions, (b, t)), np.int64), **cache.tensors}
+                "position_ids": np.ascontiguousarray(np.broadcast_to(positions, (b, t)), np.int64), **cache.tensors,
+                **(IN_PLACE_DEFAULTS if self.in_place else {})}
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = np.asarray(torch.as_tensor(input_ids))
@@ -127,7 +135,8 @@ class OrtDecoder:
                       speculation: Speculation | None = None) -> list[RowResult]:
         """Each request's record, as `ReferenceModel.generate_rows` makes it."""
         configs = check_requests(prompts, sampling, self.vocab_size, self.max_position_embeddings)
-        return generate_rows(OrtBatch(self, [fed_context(p, c) for p, c in zip(prompts, configs)]), configs, on_step,
+        batch = InPlaceBatch if self.in_place else OrtBatch
+        return generate_rows(batch(self, [fed_context(p, c) for p, c in zip(prompts, configs)]), configs, on_step,
                              on_end, prompts, speculation)
 
     def serve_rows(self, scheduler: Scheduler, poll: PollCallback, on_step, on_end,
@@ -135,9 +144,9 @@ class OrtDecoder:
         """In-flight generation, as `ReferenceModel.serve_rows` does it (pipeline/runtime/generate.py)."""
         serve_rows(self.inflight_decoder(), scheduler, poll, on_step, on_end, speculation)
 
-    def inflight_decoder(self) -> "OrtBatch":
+    def inflight_decoder(self) -> "OrtBatch | InPlaceBatch":
         """An empty batch whose rows come and go (what serve_rows runs, and what a draft model drafts with)."""
-        return OrtBatch(self)
+        return InPlaceBatch(self) if self.in_place else OrtBatch(self)
 
 
 def open_session(ort, path: Path, options):
@@ -161,6 +170,10 @@ def session_options(ort, precision: str, threads: int | None, spinning: bool = T
     values; the activations' and the KV cache's Q/DQ stay. INT8 keeps Q/DQ handling on: that is what fuses
     each W8A8 linear into an integer GEMM (MatMulIntegerToFloat).
 
+    INT8 on an x86 processor whose integer GEMM saturates (`host.int8_gemm_saturates`: no VNNI) is handled like
+    FP8: the weights dequantized once, the activations' Q/DQ kept, so the logits are the checkpoint's, at float32
+    GEMM speed.
+
     spinning False: the intra-op threads sleep between parallel regions instead of spinning
     (`session.intra_op.allow_spinning` 0), leaving the cores to the other processes between them.
     """
@@ -169,7 +182,7 @@ def session_options(ort, precision: str, threads: int | None, spinning: bool = T
         opts.intra_op_num_threads = threads
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if precision == "fp8":
+    if precision == "fp8" or (precision == "int8-sq" and int8_gemm_saturates()):
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
     return opts
 

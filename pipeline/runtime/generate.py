@@ -137,7 +137,7 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
     """Every row's RowResult. Rows share batched decode steps; a finished row leaves the batch. A row with
     max_new_tokens 0 is still prefilled when it asks for its context logits. With `speculation`, each step feeds
     every row its drafts too (pipeline/runtime/speculative.py)."""
-    check_speculation(decoder, speculation)
+    speculation = check_speculation(decoder, speculation)
     histories = prompts if prompts is not None else [()] * len(configs)
     selectors = [TokenSelector(c, p) for c, p in zip(configs, histories)]
     results = [RowResult.for_request(c) for c in configs]
@@ -172,9 +172,17 @@ def generate_rows(decoder: Decoder, configs: list[SamplingConfig], on_step: Step
     return results
 
 
-def check_speculation(decoder: Decoder, speculation: Speculation | None) -> None:
-    if speculation is not None and not isinstance(decoder, SpeculativeDecoder):
+def check_speculation(decoder: Decoder, speculation: Speculation | None) -> Speculation | None:
+    """The speculation a loop over `decoder` runs: `speculation`, drafting at no more rows than the decoder verifies
+    in one step (its `verify_rows`, where it has one)."""
+    if speculation is None:
+        return None
+    if not isinstance(decoder, SpeculativeDecoder):
         raise UserError(f"{type(decoder).__name__} cannot verify draft tokens (no speculative decoding)")
+    rows = getattr(decoder, "verify_rows", None)
+    if rows is None or (speculation.max_rows is not None and speculation.max_rows <= rows):
+        return speculation
+    return replace(speculation, max_rows=rows)
 
 
 def step_drafts(speculation: Speculation | None,
@@ -303,7 +311,7 @@ def serve_rows(decoder: InflightDecoder, scheduler: Scheduler, poll: PollCallbac
     choosing (and streaming) its first token as soon as its prompt is done. The callbacks see a sequence's key; its
     row is freed once it ends (a server answers it then). With `speculation`, a step that admits no prompt feeds
     each running row its drafts too (pipeline/runtime/speculative.py), within the KV blocks the row holds."""
-    check_speculation(decoder, speculation)
+    speculation = check_speculation(decoder, speculation)
     rows: dict[int, ScheduledSequence] = {}
     fed: list[int] = []        # rows whose last chosen token the next decode step feeds
     #: started rows whose prompt a coming decode step computes, with what their prefill would be told (`start_config`)

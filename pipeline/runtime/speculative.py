@@ -47,7 +47,9 @@ MAX_NGRAM, MIN_NGRAM = 3, 1
 
 @runtime_checkable
 class SpeculativeDecoder(Protocol):
-    """A decoder that can feed several tokens of a row in one step and forget the last ones it fed."""
+    """A decoder that can feed several tokens of a row in one step and forget the last ones it fed. One that verifies
+    several rows' tokens only in separate runs says so with `verify_rows` (the most rows a step that drafts may
+    have; the loops then draft at no more: pipeline/onnx/inplace.py)."""
 
     def verify(self, rows: list[int], tokens: list[list[int]]) -> list[torch.Tensor]:
         """float32 [len(tokens[i]), vocab] per row: the logits after each of `tokens[i]`, fed to row `rows[i]`

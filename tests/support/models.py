@@ -19,6 +19,7 @@ TINY_VARIANTS: dict[str, dict] = {
                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     "head-dim": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "head8": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8),
     "mistral": dict(num_attention_heads=4, num_key_value_heads=2, architectures=["MistralForCausalLM"]),
 }
 
