@@ -77,10 +77,26 @@ def test_runtime_is_refused_for_a_gpu_plan(tiny, tmp_path):
     assert "--runtime onnxruntime applies to the cpu target's reference runtime" in result.output
 
 
+@pytest.fixture(scope="module")
+def tiny_head16(tiny_llama, tmp_path_factory) -> tuple[Path, Path]:
+    """`tiny` with a head size of 16: its ONNX export's cache is written in place (GroupQueryAttention)."""
+    return tiny_cpu_checkpoint(tiny_llama("head-dim"), tmp_path_factory.mktemp("cpu-runtime-head16"))
+
+
+@pytest.mark.parametrize("head16,kv_cache", [(False, "concat"), (True, "in-place")])
+def test_the_served_export_writes_its_cache_in_place_where_the_head_size_allows(tiny, tiny_head16, head16, kv_cache,
+                                                                                tmp_path):
+    assert deploy(tiny_head16 if head16 else tiny, tmp_path / "ort", "--runtime", "onnxruntime").exit_code == 0
+    config = json.loads((tmp_path / "ort" / "tensorrt_llm" / "1" / "onnx" / "genai_config.json").read_text())
+    assert config["trtpipe"]["kv_cache"] == kv_cache
+    assert (tmp_path / "ort" / "tensorrt_llm" / "1" / "pipeline" / "onnx" / "inplace.py").is_file()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
-def test_validate_passes_on_both_runtimes(tiny, tmp_path, runtime):
-    assert deploy(tiny, tmp_path / "repo", "--runtime", runtime).exit_code == 0
+@pytest.mark.parametrize("runtime,head16", [("torch", False), ("onnxruntime", False), ("onnxruntime", True)])
+def test_validate_passes_on_both_runtimes(tiny, tiny_head16, tmp_path, runtime, head16):
+    """Both runtimes, and ONNX Runtime with its cache written in place (a head size of 16), pass validate."""
+    assert deploy(tiny_head16 if head16 else tiny, tmp_path / "repo", "--runtime", runtime).exit_code == 0
     report = validate_repository(tmp_path / "repo", tmp_path / "validation", ValidateOptions(
         golden=reference_for(tmp_path / "repo", None), max_tokens=8, request_timeout=60))
     failed = {c.name: c.detail for c in report.checks if not c.passed}
