@@ -155,7 +155,13 @@ def informed_prediction(plan, acceptance: float, drafts_per_step: float, args: a
     request = SpeculativeRequest(plan.speculative.method, plan.speculative.draft_checkpoint, args.draft_len,
                                  round(acceptance, 4), round(drafts_per_step, 4))
     spec = plan_speculation(replace(plan, speculative=None), request).speculative
-    return dict(zip(spec.rows, spec.speedup))
+    return served_speedups(spec)
+
+
+def served_speedups(spec) -> dict[int, float]:
+    """The plan's speedup at each number of rows as the server runs it: 1.0 above `max_rows`, where it does not
+    draft (on the in-place ONNX export, above one row)."""
+    return {rows: speedup if rows <= spec.max_rows else 1.0 for rows, speedup in zip(spec.rows, spec.speedup)}
 
 
 def main() -> None:
@@ -203,7 +209,7 @@ def main() -> None:
             embedded_server(spec_repo, log_path=args.workdir / "tritonserver-speculative.log") as spec:
         warm_up(loads, (plain.http_url, spec.http_url), args)
         cells = measure(loads, plain.http_url, spec.http_url, args)
-    predicted = dict(zip(plan.speculative.rows, plan.speculative.speedup)) if plan.speculative else {}
+    predicted = served_speedups(plan.speculative) if plan.speculative else {}
     print(f"\n{'workload':<9} {'c':>2} {'plain t/s':>9} {'spec t/s':>9} {'ratio (rounds)':<22} {'median':>6} "
           f"{'accept':>6} {'tok/step':>8} {'D':>5} {'plan':>5} {'plan(a,D)':>9}  identical")
     report = {}

@@ -13,3 +13,10 @@ PROMPT_IDS, PROMPT_LOGITS = "prompt_ids", "prompt_logits"
 def prompt_present(present: str) -> str:
     """The prompt group's output for a `present.N.key/value` name (graph and runner both name it through this)."""
     return "prompt_" + present
+
+
+def in_place_fits(arch) -> bool:
+    """Whether a model's attention (a `ModelArch`) can be GroupQueryAttention's with the KV cache in place: ONNX
+    Runtime's CPU kernel takes head sizes that are multiples of 8 (contrib_ops/cpu/bert/group_query_attention_helper.h),
+    and sliding windows are left to the concat cache (docs/onnx.md)."""
+    return arch.head_size % 8 == 0 and not arch.sliding_window

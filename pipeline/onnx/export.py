@@ -21,7 +21,7 @@ from ..checkpoint import CheckpointConfig
 from ..errors import UserError
 from ..outputs import fingerprint_inputs, stage_output
 from ..runtime.trtllm_reader import CheckpointReader
-from . import CONFIG_FILE, DATA_FILE, MODEL_FILE
+from . import CONFIG_FILE, DATA_FILE, MODEL_FILE, in_place_fits
 from .graph import (
     BATCH, CACHE, CONTRIB_DOMAIN, PAST, SEQ, TOTAL, GraphBuilder, decoder_layer, finish_graph, start_graph,
 )
@@ -57,14 +57,7 @@ def serving_options(checkpoint: Path) -> ExportOptions:
     SmolLM2 int4-awq-head, 87 cached tokens): a decode step at one row 1.43x faster than the concat cache's, at 8
     rows 1.13x; the in-process serving loop's token gap at concurrency 1 15.4 -> 11.6 ms."""
     return ExportOptions(int4_accuracy=SERVING_INT4_ACCURACY,
-                         in_place_kv=in_place_fits(CheckpointConfig.read(Path(checkpoint))))
-
-
-def in_place_fits(cfg: CheckpointConfig) -> bool:
-    """Whether the model's attention can be GroupQueryAttention's in place: ONNX Runtime's CPU kernel takes head sizes
-    that are multiples of 8 (contrib_ops/cpu/bert/group_query_attention_helper.h), and sliding windows are left to the
-    concat cache."""
-    return cfg.arch.head_size % 8 == 0 and not cfg.arch.sliding_window
+                         in_place_kv=in_place_fits(CheckpointConfig.read(Path(checkpoint)).arch))
 
 
 @dataclass(frozen=True)
@@ -179,7 +172,7 @@ def export_onnx(checkpoint: Path, out: Path, options: ExportOptions = ExportOpti
     if options.int4_accuracy not in INT4_ACCURACY_LEVELS:
         raise UserError(f"--int4-accuracy must be one of {', '.join(map(str, INT4_ACCURACY_LEVELS))} (MatMulNBits' "
                         f"accuracy_level; got {options.int4_accuracy})")
-    if options.in_place_kv and not in_place_fits(reader.cfg):
+    if options.in_place_kv and not in_place_fits(reader.cfg.arch):
         raise UserError(f"{checkpoint}: --in-place-kv needs GroupQueryAttention, which ONNX Runtime's CPU kernel runs "
                         f"for head sizes that are multiples of 8 (this model's: {reader.cfg.arch.head_size}) and which "
                         "is not written here for sliding-window attention (the meaning of its local_window_size "

@@ -42,6 +42,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..backends.names import REFERENCE, REFERENCE_ONNX
 from ..host import serving_threads
+from ..onnx import in_place_fits
 from ..outputs import write_atomic
 from ..runtime.speculative import DRAFT, MAX_NGRAM, NGRAM
 from .host_timing import LAYERS_TIMED, timing_cache_file, timing_model
@@ -183,6 +184,8 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest,
     drafting = [0.0] * len(rows) if draft is None else [p for p, _ in step_timings(draft.arch, rows, k, context)]
     speedup = speedups(acceptance, drafts, k, [p for p, _ in steps], [v for _, v in steps], drafting)
     losing = next((i for i, s in enumerate(speedup) if s < 1.0), len(rows))
+    if plan.backend == REFERENCE_ONNX and in_place_fits(plan.model.arch):
+        losing = min(losing, 1)     # the in-place export verifies drafts a row per run: the server drafts at one row
     formula = (f"(1 + a D) x p / (p + (v - p{' + K d' if draft else ''}) x D / K), D = {drafts:g} drafts a step, p "
                f"a plain step, v a step of {k + 1} tokens a row" + (", d the draft's step" if draft else ""))
     spec = SpeculativePlan(
@@ -190,7 +193,10 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest,
         acceptance_basis=basis, rows=rows, step_s=[round(p, 6) for p, _ in steps],
         verify_step_s=[round(v, 6) for _, v in steps], speedup=speedup, max_rows=rows[losing - 1] if losing else 0,
         basis=(f"{formula}; the steps of the reference runtime timed on this host at {context} tokens of context "
-               f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")),
+               f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")
+               + ("; ONNX Runtime's in-place cache verifies several tokens after a cache one row per run, so the "
+                  "server drafts at one row only (docs/speculative.md)"
+                  if plan.backend == REFERENCE_ONNX and in_place_fits(plan.model.arch) else "")),
         drafts_per_step=drafts,
         **({} if draft is None else draft_fields(draft, companion, drafting)))
     warnings = list(plan.warnings)
