@@ -17,6 +17,11 @@ its own earlier tokens. Outputs `prompt_logits` [1, vocab] (its last token's; [0
 `prompt_present.N.key/value` [1, kv_heads, prompt_length, head_size]. A server thus computes a joining prompt in
 the step that decodes the running rows, reading the weights once for both.
 
+With `GraphBuilder.in_place` (`export-onnx --in-place-kv`) the rows' attention is ONNX Runtime's GroupQueryAttention
+instead (`attend_in_place`, `attend_rotary`): past and present are one buffer [batch, kv_heads, cache_length,
+head_size] the runner binds to both, each row's tokens first, `attention_mask` [batch, total] ones over each row's
+tokens after the step; the kernel writes the new keys and values at each row's length (docs/onnx.md).
+
 The tensor each linear reads (after SmoothQuant's smoothing, where the checkpoint has it) is named
 exactly like the activation calibrate measures, `transformer.layers.N.attention.qkv` ... `mlp.proj`,
 and K/V after rope `transformer.layers.N.attention.k` / `.v`: the TensorRT calibration cache names
