@@ -480,6 +480,7 @@ def test_onnx_runtimes_in_place_cache_drafts_at_one_row(checkpoint, monkeypatch)
     """The same timings on the reference-onnx backend: a model whose export's cache is written in place (head size
     16) drafts at one row only, as its server does (ONNX Runtime verifies several tokens a row one row per run); one
     on the concat cache (head size 6) and the torch runtime keep the timings' break-even."""
+    from pipeline.backends.reference import with_runtime
     from pipeline.plan import speculative as planned
 
     costs = {1: (0.010, 0.012), 2: (0.012, 0.015), 4: (0.015, 0.030), 8: (0.020, 0.050)}
@@ -488,11 +489,13 @@ def test_onnx_runtimes_in_place_cache_drafts_at_one_row(checkpoint, monkeypatch)
 
     def planned_with(variant: str, backend: str):
         return make_plan(resolve_model_info(str(checkpoint(variant))), get_target("cpu"), "fp32", backend=backend,
-                         workload=Workload(input_len=32, output_len=16), speculative=request).speculative
+                         workload=Workload(input_len=32, output_len=16), speculative=request)
 
-    in_place = planned_with("head-dim", "reference-onnx")
+    in_place = planned_with("head-dim", "reference-onnx").speculative
     assert in_place.max_rows == 1 and "drafts at one row only" in in_place.basis
-    assert planned_with("gqa", "reference-onnx").max_rows == planned_with("head-dim", "reference").max_rows == 4
+    torch_plan = planned_with("head-dim", "reference")
+    assert planned_with("gqa", "reference-onnx").speculative.max_rows == torch_plan.speculative.max_rows == 4
+    assert with_runtime(torch_plan, "onnxruntime").speculative == in_place      # deploy --runtime onnxruntime
 
 
 def test_the_plan_predicts_each_concurrency_and_stops_where_drafting_loses(checkpoint, monkeypatch, tmp_path,

@@ -37,6 +37,7 @@ from ..plan.memory import (
 from ..plan.host_timing import host_timing, timed_performance
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
 from ..plan.schema import MemoryBudget, Plan, TritonParams
+from ..plan.speculative import served_by
 from ..plan.trtllm import TOKENS_PER_BLOCK, quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from ..host import serving_threads
@@ -189,7 +190,9 @@ def with_runtime(plan: Plan, runtime: str) -> Plan:
     if plan.backend not in RUNTIMES.values():
         raise UserError(f"--runtime {runtime} applies to the cpu target's reference runtime; this plan's backend is "
                         f"{plan.backend!r} (plan for --target cpu)")
-    return replace(plan, backend=RUNTIMES[runtime])
+    backend = RUNTIMES[runtime]
+    spec = plan.speculative and served_by(plan.speculative, backend, plan.model.arch)
+    return replace(plan, backend=backend, speculative=spec)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -184,8 +184,6 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest,
     drafting = [0.0] * len(rows) if draft is None else [p for p, _ in step_timings(draft.arch, rows, k, context)]
     speedup = speedups(acceptance, drafts, k, [p for p, _ in steps], [v for _, v in steps], drafting)
     losing = next((i for i, s in enumerate(speedup) if s < 1.0), len(rows))
-    if plan.backend == REFERENCE_ONNX and in_place_fits(plan.model.arch):
-        losing = min(losing, 1)     # the in-place export verifies drafts a row per run: the server drafts at one row
     formula = (f"(1 + a D) x p / (p + (v - p{' + K d' if draft else ''}) x D / K), D = {drafts:g} drafts a step, p "
                f"a plain step, v a step of {k + 1} tokens a row" + (", d the draft's step" if draft else ""))
     spec = SpeculativePlan(
@@ -193,17 +191,24 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest,
         acceptance_basis=basis, rows=rows, step_s=[round(p, 6) for p, _ in steps],
         verify_step_s=[round(v, 6) for _, v in steps], speedup=speedup, max_rows=rows[losing - 1] if losing else 0,
         basis=(f"{formula}; the steps of the reference runtime timed on this host at {context} tokens of context "
-               f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")
-               + ("; ONNX Runtime's in-place cache verifies several tokens after a cache one row per run, so the "
-                  "server drafts at one row only (docs/speculative.md)"
-                  if plan.backend == REFERENCE_ONNX and in_place_fits(plan.model.arch) else "")),
+               f"({LAYERS_TIMED} layers timed and scaled" + (", the draft's in float32 too)" if draft else ")")),
         drafts_per_step=drafts,
         **({} if draft is None else draft_fields(draft, companion, drafting)))
+    spec = served_by(spec, plan.backend, plan.model.arch)
     warnings = list(plan.warnings)
     if not spec.max_rows:
         warnings.append(f"--speculative {request.to_flags()}: at acceptance {acceptance} and K = {k} no batch gains "
                         "on this host; the server will not draft")
     return replace(plan, speculative=spec, warnings=warnings)
+
+
+def served_by(spec: SpeculativePlan, backend: str, arch: ModelArch) -> SpeculativePlan:
+    """`spec` as `backend` serves it: on reference-onnx, where the export writes its cache in place (`in_place_fits`),
+    ONNX Runtime verifies several tokens after a cache one row per run, so the server drafts at one row only."""
+    if backend != REFERENCE_ONNX or not in_place_fits(arch) or spec.max_rows <= 1:
+        return spec
+    return replace(spec, max_rows=1, basis=spec.basis + "; ONNX Runtime's in-place cache verifies several tokens after "
+                   "a cache one row per run, so the server drafts at one row only (docs/speculative.md)")
 
 
 def speedups(acceptance: float, drafts: float, k: int, plain: list[float], verify: list[float],
