@@ -68,14 +68,14 @@ class OrtDecoder:
         self.prompt_cache_names = [(past, prompt_present(present)) for past, present in self.cache_names]
         prompt_outputs = {PROMPT_LOGITS, *(present for _, present in self.prompt_cache_names)}
         self.rows_outputs = [name for name in self.outputs if name not in prompt_outputs]
-        #: the optional inputs the export has (inputs with a default: ONNX Runtime lists them with the overridable
-        #: initializers). Older exports compute every position's logits, and have no prompt group.
         #: the rows' cache is one buffer GroupQueryAttention writes in place (`InPlaceBatch`), not past + new; such
         #: an export requires logits_to_keep and prompt_ids (their defaults: `IN_PLACE_DEFAULTS`)
         self.in_place = config["trtpipe"].get("kv_cache") == "in-place"
-        optional = {i.name for i in self.session.get_overridable_initializers()}
-        if self.in_place:
-            optional = {i.name for i in self.session.get_inputs()}
+        #: the optional inputs the export has (inputs with a default: ONNX Runtime lists them with the overridable
+        #: initializers; an in-place export's are plain inputs). Older exports compute every position's logits, and
+        #: have no prompt group.
+        optional = {i.name for i in (self.session.get_inputs() if self.in_place
+                                     else self.session.get_overridable_initializers())}
         self.keeps_logits = LOGITS_TO_KEEP in optional
         self.mixes_prompts = PROMPT_IDS in optional
 
@@ -88,7 +88,8 @@ class OrtDecoder:
              mask: np.ndarray | None = None, last_only: bool = False) -> tuple[np.ndarray, Cache]:
         """Logits [B, T, vocab] of T new tokens per sequence after the cache (last_only: [B, 1, vocab] of the last
         one, the lm_head skipped for the others where the export allows), and the grown cache. `positions`
-        (default: right after the cache) and `mask` (default: all ones) describe the new tokens."""
+        (default: right after the cache) and `mask` (default: all ones) describe the new tokens. An in-place export
+        takes caches without padding here (its rows are right-padded: `InPlaceBatch` is how it serves)."""
         feeds = self._feeds(input_ids, cache, positions, mask)
         if last_only and self.keeps_logits:
             feeds[LOGITS_TO_KEEP] = np.array(1, np.int64)
