@@ -36,7 +36,8 @@ from ..plan.memory import (
 )
 from ..plan.host_timing import host_timing, timed_performance
 from ..plan.policy import PlanRequest, latency_batch_cap, queue_bound
-from ..plan.schema import MemoryBudget, Plan, TritonParams
+from ..onnx import in_place_fits
+from ..plan.schema import MemoryBudget, ModelArch, Plan, TritonParams
 from ..plan.speculative import served_by
 from ..plan.trtllm import TOKENS_PER_BLOCK, quantization
 from ..precisions import FLOAT_DTYPES, KV_CACHE_QUANT_ALGO, QUANT_ALGO
@@ -91,6 +92,10 @@ class ReferenceBackend:
 
     def plan(self, request: PlanRequest) -> Plan:
         return plan_reference(request)
+
+    def drafting_rows(self, arch: ModelArch) -> int | None:
+        """The most rows a step that drafts may have whatever the timings say: no bound (torch verifies any rows)."""
+        return None
 
     def checkpoint_dtype(self, plan: Plan) -> str:
         """fp16/bf16/fp32 name it; quantized checkpoints are float32, the dtype the runtime computes in."""
@@ -159,6 +164,11 @@ class ReferenceOnnxBackend(ReferenceBackend):
 
     def plan(self, request: PlanRequest) -> Plan:
         return with_runtime(plan_reference(request), "onnxruntime")
+
+    def drafting_rows(self, arch: ModelArch) -> int | None:
+        """One where the served export writes its cache in place (`in_place_fits`): ONNX Runtime verifies several
+        tokens after a cache for one row per run (pipeline/onnx/inplace.py)."""
+        return 1 if in_place_fits(arch) else None
 
     def repository_inputs(self, engine: Path | None, checkpoint: Path | None) -> list[Path]:
         return [MODEL_SOURCE, *runtime_closure((ORT_RUNNER, ONNX_EXPORT), model=MODEL_SOURCE), checkpoint]

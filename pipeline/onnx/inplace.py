@@ -15,16 +15,13 @@ rows feeds one token a row. `VERIFIES_ONE_ROW` tells the speculation so.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from ..runtime.sampling import SamplingConfig
 from . import LOGITS_TO_KEEP, PROMPT_IDS, PROMPT_LOGITS
-
-if TYPE_CHECKING:
-    from .runner import OrtDecoder
 
 #: the fewest positions a cache buffer is made with; it doubles when a row needs more
 MIN_POSITIONS = 256
@@ -39,7 +36,8 @@ class InPlaceBatch:
     #: a step that feeds drafts feeds one row (the module docstring): what the speculation may ask of it
     verify_rows = 1
 
-    def __init__(self, decoder: OrtDecoder, prompts: Sequence[Sequence[int]] = ()):
+    def __init__(self, decoder, prompts: Sequence[Sequence[int]] = ()):
+        """`decoder`: the export's `OrtDecoder` (pipeline/onnx/runner.py, which imports this module)."""
         self.decoder = decoder
         self.prompts: dict[int, Sequence[int]] = dict(enumerate(prompts))
         self.slots: list[int] = []              # the row in each used cache row

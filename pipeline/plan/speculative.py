@@ -40,9 +40,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserError
+from ..backends import backend_for
 from ..backends.names import REFERENCE, REFERENCE_ONNX
 from ..host import serving_threads
-from ..onnx import in_place_fits
 from ..outputs import write_atomic
 from ..runtime.speculative import DRAFT, MAX_NGRAM, NGRAM
 from .host_timing import LAYERS_TIMED, timing_cache_file, timing_model
@@ -203,12 +203,14 @@ def plan_speculation(plan: Plan, request: SpeculativeRequest,
 
 
 def served_by(spec: SpeculativePlan, backend: str, arch: ModelArch) -> SpeculativePlan:
-    """`spec` as `backend` serves it: on reference-onnx, where the export writes its cache in place (`in_place_fits`),
-    ONNX Runtime verifies several tokens after a cache one row per run, so the server drafts at one row only."""
-    if backend != REFERENCE_ONNX or not in_place_fits(arch) or spec.max_rows <= 1:
+    """`spec` as the cpu `backend` serves it: where it drafts at fewer rows than the timings allow (its
+    `drafting_rows`: reference-onnx, where the export writes its cache in place, ONNX Runtime verifies several tokens
+    after a cache one row per run), at those."""
+    rows = backend_for(backend).drafting_rows(arch)
+    if rows is None or spec.max_rows <= rows:
         return spec
-    return replace(spec, max_rows=1, basis=spec.basis + "; ONNX Runtime's in-place cache verifies several tokens after "
-                   "a cache one row per run, so the server drafts at one row only (docs/speculative.md)")
+    return replace(spec, max_rows=rows, basis=spec.basis + "; ONNX Runtime's in-place cache verifies several tokens "
+                   "after a cache one row per run, so the server drafts at one row only (docs/speculative.md)")
 
 
 def speedups(acceptance: float, drafts: float, k: int, plain: list[float], verify: list[float],
