@@ -10,7 +10,7 @@ leaves is replaced by the last one (one row's copy).
 ONNX Runtime's kernel computes several new tokens after a cache only for one row at a time ("batch_size must be 1
 when sequence_length > 1 and past context is given", contrib_ops/cpu/bert/group_query_attention_helper.h): a prompt
 and a row's drafts are computed alone, on that row's part of the buffers (a contiguous view), and a step of several
-rows feeds one token a row. `VERIFIES_ONE_ROW` tells the speculation so.
+rows feeds one token a row. `InPlaceBatch.verify_rows` tells the speculation so.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class InPlaceBatch:
         self.slots: list[int] = []              # the row in each used cache row
         self.lengths = np.zeros(0, np.int64)    # the tokens each cache row holds
         self.buffers: dict[str, np.ndarray] = {}
-        self.bindings: dict[tuple[int, int, bool], object] = {}   # (first row, rows, mixed) -> IOBinding
-        self._allocate(0, 0)
+        self.bindings: dict[tuple[int, int, bool], object]   # (first row, rows, mixed) -> IOBinding
+        self._allocate(0, 0)        # sets both
 
     # ---------------------------------------------------------------------------------- the decoder protocol
 
